@@ -1,0 +1,4 @@
+"""Root conftest: hypothesis profiles for the whole monorepo run."""
+from caffe.blob.testing import register_hypothesis_profiles
+
+register_hypothesis_profiles()

@@ -1,0 +1,1 @@
+"""Caffe's protobuf schema (generated ``caffe_pb2``)."""
