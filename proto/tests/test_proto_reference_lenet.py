@@ -18,7 +18,7 @@ SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 LENET = SHARED / "reference" / "lenet"
 PARAM_LAYERS = ["conv1", "conv2", "ip1", "ip2"]
 
-pytestmark = pytest.mark.skipif(
+needs_lenet = pytest.mark.skipif(
     not (LENET / "lenet_iter_100.caffemodel").is_file(),
     reason=f"reference LeNet snapshots not found in {LENET}",
 )
@@ -59,6 +59,7 @@ def test_unknown_field_detection_works():
     assert unknown_fields(net) == [("root.layer[0].blobs[0]", 1)]
 
 
+@needs_lenet
 @pytest.mark.parametrize("it", [0, 100])
 def test_caffemodel_parses_without_unknown_fields(it):
     data = (LENET / f"lenet_iter_{it}.caffemodel").read_bytes()
@@ -72,6 +73,7 @@ def test_caffemodel_parses_without_unknown_fields(it):
     assert net.SerializeToString() == data
 
 
+@needs_lenet
 @pytest.mark.parametrize("it", [0, 100])
 def test_caffemodel_weights_match_arrays(it):
     net = _load(caffe_pb2.NetParameter, f"lenet_iter_{it}.caffemodel")
@@ -88,6 +90,7 @@ def test_caffemodel_weights_match_arrays(it):
             assert len(blob.diff) == 0 and len(blob.double_data) == 0
 
 
+@needs_lenet
 def test_solverstate():
     data = (LENET / "lenet_iter_100.solverstate").read_bytes()
     state = caffe_pb2.SolverState.FromString(data)

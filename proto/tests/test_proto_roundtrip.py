@@ -37,7 +37,7 @@ def datums(draw):
     return datum
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(blob_protos())
 def test_blobproto_round_trip(blob):
     data = blob.SerializeToString()
@@ -48,7 +48,7 @@ def test_blobproto_round_trip(blob):
     assert again.SerializeToString() == data
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(datums())
 def test_datum_round_trip(datum):
     data = datum.SerializeToString()
