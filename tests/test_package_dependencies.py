@@ -1,0 +1,79 @@
+"""Packages depend only downward: each package's code imports caffe.* only from packages below it.
+
+A static check over every source file (imports at any depth, lazy ones included), plus a check
+that each pyproject.toml declares exactly the caffe-* packages its code imports.
+"""
+import ast
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ORDER = ["proto", "blob", "layers", "net", "solver", "parallel", "cli"]
+DIST = {name: f"caffe-{name}" for name in ORDER}
+# what each package may import (itself and everything below it); cli sits on top of all
+ALLOWED = {name: set(ORDER[: i + 1]) for i, name in enumerate(ORDER)}
+ALLOWED["cli"] = set(ORDER)
+
+
+def package_dir(name):
+    return ROOT / "proto" if name == "proto" else ROOT / "packages" / name
+
+
+_PYX_IMPORT = re.compile(r"^\s*(?:from|c?import)\s+caffe\.(\w+)", re.M)
+
+
+def caffe_imports(path: Path):
+    text = path.read_text()
+    if path.suffix == ".pyx":  # Cython is not Python syntax: scan its import lines
+        for m in _PYX_IMPORT.finditer(text):
+            if m.group(1) in ORDER:
+                yield m.group(1), text.count("\n", 0, m.start()) + 1
+        return
+    tree = ast.parse(text, str(path))
+    for node in ast.walk(tree):
+        mods = []
+        if isinstance(node, ast.Import):
+            mods = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            mods = [node.module]
+            if node.module == "caffe":
+                mods = [f"caffe.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "import_module" and node.args:
+            arg = node.args[0]
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                mods = [arg.value]
+        for m in mods:
+            parts = m.split(".")
+            if parts[0] == "caffe" and len(parts) > 1 and parts[1] in ORDER:
+                yield parts[1], node.lineno
+
+
+@pytest.mark.parametrize("name", [n for n in ORDER if package_dir(n).joinpath("pyproject.toml").exists()])
+def test_imports_point_only_downward(name):
+    src = package_dir(name) / "src"
+    bad = []
+    for path in sorted(src.rglob("*.py")) + sorted(src.rglob("*.pyx")):
+        if path.name == "__init__.py" and path.parent == src / "caffe":
+            continue  # caffe/__init__.py resolves pycaffe names lazily from whatever is installed
+        for target, line in caffe_imports(path):
+            if target not in ALLOWED[name]:
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports caffe.{target}")
+    assert not bad, f"caffe-{name} must not import packages above it:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("name", [n for n in ORDER if package_dir(n).joinpath("pyproject.toml").exists()])
+def test_declared_dependencies_cover_imports(name):
+    meta = tomllib.loads((package_dir(name) / "pyproject.toml").read_text())
+    deps = {d.split("[")[0].split(">")[0].split("=")[0].split("<")[0].strip()
+            for d in meta["project"].get("dependencies", [])}
+    used = set()
+    for path in list((package_dir(name) / "src").rglob("*.py")) + list((package_dir(name) / "src").rglob("*.pyx")):
+        if path.name == "__init__.py" and path.parent.name == "caffe":
+            continue
+        used |= {t for t, _ in caffe_imports(path)}
+    used.discard(name)
+    missing = sorted(DIST[u] for u in used if DIST[u] not in deps)
+    assert not missing, f"caffe-{name} imports but does not declare: {missing}"
