@@ -38,6 +38,11 @@ def fill(blob, param) -> None:
     """Fill `blob`'s data according to a FillerParameter."""
     rng = context.rng()
     kind = param.type
+    if param.sparse != -1 and kind != "gaussian":
+        raise FillerError(f"filler {kind!r}: sparsity (sparse={param.sparse}) is only supported by the "
+                          f"gaussian filler")
+    if kind == "uniform" and param.min > param.max:
+        raise FillerError(f"uniform filler: min ({param.min}) must not exceed max ({param.max})")
     shape = blob.shape
     data = blob.mutable_cpu_data()
     if kind == "constant":

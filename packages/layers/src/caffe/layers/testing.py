@@ -82,7 +82,7 @@ def gpu_available() -> bool:
 
 
 def check_cpu_gpu_parity(param, bottom_arrays, n_top: int = 1, rtol: float = 1e-5, atol: float = 1e-6,
-                         top_diffs=None, seed: int = 1701, dtype=np.float32):
+                         top_diffs=None, seed: int = 1701, dtype=np.float32, propagate_down=None):
     """Forward and backward the same layer on CPU and GPU and compare tops, bottom diffs and param diffs."""
     results = []
     for mode in (context.CPU, context.GPU):
@@ -96,7 +96,7 @@ def check_cpu_gpu_parity(param, bottom_arrays, n_top: int = 1, rtol: float = 1e-
             layer.Forward(bottom, top)
             for i, t in enumerate(top):
                 t.diff[...] = top_diffs[i] if top_diffs is not None else 1.0
-            layer.Backward(top, [True] * len(bottom), bottom)
+            layer.Backward(top, propagate_down or [True] * len(bottom), bottom)
             results.append(([t.data.copy() for t in top], [b.diff.copy() for b in bottom],
                             [p.diff.copy() for p in layer.blobs]))
         finally:

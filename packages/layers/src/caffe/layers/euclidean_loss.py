@@ -1,0 +1,36 @@
+"""EuclideanLoss: loss = sum((a - b)^2) / (2 N), N = bottom[0].shape[0].
+
+Both bottoms get gradients: d/da = (a - b) / N, d/db = -(a - b) / N (times the top's loss weight).
+"""
+from caffe.layers.layer import LossLayer
+from caffe.layers.registry import register_layer
+
+
+def _num(blob):
+    return blob.shape[0] if blob.num_axes else 1
+
+
+@register_layer("EuclideanLoss")
+class EuclideanLossLayer(LossLayer):
+    def reshape(self, bottom, top):
+        super().reshape(bottom, top)
+        if bottom[0].count(1) != bottom[1].count(1) or bottom[0].count() != bottom[1].count():
+            raise self.error(f"inputs must have the same dimension: bottom[0] {bottom[0].shape} "
+                             f"({bottom[0].count()} values) vs bottom[1] {bottom[1].shape} ({bottom[1].count()})")
+
+    def forward_xp(self, xp, bottom, top):
+        a = bottom[0].data_xp(xp)
+        b = bottom[1].data_xp(xp).reshape(a.shape)
+        self._diff = a - b
+        d = self._diff.ravel()
+        top[0].mutable_data_xp(xp)[...] = xp.dot(d, d) / _num(bottom[0]) / 2
+
+    def backward_xp(self, xp, top, propagate_down, bottom):
+        lw = top[0].diff_xp(xp).reshape(())
+        for i, sign in ((0, 1.0), (1, -1.0)):
+            if propagate_down[i]:
+                alpha = sign * lw / _num(bottom[i])
+                bottom[i].mutable_diff_xp(xp)[...] = (alpha * self._diff).reshape(bottom[i].shape)
+
+    def allow_force_backward(self, bottom_index: int) -> bool:
+        return True  # both inputs are differentiable (e.g. regression towards another net's output)

@@ -1,0 +1,25 @@
+"""Sigmoid: y = 1 / (1 + exp(-x)).
+
+Computed as 0.5 * tanh(0.5 * x) + 0.5, as Caffe does: it never overflows.
+Backward uses only the top data, so in-place use is safe.
+"""
+from caffe.layers.layer import NeuronLayer
+from caffe.layers.registry import register_layer
+
+
+def sigmoid_xp(xp, x):
+    return 0.5 * xp.tanh(0.5 * x) + 0.5
+
+
+@register_layer("Sigmoid")
+class SigmoidLayer(NeuronLayer):
+    def forward_xp(self, xp, bottom, top):
+        x = bottom[0].data_xp(xp)
+        top[0].mutable_data_xp(xp)[...] = sigmoid_xp(xp, x)
+
+    def backward_xp(self, xp, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        y = top[0].data_xp(xp)
+        dy = top[0].diff_xp(xp)
+        bottom[0].mutable_diff_xp(xp)[...] = dy * y * (1 - y)

@@ -1,0 +1,43 @@
+"""Softmax over one axis (softmax_param.axis, default 1, negative counts from the end).
+
+Numerically stable: the max along the axis is subtracted before exp.
+Backward: dx = (dy - sum(dy * y, axis)) * y.
+"""
+from caffe.layers.layer import Layer
+from caffe.layers.registry import register_layer
+
+
+def softmax_xp(xp, x, axis):
+    e = xp.exp(x - x.max(axis=axis, keepdims=True))
+    e /= e.sum(axis=axis, keepdims=True)
+    return e
+
+
+def canonical_axis(layer, blob, axis, field):
+    """blob.canonical_axis_index with an error naming the layer and the parameter field."""
+    try:
+        return blob.canonical_axis_index(axis)
+    except IndexError:
+        raise layer.error(f"{field} = {axis} is out of range for the bottom blob of shape {blob.shape} "
+                          f"({blob.num_axes} axes)") from None
+
+
+@register_layer("Softmax")
+class SoftmaxLayer(Layer):
+    exact_num_bottom_blobs = 1
+    exact_num_top_blobs = 1
+
+    def reshape(self, bottom, top):
+        self.axis = canonical_axis(self, bottom[0], self.layer_param.softmax_param.axis, "softmax_param.axis")
+        top[0].reshape_like(bottom[0])
+
+    def forward_xp(self, xp, bottom, top):
+        x = bottom[0].data_xp(xp)
+        top[0].mutable_data_xp(xp)[...] = softmax_xp(xp, x, self.axis)
+
+    def backward_xp(self, xp, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        y = top[0].data_xp(xp)
+        dy = top[0].diff_xp(xp)
+        bottom[0].mutable_diff_xp(xp)[...] = (dy - (dy * y).sum(axis=self.axis, keepdims=True)) * y

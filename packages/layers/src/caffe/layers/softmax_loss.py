@@ -1,0 +1,145 @@
+"""SoftmaxWithLoss: softmax over softmax_param.axis, then the multinomial logistic loss.
+
+loss = -sum over non-ignored positions of log(max(p[label], FLT_MIN)) / normalizer,
+with loss_param's ignore_label and normalization (FULL, VALID (default), BATCH_SIZE,
+NONE; the legacy `normalize` field, when normalization is unset, means VALID if
+true and BATCH_SIZE if false). Labels are bottom[1], outer * inner integer values
+in [0, C). An optional second top receives the probabilities.
+
+The shared loss helpers (normalization mode, normalizer, label reading) live here
+and are used by the other loss layers and Accuracy.
+"""
+import numpy as np
+
+from caffe.blob import Blob
+from caffe.layers.layer import LossLayer
+from caffe.layers.registry import register_layer
+from caffe.layers.softmax import canonical_axis, softmax_xp
+from caffe.proto import caffe_pb2
+
+_LP = caffe_pb2.LossParameter
+FULL, VALID, BATCH_SIZE, NONE = _LP.FULL, _LP.VALID, _LP.BATCH_SIZE, _LP.NONE
+FLT_MIN = float(np.finfo(np.float32).tiny)  # Caffe clamps with FLT_MIN for float and double alike
+
+
+def normalization_mode(loss_param, default=VALID):
+    """Caffe's rule: an explicit normalization wins; else legacy normalize (true VALID, false BATCH_SIZE)."""
+    if loss_param.HasField("normalization"):
+        return loss_param.normalization
+    if loss_param.HasField("normalize"):
+        return VALID if loss_param.normalize else BATCH_SIZE
+    return default
+
+
+def get_normalizer(mode, outer_num, inner_num, valid_count=-1) -> float:
+    """Caffe's LossLayer::GetNormalizer, never below 1 (a batch of only ignored labels gives loss 0)."""
+    if mode == FULL:
+        n = outer_num * inner_num
+    elif mode == VALID:
+        n = outer_num * inner_num if valid_count == -1 else valid_count
+    elif mode == BATCH_SIZE:
+        n = outer_num
+    elif mode == NONE:
+        n = 1
+    else:
+        raise ValueError(f"unknown loss normalization mode {mode}")
+    return max(1.0, float(n))
+
+
+def ignore_label(layer):
+    lp = layer.layer_param.loss_param
+    return lp.ignore_label if lp.HasField("ignore_label") else None
+
+
+def read_labels(layer, xp, label_blob, shape, num_classes, ignore=None):
+    """Integer labels (Caffe's static_cast<int>), the mask of non-ignored ones and a gather-safe copy.
+
+    Raises the layer's error naming the first non-ignored label outside [0, num_classes).
+    """
+    raw = label_blob.data_xp(xp).reshape(shape)
+    labels = raw.astype(np.int64)
+    valid = labels != ignore if ignore is not None else xp.ones(labels.shape, dtype=bool)
+    bad = valid & ((labels < 0) | (labels >= num_classes))
+    if bool(bad.any()):
+        value = float(raw[bad].ravel()[0])
+        raise layer.error(f"label value {value:g} is out of range: labels must be integers in "
+                          f"[0, {num_classes})" + (f" or the ignore_label {ignore}" if ignore is not None else ""))
+    safe = xp.where(valid, labels, 0)
+    return labels, valid, safe
+
+
+def one_hot(xp, safe, num_classes, dtype):
+    """(outer, inner) class indices -> (outer, C, inner) indicator, for gathers and scatters on CPU and GPU."""
+    classes = xp.arange(num_classes).reshape(1, num_classes, 1)
+    return (classes == safe[:, None, :]).astype(dtype)
+
+
+class _MultiTopLoss(LossLayer):
+    """Loss layers with an optional second top (loss weight 0 unless the prototxt says otherwise).
+
+    Caffe requires one loss_weight per top when any is given; when none is given
+    we default to 1 for the loss and 0 for the extra top rather than failing.
+    """
+    exact_num_top_blobs = -1
+    min_top_blobs = 1
+    max_top_blobs = 2
+
+    def layer_setup(self, bottom, top):
+        unspecified = not len(self.layer_param.loss_weight)
+        super().layer_setup(bottom, top)
+        if unspecified:
+            while len(self.layer_param.loss_weight) < len(top):
+                self.layer_param.loss_weight.append(0.0)
+
+
+@register_layer("SoftmaxWithLoss")
+class SoftmaxWithLossLayer(_MultiTopLoss):
+    def layer_setup(self, bottom, top):
+        super().layer_setup(bottom, top)
+        self.ignore_label = ignore_label(self)
+        self.normalization = normalization_mode(self.layer_param.loss_param)
+        self.prob = Blob(dtype=bottom[0].dtype)
+
+    def reshape(self, bottom, top):
+        super().reshape(bottom, top)
+        self.axis = canonical_axis(self, bottom[0], self.layer_param.softmax_param.axis, "softmax_param.axis")
+        self.outer_num = bottom[0].count(0, self.axis)
+        self.inner_num = bottom[0].count(self.axis + 1)
+        self.num_classes = bottom[0].shape[self.axis]
+        if self.outer_num * self.inner_num != bottom[1].count():
+            raise self.error(
+                f"number of labels must match number of predictions: bottom[0] {bottom[0].shape} with softmax "
+                f"axis {self.axis} needs {self.outer_num * self.inner_num} labels (outer {self.outer_num} x inner "
+                f"{self.inner_num}), but bottom[1] {bottom[1].shape} holds {bottom[1].count()}")
+        self.prob.reshape_like(bottom[0])
+        if len(top) >= 2:
+            top[1].reshape_like(bottom[0])
+
+    def forward_xp(self, xp, bottom, top):
+        shape3 = (self.outer_num, self.num_classes, self.inner_num)
+        x = bottom[0].data_xp(xp)
+        prob = self.prob.mutable_data_xp(xp)
+        prob[...] = softmax_xp(xp, x, self.axis)
+        _, valid, safe = read_labels(self, xp, bottom[1], (self.outer_num, self.inner_num),
+                                     self.num_classes, self.ignore_label)
+        p_true = xp.take_along_axis(prob.reshape(shape3), safe[:, None, :], axis=1)[:, 0, :]
+        loss = -xp.where(valid, xp.log(xp.maximum(p_true, FLT_MIN)), 0).sum()
+        self.valid_count = int(valid.sum())
+        norm = get_normalizer(self.normalization, self.outer_num, self.inner_num, self.valid_count)
+        top[0].mutable_data_xp(xp)[...] = loss / norm
+        if len(top) >= 2:
+            top[1].mutable_data_xp(xp)[...] = prob
+
+    def backward_xp(self, xp, top, propagate_down, bottom):
+        if propagate_down[1]:
+            raise self.error("cannot backpropagate to label inputs (bottom[1])")
+        if not propagate_down[0]:
+            return
+        shape3 = (self.outer_num, self.num_classes, self.inner_num)
+        prob = self.prob.data_xp(xp).reshape(shape3)
+        _, valid, safe = read_labels(self, xp, bottom[1], (self.outer_num, self.inner_num),
+                                     self.num_classes, self.ignore_label)
+        dx = (prob - one_hot(xp, safe, self.num_classes, prob.dtype)) * valid[:, None, :]
+        norm = get_normalizer(self.normalization, self.outer_num, self.inner_num, self.valid_count)
+        dx *= top[0].diff_xp(xp).reshape(()) / norm
+        bottom[0].mutable_diff_xp(xp)[...] = dx.reshape(bottom[0].shape)
