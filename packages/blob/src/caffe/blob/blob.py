@@ -25,13 +25,43 @@ def _dims(args) -> list[int]:
     return [int(d) for d in args]
 
 
+def _count_range(shape, start, end):
+    n_axes = len(shape)
+    if end is None:
+        end = n_axes
+        if start < 0:
+            if start < -n_axes:
+                raise IndexError(f"axis {start} out of range for the {n_axes}-d blob with shape {shape}")
+            start += n_axes
+    if not (0 <= start <= end <= n_axes):
+        raise IndexError(f"Blob.count({start}, {end}) out of range for shape {shape}")
+    n = 1
+    for d in shape[start:end]:
+        n *= d
+    return n
+
+
+class _Count(int):
+    """An int that can also be called like Caffe's Blob::count(start, end)."""
+    def __new__(cls, value, shape):
+        obj = super().__new__(cls, value)
+        obj._shape = shape  # the shape, not the blob: no reference cycle keeping blob memory alive
+        return obj
+
+    def __call__(self, start: int | None = None, end: int | None = None) -> int:
+        if start is None:
+            return int(self)
+        return _count_range(self._shape, start, end)
+
+
 class Blob:
-    __slots__ = ("_shape", "_count", "_capacity", "_data", "_diff", "dtype", "__weakref__")
+    __slots__ = ("_shape", "_count", "_count_obj", "_capacity", "_data", "_diff", "dtype", "__weakref__")
 
     def __init__(self, *shape, dtype=np.float32):
         self.dtype = np.dtype(dtype)
         self._shape: tuple[int, ...] = ()
         self._count = 0
+        self._count_obj = _Count(0, ())
         self._capacity = 0
         self._data: SyncedMemory | None = None
         self._diff: SyncedMemory | None = None
@@ -51,6 +81,7 @@ class Blob:
                 raise ValueError(f"Blob.reshape: shape {dims} has more than INT_MAX elements")
             count *= d
         self._shape = tuple(dims)
+        self._count_obj = _Count(count, self._shape)
         self._count = count
         if count > self._capacity or self._data is None:
             self._capacity = count
@@ -80,19 +111,14 @@ class Blob:
     def shape_string(self) -> str:
         return " ".join(str(d) for d in self._shape) + f" ({self._count})"
 
-    def count(self, start: int | None = None, end: int | None = None) -> int:
-        """count() = all elements; count(start) = product of dims from start; count(start, end)."""
-        if start is None:
-            return self._count
-        if end is None:
-            end = self.num_axes
-            start = self.canonical_axis_index(start) if start < 0 else start
-        if not (0 <= start <= end <= self.num_axes):
-            raise IndexError(f"Blob.count({start}, {end}) out of range for shape {self._shape}")
-        n = 1
-        for d in self._shape[start:end]:
-            n *= d
-        return n
+    @property
+    def count(self) -> "_Count":
+        """pycaffe's `blob.count` (an int) and Caffe's `count()`, `count(start)`, `count(start, end)`."""
+        return self._count_obj
+
+    def count_range(self, start: int, end: int | None = None) -> int:
+        """Product of the dims in [start, end) (end defaults to num_axes; a negative start is canonicalized)."""
+        return _count_range(self._shape, start, end)
 
     def canonical_axis_index(self, axis: int) -> int:
         n = self.num_axes
