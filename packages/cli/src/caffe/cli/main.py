@@ -1,0 +1,164 @@
+"""caffe-cli: Caffe's command-line tools as subcommands.
+
+    caffe-cli <command> [flags and arguments]
+
+Each command lives in its own module of caffe.cli with a `main(argv) -> int`; this
+file holds the dispatch table and what the commands share: a gflags-compatible
+argparse front end (`-flag x`, `-flag=x`, `--flag=x`, booleans as `-flag`,
+`-flag=false`, `-noflag`; flags may follow positional arguments, as gflags allows),
+glog-format logging on stderr (caffe.cli.glog: the line format Caffe's log parsers read), and
+SIGTERM/Ctrl-C handling that unwinds (so database writers remove their partial work).
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import importlib
+import logging
+import os
+import signal
+import sys
+import threading
+
+# command -> (module, one-line description). Commands are imported only when run.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "convert_imageset": ("caffe.cli.convert_imageset", "convert a list of images to an LMDB/LevelDB of Datums"),
+    "convert_mnist_data": ("caffe.cli.convert_mnist_data", "convert MNIST IDX image/label files to an LMDB/LevelDB"),
+    "compute_image_mean": ("caffe.cli.compute_image_mean", "compute the mean image of a database (binaryproto)"),
+    "extract_features": ("caffe.cli.extract_features", "run a net and save blobs' features to databases"),
+    "upgrade_net_proto_text": ("caffe.cli.upgrade_net_proto_text", "upgrade a text NetParameter to the latest format"),
+    "upgrade_net_proto_binary": ("caffe.cli.upgrade_net_proto_binary",
+                                 "upgrade a binary NetParameter (caffemodel) to the latest format"),
+    "upgrade_solver_proto_text": ("caffe.cli.upgrade_solver_proto_text",
+                                  "upgrade a text SolverParameter to the latest format"),
+}
+
+
+class CliError(Exception):
+    """A user-facing failure of a command: printed as one line, exit status 1."""
+
+
+# ----------------------------------------------------------------------------- flags
+
+def _parse_bool(text: str) -> bool:
+    t = str(text).strip().lower()
+    if t in ("1", "true", "t", "yes", "y"):
+        return True
+    if t in ("0", "false", "f", "no", "n"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got {text!r}")
+
+
+class GflagsParser(argparse.ArgumentParser):
+    """argparse with gflags spellings. Declare flags with add_flag; positionals land in `args`."""
+
+    def __init__(self, prog: str, usage_text: str = "", **kw):
+        super().__init__(prog=f"caffe-cli {prog}", description=usage_text,
+                         formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False, **kw)
+        self._flag_types: dict[str, type] = {}
+        self.add_argument("args", nargs="*", help=argparse.SUPPRESS)
+
+    def add_flag(self, name: str, type_: type, default, help_text: str = "") -> None:
+        self._flag_types[name] = type_
+        conv = _parse_bool if type_ is bool else type_
+        self.add_argument(f"--{name}", dest=name, type=conv, default=default,
+                          help=f"{help_text} (default: {str(default).lower() if type_ is bool else repr(default)})")
+
+    def normalize(self, argv: list[str]) -> list[str]:
+        """gflags spellings -> argparse's: -x=v / --x=v / -x v -> --x=v / --x v; -b / -nob -> --b=true/false."""
+        out: list[str] = []
+        it = iter(argv)
+        for arg in it:
+            if arg == "--":
+                out.append(arg)
+                out.extend(it)
+                break
+            if not arg.startswith("-") or arg == "-" or arg in ("-h", "--help"):
+                out.append(arg)
+                continue
+            body = arg.lstrip("-")
+            name, eq, value = body.partition("=")
+            if name in self._flag_types:
+                if self._flag_types[name] is bool:
+                    out.append(f"--{name}={value if eq else 'true'}")
+                else:
+                    out.append(f"--{name}={value}" if eq else f"--{name}")
+            elif name.startswith("no") and self._flag_types.get(name[2:]) is bool and not eq:
+                out.append(f"--{name[2:]}=false")
+            else:
+                try:
+                    float(arg)  # a negative number is a positional argument
+                    out.append(arg)
+                except ValueError:
+                    known = ", ".join(f"-{n}" for n in sorted(self._flag_types)) or "none"
+                    raise CliError(f"unknown command line flag '{name}' (flags of {self.prog}: {known})") from None
+        return out
+
+    def parse(self, argv: list[str]) -> argparse.Namespace:
+        return self.parse_intermixed_args(self.normalize(list(argv)))
+
+    def error(self, message):  # argparse's errors as CliError (usage errors exit 1, as Caffe's tools)
+        raise CliError(f"{message}\n{self.format_usage().strip()}")
+
+
+def usage_error(parser: GflagsParser, message: str) -> CliError:
+    return CliError(f"{message}\n\n{parser.format_help().rstrip()}")
+
+
+# ----------------------------------------------------------------------------- logging
+
+def _setup_logging() -> logging.Logger:
+    """glog-format lines on stderr (caffe.cli.glog); GLOG_minloglevel=1/2/3 raises the bar, as glog's."""
+    from caffe.cli.glog import setup_logging
+    levels = {"0": logging.INFO, "1": logging.WARNING, "2": logging.ERROR, "3": logging.CRITICAL}
+    setup_logging(level=levels.get(os.environ.get("GLOG_minloglevel", "0"), logging.INFO))
+    return logging.getLogger("caffe")
+
+
+# ----------------------------------------------------------------------------- dispatch
+
+def _on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)  # unwinds: `with DBWriter(...)` removes its partial database
+
+
+def _usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = ["usage: caffe-cli <command> [flags] [args]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {desc}" for name, (_, desc) in COMMANDS.items()]
+    lines += ["", "Run 'caffe-cli <command> --help' for a command's flags."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage(), file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 1
+    command, rest = argv[0], argv[1:]
+    entry = COMMANDS.get(command)
+    if entry is None:
+        close = difflib.get_close_matches(command, COMMANDS, n=3)
+        hint = f" Did you mean: {', '.join(close)}?" if close else ""
+        print(f"caffe-cli: unknown command '{command}'.{hint}\n\n{_usage()}", file=sys.stderr)
+        return 1
+    log = _setup_logging()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        module = importlib.import_module(entry[0])
+        return int(module.main(rest) or 0)
+    except KeyboardInterrupt:
+        print(f"caffe-cli {command}: interrupted", file=sys.stderr)
+        return 130
+    except CliError as exc:
+        print(f"caffe-cli {command}: {exc}", file=sys.stderr)
+        return 1
+    except (OSError, ValueError, RuntimeError) as exc:
+        # DBError, DataError, LayerError, parse errors...: one clear line, no traceback
+        log.debug("details", exc_info=True)
+        print(f"caffe-cli {command}: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
