@@ -22,6 +22,12 @@ import threading
 
 # command -> (module, one-line description). Commands are imported only when run.
 COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("caffe.cli.caffe_tool:train_main", "train or finetune a model (--solver, --snapshot, --weights, --gpu)"),
+    "test": ("caffe.cli.caffe_tool:test_main", "score a model (--model, --weights, --iterations)"),
+    "time": ("caffe.cli.caffe_tool:time_main", "benchmark model execution time, per layer (--model, --iterations)"),
+    "device_query": ("caffe.cli.caffe_tool:device_query_main", "show GPU diagnostic information"),
+    "plot": ("caffe.cli.plot:main", "plot training/test loss and accuracy from a training log (PNG)"),
+    "draw": ("caffe.cli.draw:main", "draw a net's graph (png/svg/pdf via graphviz, or .dot)"),
     "convert_imageset": ("caffe.cli.convert_imageset", "convert a list of images to an LMDB/LevelDB of Datums"),
     "convert_mnist_data": ("caffe.cli.convert_mnist_data", "convert MNIST IDX image/label files to an LMDB/LevelDB"),
     "compute_image_mean": ("caffe.cli.compute_image_mean", "compute the mean image of a database (binaryproto)"),
@@ -107,12 +113,36 @@ def usage_error(parser: GflagsParser, message: str) -> CliError:
 
 # ----------------------------------------------------------------------------- logging
 
-def _setup_logging() -> logging.Logger:
-    """glog-format lines on stderr (caffe.cli.glog); GLOG_minloglevel=1/2/3 raises the bar, as glog's."""
+def _setup_logging(log_dir: str | None = None) -> logging.Logger:
+    """glog-format lines on stderr (caffe.cli.glog), and in a file under log_dir (glog's --log_dir);
+    GLOG_minloglevel=1/2/3 raises the bar, GLOG_log_dir sets log_dir, as glog's."""
     from caffe.cli.glog import setup_logging
     levels = {"0": logging.INFO, "1": logging.WARNING, "2": logging.ERROR, "3": logging.CRITICAL}
-    setup_logging(level=levels.get(os.environ.get("GLOG_minloglevel", "0"), logging.INFO))
+    setup_logging(log_dir=log_dir or os.environ.get("GLOG_log_dir") or None,
+                  level=levels.get(os.environ.get("GLOG_minloglevel", "0"), logging.INFO))
     return logging.getLogger("caffe")
+
+
+def pop_global_flags(argv: list[str]) -> tuple[list[str], dict]:
+    """Take the flags every command accepts out of argv: --debug (show tracebacks), --log_dir=DIR."""
+    out, flags = [], {"debug": False, "log_dir": None}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        name, eq, value = arg.lstrip("-").partition("=")
+        if arg.startswith("-") and name == "debug":
+            flags["debug"] = _parse_bool(value) if eq else True
+        elif arg.startswith("-") and name == "log_dir":
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise CliError("--log_dir needs a directory")
+                i += 1
+                value = argv[i]
+            flags["log_dir"] = value
+        else:
+            out.append(arg)
+        i += 1
+    return out, flags
 
 
 # ----------------------------------------------------------------------------- dispatch
@@ -141,23 +171,38 @@ def main(argv: list[str] | None = None) -> int:
         hint = f" Did you mean: {', '.join(close)}?" if close else ""
         print(f"caffe-cli: unknown command '{command}'.{hint}\n\n{_usage()}", file=sys.stderr)
         return 1
-    log = _setup_logging()
+    try:
+        rest, flags = pop_global_flags(rest)
+    except CliError as exc:
+        print(f"caffe-cli {command}: {exc}", file=sys.stderr)
+        return 1
+    log = _setup_logging(flags["log_dir"])
+    if flags["debug"]:
+        log.setLevel(logging.DEBUG)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        module = importlib.import_module(entry[0])
-        return int(module.main(rest) or 0)
+        module_name, _, func = entry[0].partition(":")
+        module = importlib.import_module(module_name)
+        return int(getattr(module, func or "main")(rest) or 0)
     except KeyboardInterrupt:
         print(f"caffe-cli {command}: interrupted", file=sys.stderr)
         return 130
     except CliError as exc:
         print(f"caffe-cli {command}: {exc}", file=sys.stderr)
         return 1
-    except (OSError, ValueError, RuntimeError) as exc:
-        # DBError, DataError, LayerError, parse errors...: one clear line, no traceback
-        log.debug("details", exc_info=True)
+    except (OSError, ValueError, RuntimeError, ArithmeticError) as exc:
+        # DBError, DataError, LayerError, SolverError, parse errors, NaN loss...: one clear line
+        if flags["debug"]:
+            raise
         print(f"caffe-cli {command}: error: {exc}", file=sys.stderr)
         return 1
+    except Exception as exc:  # a bug rather than bad input: still one line unless --debug
+        if flags["debug"]:
+            raise
+        print(f"caffe-cli {command}: internal error: {type(exc).__name__}: {exc} (rerun with --debug for "
+              f"the traceback)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
