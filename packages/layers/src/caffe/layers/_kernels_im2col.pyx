@@ -1,0 +1,257 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""2-D im2col / col2im on the CPU, OpenMP-parallel (Caffe's util/im2col.cpp, batched).
+
+Caffe lowers one image at a time; here a whole batch (or a chunk of it) is
+lowered at once so that each group needs ONE large GEMM. The column buffer is
+addressed with two strides, so one kernel serves both layouts:
+
+  batch layout  (convolution): col[r, n * P + p]   row_stride = nb * P, n_stride = P
+  image layout  (Im2col layer): col[n, r, p]       row_stride = P,      n_stride = K * P
+
+with r = (c * kernel_h + i) * kernel_w + j (Caffe's row order: it matches the
+weight blob's (C, kh, kw) flattening) and p = oh * out_w + ow. Positions in the
+padding read as zero (im2col) and are dropped (col2im), as in Caffe.
+
+im is (nb, C, H, W) contiguous, flattened; float32 or float64 (the fused type
+makes mixing dtypes an error rather than a silent reinterpretation).
+"""
+from cython.parallel cimport prange
+from openmp cimport omp_get_max_threads
+
+# Below this many elements of work a kernel runs on one thread: waking a second thread
+# costs more than it saves, and on a busy machine a parallel region can wait a whole
+# scheduler slice for a descheduled thread.
+cdef enum:
+    PARALLEL_MIN_WORK = 32768
+
+
+cdef inline int _threads(Py_ssize_t work) noexcept nogil:
+    if work < PARALLEL_MIN_WORK:
+        return 1
+    return omp_get_max_threads()
+
+ctypedef fused real:
+    float
+    double
+
+
+cdef inline void _col_range(Py_ssize_t w0, Py_ssize_t W, Py_ssize_t stride, Py_ssize_t OW,
+                            Py_ssize_t* lo, Py_ssize_t* hi) noexcept nogil:
+    """The output columns ow with 0 <= w0 + ow * stride < W form [lo, hi)."""
+    cdef Py_ssize_t a, b
+    if w0 >= 0:
+        a = 0
+    else:
+        a = (-w0 + stride - 1) // stride
+    if W - w0 <= 0:
+        b = 0
+    else:
+        b = (W - w0 + stride - 1) // stride
+    if b > OW:
+        b = OW
+    if a > b:
+        a = b
+    lo[0] = a
+    hi[0] = b
+
+
+cdef inline void _im2col_rows(const real* im, real* dst, Py_ssize_t n0, Py_ssize_t n1,
+                              Py_ssize_t n_stride, Py_ssize_t plane_stride, Py_ssize_t H, Py_ssize_t W,
+                              Py_ssize_t i, Py_ssize_t j, Py_ssize_t pad_h, Py_ssize_t pad_w,
+                              Py_ssize_t stride_h, Py_ssize_t stride_w,
+                              Py_ssize_t dil_h, Py_ssize_t dil_w,
+                              Py_ssize_t OH, Py_ssize_t OW) noexcept nogil:
+    """Column-buffer row of kernel offset (i, j) for images n0..n1-1 (im: the channel plane of image 0)."""
+    cdef Py_ssize_t n, oh, ow, h, w0, lo, hi, base
+    cdef const real* src
+    cdef real* d
+    w0 = j * dil_w - pad_w
+    _col_range(w0, W, stride_w, OW, &lo, &hi)
+    for n in range(n0, n1):
+        src = im + n * plane_stride
+        for oh in range(OH):
+            h = oh * stride_h - pad_h + i * dil_h
+            d = dst + n * n_stride + oh * OW
+            if h < 0 or h >= H:
+                for ow in range(OW):
+                    d[ow] = 0
+                continue
+            for ow in range(lo):
+                d[ow] = 0
+            base = h * W + w0
+            if stride_w == 1:
+                for ow in range(lo, hi):
+                    d[ow] = src[base + ow]
+            else:
+                for ow in range(lo, hi):
+                    d[ow] = src[base + ow * stride_w]
+            for ow in range(hi, OW):
+                d[ow] = 0
+
+
+cdef inline void _col2im_planes(const real* col, real* im, Py_ssize_t n0, Py_ssize_t n1,
+                                Py_ssize_t n_stride, Py_ssize_t plane_stride, Py_ssize_t H, Py_ssize_t W,
+                                Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t pad_h, Py_ssize_t pad_w,
+                                Py_ssize_t stride_h, Py_ssize_t stride_w,
+                                Py_ssize_t dil_h, Py_ssize_t dil_w,
+                                Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t row_stride) noexcept nogil:
+    """Overwrite one channel's planes of images n0..n1-1 with the sum of its kh*kw column rows.
+
+    Row by row, image by image: each column row is read sequentially while the
+    written planes (one channel of a block of images) stay in cache.
+    """
+    cdef Py_ssize_t i, j, n, oh, ow, h, w0, lo, hi, base, k
+    cdef const real* s
+    cdef real* dst
+    for n in range(n0, n1):
+        dst = im + n * plane_stride
+        for k in range(H * W):
+            dst[k] = 0
+    for i in range(kh):
+        for j in range(kw):
+            w0 = j * dil_w - pad_w
+            _col_range(w0, W, stride_w, OW, &lo, &hi)
+            for n in range(n0, n1):
+                s = col + (i * kw + j) * row_stride + n * n_stride
+                dst = im + n * plane_stride
+                for oh in range(OH):
+                    h = oh * stride_h - pad_h + i * dil_h
+                    if h < 0 or h >= H:
+                        continue
+                    base = h * W + w0
+                    if stride_w == 1:
+                        for ow in range(lo, hi):
+                            dst[base + ow] += s[oh * OW + ow]
+                    else:
+                        for ow in range(lo, hi):
+                            dst[base + ow * stride_w] += s[oh * OW + ow]
+
+
+cdef inline Py_ssize_t _blocks(Py_ssize_t units, Py_ssize_t nb) noexcept nogil:
+    """Split the images into enough blocks that units * blocks gives every thread several tasks."""
+    cdef Py_ssize_t b = (32 + units - 1) // units
+    if b > nb:
+        b = nb
+    if b < 1:
+        b = 1
+    return b
+
+
+def im2col_2d(const real[::1] im, real[::1] col, Py_ssize_t nb, Py_ssize_t C,
+              Py_ssize_t H, Py_ssize_t W, Py_ssize_t kh, Py_ssize_t kw,
+              Py_ssize_t pad_h, Py_ssize_t pad_w, Py_ssize_t stride_h, Py_ssize_t stride_w,
+              Py_ssize_t dil_h, Py_ssize_t dil_w, Py_ssize_t OH, Py_ssize_t OW,
+              Py_ssize_t row_stride, Py_ssize_t n_stride):
+    """Lower nb images (nb, C, H, W) into col (see the module doc for the strides)."""
+    cdef Py_ssize_t rows = C * kh * kw
+    cdef Py_ssize_t t, r, c, rem, blk, nblk, per, n0, n1
+    if nb * rows * OH * OW == 0:
+        return
+    if im.shape[0] < nb * C * H * W:
+        raise ValueError("im2col_2d: image buffer too small")
+    if col.shape[0] < (rows - 1) * row_stride + (nb - 1) * n_stride + OH * OW:
+        raise ValueError("im2col_2d: column buffer too small")
+    cdef const real* src = &im[0]
+    cdef real* dst = &col[0]
+    nblk = _blocks(rows, nb)
+    per = (nb + nblk - 1) // nblk
+    cdef int nt = _threads(nb * rows * OH * OW)
+    with nogil:
+        for t in prange(rows * nblk, schedule="static", num_threads=nt):
+            r = t // nblk
+            blk = t - r * nblk
+            n0 = blk * per
+            n1 = n0 + per
+            if n1 > nb:
+                n1 = nb
+            c = r // (kh * kw)
+            rem = r - c * (kh * kw)
+            _im2col_rows(src + c * H * W, dst + r * row_stride, n0, n1, n_stride, C * H * W,
+                         H, W, rem // kw, rem - (rem // kw) * kw, pad_h, pad_w,
+                         stride_h, stride_w, dil_h, dil_w, OH, OW)
+
+
+def col2im_2d(const real[::1] col, real[::1] im, Py_ssize_t nb, Py_ssize_t C,
+              Py_ssize_t H, Py_ssize_t W, Py_ssize_t kh, Py_ssize_t kw,
+              Py_ssize_t pad_h, Py_ssize_t pad_w, Py_ssize_t stride_h, Py_ssize_t stride_w,
+              Py_ssize_t dil_h, Py_ssize_t dil_w, Py_ssize_t OH, Py_ssize_t OW,
+              Py_ssize_t row_stride, Py_ssize_t n_stride):
+    """Overwrite im (nb, C, H, W) with the sum of the column entries that read each pixel."""
+    cdef Py_ssize_t planes = nb * C
+    cdef Py_ssize_t t, c, blk, nblk, per, n0, n1
+    if planes * H * W == 0:
+        return
+    if im.shape[0] < planes * H * W:
+        raise ValueError("col2im_2d: image buffer too small")
+    if OH * OW == 0 or kh * kw == 0:
+        im[:planes * H * W] = 0
+        return
+    if col.shape[0] < (C * kh * kw - 1) * row_stride + (nb - 1) * n_stride + OH * OW:
+        raise ValueError("col2im_2d: column buffer too small")
+    cdef const real* src = &col[0]
+    cdef real* dst = &im[0]
+    nblk = _blocks(C, nb)
+    per = (nb + nblk - 1) // nblk
+    cdef int nt = _threads(planes * kh * kw * OH * OW)
+    with nogil:
+        for t in prange(C * nblk, schedule="static", num_threads=nt):
+            c = t // nblk
+            blk = t - c * nblk
+            n0 = blk * per
+            n1 = n0 + per
+            if n1 > nb:
+                n1 = nb
+            _col2im_planes(src + c * kh * kw * row_stride, dst + c * H * W, n0, n1, n_stride,
+                           C * H * W, H, W, kh, kw, pad_h, pad_w, stride_h, stride_w, dil_h, dil_w,
+                           OH, OW, row_stride)
+
+
+# -- the batched GEMM's layout changes ---------------------------------------------------------
+# One GEMM per group produces (C, nb * P); the blobs are (nb, C, P). These move whole
+# contiguous P-runs in parallel (NumPy's strided broadcast add is several times slower).
+
+def rows_to_batch(const real[::1] rows, real[::1] out, const real[::1] bias, Py_ssize_t nb,
+                  Py_ssize_t C, Py_ssize_t P):
+    """out[n, c, p] = rows[c, n, p] (+ bias[c] when bias is not None)."""
+    cdef Py_ssize_t t, n, c, p
+    cdef bint has_bias = bias is not None
+    if nb * C * P == 0:
+        return
+    if rows.shape[0] < nb * C * P or out.shape[0] < nb * C * P or (has_bias and bias.shape[0] < C):
+        raise ValueError("rows_to_batch: buffer too small")
+    cdef const real* src = &rows[0]
+    cdef real* dst = &out[0]
+    cdef const real* b = &bias[0] if has_bias else NULL
+    cdef int nt = _threads(nb * C * P)
+    with nogil:
+        for t in prange(nb * C, schedule="static", num_threads=nt):
+            n = t // C
+            c = t - n * C
+            _copy_run(src + (c * nb + n) * P, dst + t * P, P, b[c] if has_bias else 0)
+
+
+def batch_to_rows(const real[::1] batch, real[::1] rows, Py_ssize_t nb, Py_ssize_t C, Py_ssize_t P):
+    """rows[c, n, p] = batch[n, c, p]."""
+    cdef Py_ssize_t t, n, c
+    if nb * C * P == 0:
+        return
+    if batch.shape[0] < nb * C * P or rows.shape[0] < nb * C * P:
+        raise ValueError("batch_to_rows: buffer too small")
+    cdef const real* src = &batch[0]
+    cdef real* dst = &rows[0]
+    cdef int nt = _threads(nb * C * P)
+    with nogil:
+        for t in prange(nb * C, schedule="static", num_threads=nt):
+            c = t // nb
+            n = t - c * nb
+            _copy_run(src + (n * C + c) * P, dst + t * P, P, 0)
+
+
+cdef inline void _copy_run(const real* src, real* dst, Py_ssize_t P, real add) noexcept nogil:
+    cdef Py_ssize_t p
+    if add == 0:
+        for p in range(P):
+            dst[p] = src[p]
+    else:
+        for p in range(P):
+            dst[p] = src[p] + add

@@ -1,0 +1,259 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""2-D MAX / AVE pooling on the CPU, OpenMP-parallel over (image, channel) planes.
+
+The loops are Caffe's PoolingLayer::Forward_cpu / Backward_cpu (pooling_layer.cpp),
+plane by plane:
+  MAX: window [hstart, hend) clipped to the image; running max starts at -FLT_MAX and
+       only a strictly greater value replaces it, so the first maximum in row-major
+       order wins; the argmax is stored as h * W + w (-1 for an empty window).
+  AVE: the divisor is the window clipped to the padded extent (H + pad), computed
+       before clipping to the image; the sum runs over the image part only.
+Backward writes every bottom-diff plane (zero first, then scatter/accumulate), so
+planes are independent and the parallel loop needs no atomics.
+x / top are (planes, H, W) / (planes, PH, PW), contiguous and flattened.
+"""
+from cython.parallel cimport prange
+from openmp cimport omp_get_max_threads
+
+# Below this many elements of work a kernel runs on one thread: waking a second thread
+# costs more than it saves, and on a busy machine a parallel region can wait a whole
+# scheduler slice for a descheduled thread.
+cdef enum:
+    PARALLEL_MIN_WORK = 32768
+
+
+cdef inline int _threads(Py_ssize_t work) noexcept nogil:
+    if work < PARALLEL_MIN_WORK:
+        return 1
+    return omp_get_max_threads()
+from libc.float cimport FLT_MAX
+
+ctypedef fused real:
+    float
+    double
+
+
+cdef inline void _pw_range(Py_ssize_t j, Py_ssize_t W, Py_ssize_t sw, Py_ssize_t pad_w, Py_ssize_t PW,
+                           Py_ssize_t* lo, Py_ssize_t* hi) noexcept nogil:
+    """The windows pw whose column pw * sw - pad_w + j lies inside the image form [lo, hi)."""
+    cdef Py_ssize_t w0 = j - pad_w, a, b
+    if w0 >= 0:
+        a = 0
+    else:
+        a = (-w0 + sw - 1) // sw
+    if W - w0 <= 0:
+        b = 0
+    else:
+        b = (W - w0 + sw - 1) // sw
+    if b > PW:
+        b = PW
+    if a > b:
+        a = b
+    lo[0] = a
+    hi[0] = b
+
+
+cdef inline void _max_plane(const real* x, real* y, int* mask, Py_ssize_t H, Py_ssize_t W,
+                            Py_ssize_t PH, Py_ssize_t PW, Py_ssize_t kh, Py_ssize_t kw,
+                            Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t pad_h,
+                            Py_ssize_t pad_w) noexcept nogil:
+    # Window by window, as Caffe; the running max is selected without branches (the comparison
+    # is unpredictable on real data). Measured faster here than the row-at-a-time form AVE uses.
+    cdef Py_ssize_t ph, pw, h, w, hs, he, ws, we
+    cdef real m, v
+    cdef int idx, sel
+    for ph in range(PH):
+        hs = ph * sh - pad_h
+        he = hs + kh
+        if he > H:
+            he = H
+        if hs < 0:
+            hs = 0
+        for pw in range(PW):
+            ws = pw * sw - pad_w
+            we = ws + kw
+            if we > W:
+                we = W
+            if ws < 0:
+                ws = 0
+            m = -FLT_MAX
+            idx = -1
+            for h in range(hs, he):
+                for w in range(ws, we):
+                    v = x[h * W + w]
+                    sel = -<int>(v > m)  # strictly greater: the first maximum wins, as in Caffe
+                    idx = idx ^ ((idx ^ <int>(h * W + w)) & sel)
+                    m = v if v > m else m
+            y[ph * PW + pw] = m
+            mask[ph * PW + pw] = idx
+
+
+# AVE runs a whole output row at a time: for each image row h of the window and each kernel
+# column j, every window pw of the row is updated. Each window still sums its pixels in
+# Caffe's row-major order (h, then w = ws + j ascending), so the results are Caffe's to the
+# bit, but the windows' independent additions pipeline instead of one window's serial chain.
+cdef inline void _ave_plane(const real* x, real* y, Py_ssize_t H, Py_ssize_t W,
+                            Py_ssize_t PH, Py_ssize_t PW, Py_ssize_t kh, Py_ssize_t kw,
+                            Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t pad_h,
+                            Py_ssize_t pad_w) noexcept nogil:
+    cdef Py_ssize_t ph, pw, h, j, hs, he, hsize, ws, we, lo, hi
+    cdef real* yr
+    cdef const real* row
+    for ph in range(PH):
+        yr = y + ph * PW
+        for pw in range(PW):
+            yr[pw] = 0
+        hs = ph * sh - pad_h
+        he = hs + kh
+        if he > H + pad_h:
+            he = H + pad_h
+        hsize = he - hs  # the divisor counts the padded extent (H + pad), before clipping
+        if hs < 0:
+            hs = 0
+        if he > H:
+            he = H
+        for h in range(hs, he):
+            row = x + h * W
+            for j in range(kw):
+                _pw_range(j, W, sw, pad_w, PW, &lo, &hi)
+                for pw in range(lo, hi):
+                    yr[pw] = yr[pw] + row[pw * sw - pad_w + j]
+        for pw in range(PW):
+            ws = pw * sw - pad_w
+            we = ws + kw
+            if we > W + pad_w:
+                we = W + pad_w
+            yr[pw] = yr[pw] / (hsize * (we - ws))
+
+
+cdef inline void _max_back_plane(const real* dy, const int* mask, real* dx, Py_ssize_t HW,
+                                 Py_ssize_t PHW) noexcept nogil:
+    cdef Py_ssize_t k
+    cdef int idx
+    for k in range(HW):
+        dx[k] = 0
+    for k in range(PHW):
+        idx = mask[k]
+        if idx >= 0:
+            dx[idx] = dx[idx] + dy[k]
+
+
+cdef inline void _ave_back_plane(const real* dy, real* dx, Py_ssize_t H, Py_ssize_t W,
+                                 Py_ssize_t PH, Py_ssize_t PW, Py_ssize_t kh, Py_ssize_t kw,
+                                 Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t pad_h,
+                                 Py_ssize_t pad_w) noexcept nogil:
+    cdef Py_ssize_t ph, pw, h, j, hs, he, hsize, ws, we, lo, hi, k
+    cdef const real* dr
+    cdef real* row
+    for k in range(H * W):
+        dx[k] = 0
+    for ph in range(PH):
+        dr = dy + ph * PW
+        hs = ph * sh - pad_h
+        he = hs + kh
+        if he > H + pad_h:
+            he = H + pad_h
+        hsize = he - hs
+        if hs < 0:
+            hs = 0
+        if he > H:
+            he = H
+        for h in range(hs, he):
+            row = dx + h * W
+            # j descending: a pixel then receives its windows' shares in ascending pw, Caffe's order
+            for j in range(kw - 1, -1, -1):
+                _pw_range(j, W, sw, pad_w, PW, &lo, &hi)
+                for pw in range(lo, hi):
+                    ws = pw * sw - pad_w
+                    we = ws + kw
+                    if we > W + pad_w:
+                        we = W + pad_w
+                    row[pw * sw - pad_w + j] += dr[pw] / (hsize * (we - ws))
+
+
+def _check(Py_ssize_t have, Py_ssize_t need, str what):
+    if have < need:
+        raise ValueError(f"pooling kernel: {what} buffer holds {have} elements, needs {need}")
+
+
+def max_pool_forward(const real[::1] x, real[::1] y, int[::1] mask, Py_ssize_t planes,
+                     Py_ssize_t H, Py_ssize_t W, Py_ssize_t PH, Py_ssize_t PW,
+                     Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
+                     Py_ssize_t pad_h, Py_ssize_t pad_w):
+    """y = max over each window; mask = argmax (h * W + w within the plane, -1 if empty)."""
+    cdef Py_ssize_t p
+    if planes * PH * PW == 0:
+        return
+    _check(x.shape[0], planes * H * W, "bottom")
+    _check(y.shape[0], planes * PH * PW, "top")
+    _check(mask.shape[0], planes * PH * PW, "mask")
+    cdef const real* xp = &x[0] if H * W > 0 else NULL
+    cdef real* yp = &y[0]
+    cdef int* mp = &mask[0]
+    cdef int nt = _threads(planes * (H * W + PH * PW))
+    with nogil:
+        for p in prange(planes, schedule="static", num_threads=nt):
+            _max_plane(xp + p * H * W, yp + p * PH * PW, mp + p * PH * PW, H, W, PH, PW,
+                       kh, kw, sh, sw, pad_h, pad_w)
+
+
+def ave_pool_forward(const real[::1] x, real[::1] y, Py_ssize_t planes,
+                     Py_ssize_t H, Py_ssize_t W, Py_ssize_t PH, Py_ssize_t PW,
+                     Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
+                     Py_ssize_t pad_h, Py_ssize_t pad_w):
+    """y = window sum / Caffe's pool size."""
+    cdef Py_ssize_t p
+    if planes * PH * PW == 0:
+        return
+    _check(x.shape[0], planes * H * W, "bottom")
+    _check(y.shape[0], planes * PH * PW, "top")
+    cdef const real* xp = &x[0] if H * W > 0 else NULL
+    cdef real* yp = &y[0]
+    cdef int nt = _threads(planes * (H * W + PH * PW))
+    with nogil:
+        for p in prange(planes, schedule="static", num_threads=nt):
+            _ave_plane(xp + p * H * W, yp + p * PH * PW, H, W, PH, PW, kh, kw, sh, sw,
+                       pad_h, pad_w)
+
+
+def max_pool_backward(const real[::1] dy, const int[::1] mask, real[::1] dx,
+                      Py_ssize_t planes, Py_ssize_t HW, Py_ssize_t PHW):
+    """dx = 0, then dx[mask] += dy, plane by plane."""
+    cdef Py_ssize_t p
+    if planes * HW == 0:
+        return
+    _check(dx.shape[0], planes * HW, "bottom diff")
+    if PHW == 0:
+        dx[:planes * HW] = 0
+        return
+    _check(dy.shape[0], planes * PHW, "top diff")
+    _check(mask.shape[0], planes * PHW, "mask")
+    cdef const real* dyp = &dy[0]
+    cdef const int* mp = &mask[0]
+    cdef real* dxp = &dx[0]
+    cdef int nt = _threads(planes * (HW + PHW))
+    with nogil:
+        for p in prange(planes, schedule="static", num_threads=nt):
+            _max_back_plane(dyp + p * PHW, mp + p * PHW, dxp + p * HW, HW, PHW)
+
+
+def ave_pool_backward(const real[::1] dy, real[::1] dx, Py_ssize_t planes,
+                      Py_ssize_t H, Py_ssize_t W, Py_ssize_t PH, Py_ssize_t PW,
+                      Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
+                      Py_ssize_t pad_h, Py_ssize_t pad_w):
+    """dx = 0, then every window spreads dy / pool size over its image part."""
+    cdef Py_ssize_t p
+    if planes * H * W == 0:
+        return
+    _check(dx.shape[0], planes * H * W, "bottom diff")
+    if PH * PW == 0:
+        dx[:planes * H * W] = 0
+        return
+    _check(dy.shape[0], planes * PH * PW, "top diff")
+    cdef const real* dyp = &dy[0]
+    cdef real* dxp = &dx[0]
+    cdef int nt = _threads(planes * (H * W + PH * PW))
+    with nogil:
+        for p in prange(planes, schedule="static", num_threads=nt):
+            _ave_back_plane(dyp + p * PH * PW, dxp + p * H * W, H, W, PH, PW, kh, kw, sh, sw,
+                            pad_h, pad_w)

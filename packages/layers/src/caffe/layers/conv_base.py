@@ -1,0 +1,414 @@
+"""What Convolution, Deconvolution and Im2col share (Caffe's base_conv_layer and util/im2col).
+
+Geometry. A convolution maps an "image side" blob (N, C_in, *S_im) to a "column side"
+blob (N, C_out, *S_col): Convolution has bottom = image side, top = column side;
+Deconvolution is the transpose (top = image side, bottom = column side), exactly
+as Caffe's reverse_dimensions(). On each spatial axis
+    S_col = (S_im + 2 * pad - (dilation * (kernel - 1) + 1)) // stride + 1.
+The weight blob is (C_out, C_in / group, *kernel); with group > 1 each group is an
+independent convolution over its own slice of channels.
+
+Speed. Caffe lowers one image at a time and runs one small GEMM per image and
+group. Here a whole batch is lowered at once (im2col in "batch layout": the
+column buffer is (C_in * prod(kernel), N * P) with the images side by side), so
+each group runs ONE large GEMM that OpenBLAS spreads over all cores. The GEMM's
+(C_out, N * P) result is transposed into the (N, C_out, P) top in the same pass
+that adds the bias. Above COL_BUFFER_LIMIT elements the batch is processed in
+chunks, each still one GEMM per group. Scratch buffers live on the layer and are
+reused across iterations. On the CPU the 2-D lowering is a Cython/OpenMP kernel
+(_kernels_im2col); N-d convolutions, force_nd_im2col and the GPU (CuPy) use the
+array-module-generic strided-slice lowering below.
+
+GPU: the same code runs with xp = cupy (CuPy matmul, the generic lowering). It has
+not been run on a GPU here (the development machine has none); its tests skip.
+"""
+from __future__ import annotations
+
+import math
+import os
+from itertools import product
+
+import numpy as np
+
+from caffe.blob import Blob
+from caffe.layers import filler
+from caffe.layers.layer import Layer, dtype_of
+
+# OpenMP threads that spin after a parallel region steal the cores OpenBLAS's GEMM threads
+# need next (and vice versa): 5-10x slower convolutions on a 2-core machine. Sleep instead,
+# unless the user chose otherwise. libgomp reads this when the first kernel module loads.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+try:  # the compiled CPU kernels (built by the package's hatch hook)
+    from caffe.layers import _kernels_im2col as _k
+except ImportError:  # pragma: no cover - a source tree without the build
+    _k = None
+
+# Largest column buffer (elements) lowered at once; bigger batches go in chunks.
+COL_BUFFER_LIMIT = 1 << 24
+
+
+class ConvGeometry:
+    """Kernel, stride, pad, dilation per spatial axis; image-side and column-side spatial shapes."""
+    __slots__ = ("kernel", "stride", "pad", "dilation", "im_shape", "col_shape")
+
+    def __init__(self, kernel, stride, pad, dilation, im_shape, col_shape):
+        self.kernel = tuple(kernel)
+        self.stride = tuple(stride)
+        self.pad = tuple(pad)
+        self.dilation = tuple(dilation)
+        self.im_shape = tuple(im_shape)
+        self.col_shape = tuple(col_shape)
+
+    @property
+    def kernel_count(self) -> int:
+        return math.prod(self.kernel)
+
+    @property
+    def col_count(self) -> int:
+        return math.prod(self.col_shape)
+
+    @property
+    def im_count(self) -> int:
+        return math.prod(self.im_shape)
+
+
+def kernel_extent(k: int, d: int) -> int:
+    return d * (k - 1) + 1
+
+
+# -- the spatial parameters of a ConvolutionParameter ----------------------------------------
+
+def _spatial_values(layer, p, name, h_name, w_name, nsp, default):
+    """One value per spatial axis from a repeated field (once, or once per axis) or its _h/_w pair."""
+    if h_name is not None and (p.HasField(h_name) or p.HasField(w_name)):
+        if nsp != 2:
+            raise layer.error(f"convolution_param.{h_name} & {w_name} can only be used for 2D "
+                              f"convolution ({nsp} spatial axes here)")
+        if len(getattr(p, name)):
+            raise layer.error(f"Either convolution_param.{name} or {h_name}/{w_name} should be "
+                              f"specified; not both")
+        return (int(getattr(p, h_name)), int(getattr(p, w_name)))
+    values = [int(v) for v in getattr(p, name)]
+    allowed = (1, nsp) if default is None else (0, 1, nsp)
+    if len(values) not in allowed:
+        raise layer.error(f"convolution_param.{name} must be specified once, or once per spatial "
+                          f"dimension ({name} specified {len(values)} times; {nsp} spatial dims)")
+    if not values:
+        return (default,) * nsp
+    return tuple(values[0] if len(values) == 1 else values[i] for i in range(nsp))
+
+
+def parse_conv_spatial(layer, bottom0):
+    """channel_axis, kernel, stride, pad, dilation from layer.layer_param.convolution_param.
+
+    Caffe's BaseConvolutionLayer::LayerSetUp checks, with errors that name the field.
+    """
+    p = layer.layer_param.convolution_param
+    try:
+        axis = bottom0.canonical_axis_index(p.axis)
+    except IndexError:
+        raise layer.error(f"convolution_param.axis {p.axis} is out of range for bottom[0] with "
+                          f"shape {bottom0.shape}") from None
+    nsp = bottom0.num_axes - axis - 1
+    kernel = _spatial_values(layer, p, "kernel_size", "kernel_h", "kernel_w", nsp, None)
+    stride = _spatial_values(layer, p, "stride", "stride_h", "stride_w", nsp, 1)
+    pad = _spatial_values(layer, p, "pad", "pad_h", "pad_w", nsp, 0)
+    dilation = _spatial_values(layer, p, "dilation", None, None, nsp, 1)
+    if any(k <= 0 for k in kernel):
+        raise layer.error(f"Filter dimensions must be nonzero: convolution_param.kernel_size "
+                          f"(or kernel_h/kernel_w) gives {kernel}")
+    if any(s <= 0 for s in stride):
+        raise layer.error(f"Stride dimensions must be nonzero: convolution_param.stride "
+                          f"(or stride_h/stride_w) gives {stride}")
+    if any(d <= 0 for d in dilation):
+        raise layer.error(f"Dilation must be nonzero: convolution_param.dilation gives {dilation}")
+    return axis, nsp, kernel, stride, pad, dilation
+
+
+def conv_output_shape(layer, in_shape, kernel, stride, pad, dilation, blob_shape):
+    """Caffe's ConvolutionLayer::compute_output_shape, refusing kernels larger than the padded input."""
+    out = []
+    for i, (n, k, s, p, d) in enumerate(zip(in_shape, kernel, stride, pad, dilation)):
+        ext = kernel_extent(k, d)
+        if n + 2 * p < ext:
+            raise layer.error(f"kernel extent {ext} (kernel_size {k}, dilation {d}) exceeds the padded "
+                              f"input size {n} + 2*{p} on spatial axis {i} of bottom shape {blob_shape}")
+        out.append((n + 2 * p - ext) // s + 1)
+    return tuple(out)
+
+
+def adopt_param_shape(layer, blob, shape, what):
+    """Check a loaded parameter blob's shape; a legacy 4-d (num, channels, height, width) blob whose
+    dims are `shape` left-padded with ones (old caffemodels) is reshaped to `shape`."""
+    shape = tuple(shape)
+    if blob.shape == shape:
+        return
+    legacy = (1,) * (4 - len(shape)) + shape if len(shape) <= 4 else None
+    if blob.num_axes == 4 and blob.shape == legacy:
+        blob.reshape(shape)
+        return
+    raise layer.error(f"Incorrect {what} shape: expected shape {shape}; instead, shape was {blob.shape}")
+
+
+# -- im2col / col2im -------------------------------------------------------------------------
+
+def _fast_2d(xp, geom, arr, force_nd) -> bool:
+    return (xp is np and _k is not None and not force_nd and len(geom.kernel) == 2
+            and arr.dtype in (np.float32, np.float64))
+
+
+def _fast_layout(xp, a, b) -> bool:
+    return (xp is np and _k is not None and a.dtype == b.dtype and a.dtype in (np.float32, np.float64)
+            and a.flags.c_contiguous and b.flags.c_contiguous)
+
+
+def _strides(layout, nb, rows, P):
+    # batch layout: col[r, n * P + p]; image layout: col[n, r, p]
+    return (nb * P, P) if layout == "batch" else (P, rows * P)
+
+
+def _slices(geom, offsets):
+    return tuple(slice(o * d, o * d + s * (n - 1) + 1, s)
+                 for o, d, s, n in zip(offsets, geom.dilation, geom.stride, geom.col_shape))
+
+
+def im2col(xp, im, col, geom: ConvGeometry, layout: str = "batch", force_nd: bool = False) -> None:
+    """Lower im (nb, C, *im_shape) into col: (C*K, nb*P) for "batch", (nb, C*K, P) for "image"."""
+    nb, C = im.shape[0], im.shape[1]
+    K, P = geom.kernel_count, geom.col_count
+    if _fast_2d(xp, geom, im, force_nd) and im.flags.c_contiguous and col.flags.c_contiguous:
+        rs, ns = _strides(layout, nb, C * K, P)
+        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geom.kernel, geom.stride, geom.pad, geom.dilation
+        _k.im2col_2d(im.reshape(-1), col.reshape(-1), nb, C, geom.im_shape[0], geom.im_shape[1],
+                     kh, kw, ph, pw, sh, sw, dh, dw, geom.col_shape[0], geom.col_shape[1], rs, ns)
+        return
+    # Generic N-d path (NumPy or CuPy): one strided slice of the zero-padded input per
+    # kernel offset. Kept simple: it is the reference for the GPU and for N-d kernels.
+    padded_shape = (nb, C) + tuple(n + 2 * p for n, p in zip(geom.im_shape, geom.pad))
+    if any(geom.pad):
+        padded = xp.zeros(padded_shape, dtype=im.dtype)
+        padded[(slice(None), slice(None)) + tuple(slice(p, p + n) for n, p in
+                                                  zip(geom.im_shape, geom.pad))] = im
+    else:
+        padded = im
+    if layout == "batch":
+        cv = col.reshape((C, K, nb) + geom.col_shape)
+    else:
+        cv = col.reshape((nb, C, K) + geom.col_shape)
+    for kidx, offsets in enumerate(product(*(range(k) for k in geom.kernel))):
+        src = padded[(slice(None), slice(None)) + _slices(geom, offsets)]
+        if layout == "batch":
+            cv[:, kidx] = src.swapaxes(0, 1)
+        else:
+            cv[:, :, kidx] = src
+
+
+def col2im(xp, col, im, geom: ConvGeometry, layout: str = "batch", force_nd: bool = False) -> None:
+    """Overwrite im (nb, C, *im_shape) with the sum of every column entry that reads each pixel."""
+    nb, C = im.shape[0], im.shape[1]
+    K, P = geom.kernel_count, geom.col_count
+    if _fast_2d(xp, geom, im, force_nd) and im.flags.c_contiguous and col.flags.c_contiguous:
+        rs, ns = _strides(layout, nb, C * K, P)
+        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geom.kernel, geom.stride, geom.pad, geom.dilation
+        _k.col2im_2d(col.reshape(-1), im.reshape(-1), nb, C, geom.im_shape[0], geom.im_shape[1],
+                     kh, kw, ph, pw, sh, sw, dh, dw, geom.col_shape[0], geom.col_shape[1], rs, ns)
+        return
+    padded_shape = (nb, C) + tuple(n + 2 * p for n, p in zip(geom.im_shape, geom.pad))
+    padded = xp.zeros(padded_shape, dtype=im.dtype)
+    if layout == "batch":
+        cv = col.reshape((C, K, nb) + geom.col_shape)
+    else:
+        cv = col.reshape((nb, C, K) + geom.col_shape)
+    for kidx, offsets in enumerate(product(*(range(k) for k in geom.kernel))):
+        # For one kernel offset distinct output positions read distinct pixels: no duplicate
+        # indices within this slice update, so += is exact on NumPy and CuPy alike.
+        dst = padded[(slice(None), slice(None)) + _slices(geom, offsets)]
+        dst += cv[:, kidx].swapaxes(0, 1) if layout == "batch" else cv[:, :, kidx]
+    im[...] = padded[(slice(None), slice(None)) + tuple(slice(p, p + n) for n, p in
+                                                        zip(geom.im_shape, geom.pad))]
+
+
+# -- the layer base ----------------------------------------------------------------------------
+
+class BaseConvolutionLayer(Layer):
+    """Convolution's and Deconvolution's setup, reshape and batched GEMM primitives."""
+    min_bottom_blobs = 1
+    min_top_blobs = 1
+    equal_num_bottom_top_blobs = True
+    reverse_dimensions = False  # Deconvolution: the image side is the top
+
+    # -- setup ---------------------------------------------------------------------------
+    def layer_setup(self, bottom, top):
+        p = self.layer_param.convolution_param
+        (self.channel_axis, self.num_spatial_axes, self.kernel_shape, self.stride, self.pad,
+         self.dilation) = parse_conv_spatial(self, bottom[0])
+        self.force_nd_im2col = bool(p.force_nd_im2col)
+        self.channels = bottom[0].shape[self.channel_axis]
+        self.num_output = int(p.num_output)
+        self.group = int(p.group)
+        self.check(self.num_output > 0, f"convolution_param.num_output must be positive, got {p.num_output}")
+        self.check(self.group > 0, f"convolution_param.group must be positive, got {p.group}")
+        self.check(self.channels % self.group == 0,
+                   f"convolution_param.group {self.group} must divide the {self.channels} input channels "
+                   f"of bottom[0] (shape {bottom[0].shape}, channel axis {self.channel_axis})")
+        self.check(self.num_output % self.group == 0,
+                   f"Number of output should be multiples of group: convolution_param.num_output "
+                   f"{self.num_output} is not a multiple of convolution_param.group {self.group}")
+        if self.reverse_dimensions:
+            self.conv_out_channels, self.conv_in_channels = self.channels, self.num_output
+        else:
+            self.conv_out_channels, self.conv_in_channels = self.num_output, self.channels
+        weight_shape = (self.conv_out_channels, self.conv_in_channels // self.group) + self.kernel_shape
+        self.bias_term = bool(p.bias_term)
+        bias_shape = (self.num_output,)
+        if self.blobs:  # weights given with the layer (a caffemodel): keep them
+            expected = 1 + self.bias_term
+            self.check(len(self.blobs) == expected,
+                       f"Incorrect number of weight blobs: expected {expected} "
+                       f"(bias_term {self.bias_term}), got {len(self.blobs)}")
+            adopt_param_shape(self, self.blobs[0], weight_shape, "weight")
+            if self.bias_term:
+                adopt_param_shape(self, self.blobs[1], bias_shape, "bias")
+        else:
+            dtype = dtype_of(bottom)
+            self.blobs = [self._filled(weight_shape, dtype, p.weight_filler, "weight_filler")]
+            if self.bias_term:
+                self.blobs.append(self._filled(bias_shape, dtype, p.bias_filler, "bias_filler"))
+        for i in range(len(self.blobs)):
+            self.set_param_propagate_down(i, True)
+        self.kernel_dim = self.conv_in_channels // self.group * math.prod(self.kernel_shape)
+        self._buffers = {}
+        self._kept_col = {}
+        self._shape_key = None
+        self._top_shape = None
+
+    def _filled(self, shape, dtype, filler_param, field):
+        blob = Blob(shape, dtype=dtype)
+        try:
+            filler.fill(blob, filler_param)
+        except filler.FillerError as e:
+            raise self.error(f"convolution_param.{field}: {e}") from None
+        return blob
+
+    # -- reshape ---------------------------------------------------------------------------
+    def compute_output_shape(self, in_shape, blob_shape):
+        raise NotImplementedError
+
+    def reshape(self, bottom, top):
+        b0 = bottom[0]
+        # Called before every forward: skip the work when nothing changed since the last call.
+        key = (tuple(b.shape for b in bottom), b0.dtype)
+        if key == self._shape_key and all(t.shape == self._top_shape for t in top):
+            return
+        axis, nsp = self.channel_axis, self.num_spatial_axes
+        self.check(b0.num_axes == axis + 1 + nsp,
+                   f"bottom num_axes may not change: bottom[0] has shape {b0.shape}, the layer was "
+                   f"set up for {axis + 1 + nsp} axes")
+        self.check(b0.shape[axis] == self.channels,
+                   f"Input size incompatible with convolution kernel: bottom[0] (shape {b0.shape}) has "
+                   f"{b0.shape[axis]} channels on axis {axis}, the layer was set up for {self.channels}")
+        for i, b in enumerate(bottom[1:], 1):
+            self.check(b.shape == b0.shape, f"All inputs must have the same shape: bottom[{i}] has "
+                                            f"shape {b.shape}, bottom[0] has shape {b0.shape}")
+        self.num = math.prod(b0.shape[:axis])
+        in_spatial = b0.shape[axis + 1:]
+        out_spatial = self.compute_output_shape(in_spatial, b0.shape)
+        top_shape = b0.shape[:axis] + (self.num_output,) + out_spatial
+        for t in top:
+            t.reshape(top_shape)
+        self._top_shape = top_shape
+        im_spatial, col_spatial = ((out_spatial, in_spatial) if self.reverse_dimensions
+                                   else (in_spatial, out_spatial))
+        self.geom = ConvGeometry(self.kernel_shape, self.stride, self.pad, self.dilation,
+                                 im_spatial, col_spatial)
+        rows = self.kernel_dim * self.group
+        per_image = max(1, rows * self.geom.col_count, self.conv_out_channels * self.geom.col_count)
+        self.chunk = max(1, min(self.num, COL_BUFFER_LIMIT // per_image))
+        self._kept_col.clear()
+        self._shape_key = key
+
+    def chunks(self):
+        return [(n0, min(n0 + self.chunk, self.num)) for n0 in range(0, self.num, self.chunk)]
+
+    # -- scratch buffers ---------------------------------------------------------------------
+    def buffer(self, xp, name, shape, dtype):
+        """A reusable scratch array (grown on demand, never shrunk; one per name and array module)."""
+        size = math.prod(shape)
+        key = (name, xp.__name__, np.dtype(dtype).str)
+        buf = self._buffers.get(key)
+        if buf is None or buf.size < size:
+            buf = self._buffers[key] = xp.empty(max(size, 1), dtype=dtype)
+        return buf[:size].reshape(shape)
+
+    def ones(self, xp, n, dtype):
+        key = ("ones", xp.__name__, np.dtype(dtype).str)
+        buf = self._buffers.get(key)
+        if buf is None or buf.size < n:
+            buf = self._buffers[key] = xp.ones(max(n, 1), dtype=dtype)
+        return buf[:n]
+
+    # -- the batched primitives (chunk of nb images) ----------------------------------------------
+    def lower(self, xp, im, name="col"):
+        """im2col of the image-side chunk im (nb, C_in, *S_im) -> (C_in * K, nb * P) column buffer."""
+        nb = im.shape[0]
+        col = self.buffer(xp, name, (self.kernel_dim * self.group, nb * self.geom.col_count), im.dtype)
+        im2col(xp, im, col, self.geom, "batch", self.force_nd_im2col)
+        return col
+
+    def to_rows(self, xp, out):
+        """The column-side chunk out (nb, C_out, P) as (C_out, nb * P): the GEMMs' layout."""
+        nb, c, P = out.shape
+        if nb == 1:
+            return out[0]
+        rows = self.buffer(xp, "rows", (c, nb * P), out.dtype)
+        if _fast_layout(xp, out, rows):
+            _k.batch_to_rows(out.reshape(-1), rows.reshape(-1), nb, c, P)
+        else:
+            rows.reshape(c, nb, P)[...] = out.transpose(1, 0, 2)
+        return rows
+
+    def gemm_forward(self, xp, col, weight, out, bias=None):
+        """out (nb, C_out, P) = W_g @ col_g per group (+ bias), written straight into out."""
+        nb, c_out, P = out.shape
+        g, og, kd = self.group, c_out // self.group, self.kernel_dim
+        w3 = weight.reshape(g, og, kd)
+        res = out[0] if nb == 1 else self.buffer(xp, "gemm", (c_out, nb * P), out.dtype)
+        for gi in range(g):
+            xp.matmul(w3[gi], col[gi * kd:(gi + 1) * kd], out=res[gi * og:(gi + 1) * og])
+        if nb == 1:
+            if bias is not None:
+                res += bias.reshape(c_out, 1)
+            return
+        if _fast_layout(xp, res, out) and (bias is None or bias.dtype == res.dtype):
+            _k.rows_to_batch(res.reshape(-1), out.reshape(-1), bias, nb, c_out, P)
+            return
+        src = res.reshape(c_out, nb, P).transpose(1, 0, 2)
+        if bias is not None:
+            xp.add(src, bias.reshape(1, c_out, 1), out=out)
+        else:
+            out[...] = src
+
+    def gemm_backward(self, xp, rows, weight):
+        """The column buffer W_g^T @ rows_g per group: the gradient (or deconvolution) before col2im."""
+        g, kd = self.group, self.kernel_dim
+        og = rows.shape[0] // g
+        w3 = weight.reshape(g, og, kd)
+        dcol = self.buffer(xp, "dcol", (kd * g, rows.shape[1]), rows.dtype)
+        for gi in range(g):
+            xp.matmul(w3[gi].T, rows[gi * og:(gi + 1) * og], out=dcol[gi * kd:(gi + 1) * kd])
+        return dcol
+
+    def gemm_weight(self, xp, col, rows, weight_diff):
+        """weight_diff_g += rows_g @ col_g^T per group (Caffe accumulates parameter gradients)."""
+        g, kd = self.group, self.kernel_dim
+        og = rows.shape[0] // g
+        wd3 = weight_diff.reshape(g, og, kd)
+        tmp = self.buffer(xp, "wgrad", (og, kd), weight_diff.dtype)
+        for gi in range(g):
+            xp.matmul(rows[gi * og:(gi + 1) * og], col[gi * kd:(gi + 1) * kd].T, out=tmp)
+            wd3[gi] += tmp
+
+    def unlower(self, xp, col, im):
+        """col2im of a column buffer into the image-side chunk im (overwritten)."""
+        col2im(xp, col, im, self.geom, "batch", self.force_nd_im2col)

@@ -1,0 +1,112 @@
+"""InnerProduct: a fully connected layer (Caffe's InnerProductLayer).
+
+The bottom is read as (M, K) with M = count(0, axis) and K = count(axis);
+top (M, N) = bottom @ W^T + b with W (N, K), or bottom @ W with W (K, N) when
+inner_product_param.transpose is set. One GEMM each way, written into the blobs'
+memory; parameter gradients accumulate, as in Caffe.
+"""
+from __future__ import annotations
+
+import math
+
+from caffe.blob import Blob
+from caffe.layers import filler
+from caffe.layers.conv_base import adopt_param_shape
+from caffe.layers.layer import Layer, dtype_of
+from caffe.layers.registry import register_layer
+
+
+@register_layer("InnerProduct")
+class InnerProductLayer(Layer):
+    exact_num_bottom_blobs = 1
+    exact_num_top_blobs = 1
+
+    def layer_setup(self, bottom, top):
+        p = self.layer_param.inner_product_param
+        self.num_output = int(p.num_output)
+        self.check(self.num_output > 0, f"inner_product_param.num_output must be positive, got {p.num_output}")
+        self.bias_term = bool(p.bias_term)
+        self.transpose = bool(p.transpose)
+        self.axis = self._axis(bottom[0])
+        self.K = bottom[0].count(self.axis)
+        weight_shape = (self.K, self.num_output) if self.transpose else (self.num_output, self.K)
+        if self.blobs:  # weights given with the layer (a caffemodel): keep them
+            expected = 1 + self.bias_term
+            self.check(len(self.blobs) == expected, f"Incorrect number of weight blobs: expected {expected} "
+                                                    f"(bias_term {self.bias_term}), got {len(self.blobs)}")
+            adopt_param_shape(self, self.blobs[0], weight_shape, "weight")
+            if self.bias_term:
+                adopt_param_shape(self, self.blobs[1], (self.num_output,), "bias")
+        else:
+            dtype = dtype_of(bottom)
+            self.blobs = [self._filled(weight_shape, dtype, p.weight_filler, "weight_filler")]
+            if self.bias_term:
+                self.blobs.append(self._filled((self.num_output,), dtype, p.bias_filler, "bias_filler"))
+        for i in range(len(self.blobs)):
+            self.set_param_propagate_down(i, True)
+        self._scratch = {}
+
+    def _axis(self, blob):
+        try:
+            return blob.canonical_axis_index(self.layer_param.inner_product_param.axis)
+        except IndexError:
+            raise self.error(f"inner_product_param.axis {self.layer_param.inner_product_param.axis} is out "
+                             f"of range for bottom[0] with shape {blob.shape}") from None
+
+    def _filled(self, shape, dtype, filler_param, field):
+        blob = Blob(shape, dtype=dtype)
+        try:
+            filler.fill(blob, filler_param)
+        except filler.FillerError as e:
+            raise self.error(f"inner_product_param.{field}: {e}") from None
+        return blob
+
+    def reshape(self, bottom, top):
+        x = bottom[0]
+        axis = self._axis(x)
+        self.check(x.count(axis) == self.K, f"Input size incompatible with inner product parameters: "
+                                            f"bottom[0] with shape {x.shape} has {x.count(axis)} inputs "
+                                            f"from axis {axis}, the layer was set up for {self.K}")
+        self.axis = axis
+        self.M = math.prod(x.shape[:axis])
+        top[0].reshape(x.shape[:axis] + (self.num_output,))
+
+    def _weight2d(self, arr):
+        return arr.reshape((self.K, self.num_output) if self.transpose else (self.num_output, self.K))
+
+    def _tmp(self, xp, shape, dtype, fill=None):
+        """A scratch array kept across iterations (one per shape: the shapes are fixed by the layer)."""
+        key = (xp.__name__, shape, dtype, fill)
+        buf = self._scratch.get(key)
+        if buf is None:
+            buf = self._scratch[key] = xp.empty(shape, dtype=dtype) if fill is None else \
+                xp.full(shape, fill, dtype=dtype)
+        return buf
+
+    def forward_xp(self, xp, bottom, top):
+        x = bottom[0].data_xp(xp).reshape(self.M, self.K)
+        w = self._weight2d(self.blobs[0].data_xp(xp))
+        y = top[0].mutable_data_xp(xp).reshape(self.M, self.num_output)
+        xp.matmul(x, w if self.transpose else w.T, out=y)
+        if self.bias_term:
+            y += self.blobs[1].data_xp(xp).reshape(1, self.num_output)
+
+    def backward_xp(self, xp, top, propagate_down, bottom):
+        dy = top[0].diff_xp(xp).reshape(self.M, self.num_output)
+        if self.param_propagate_down(0):
+            x = bottom[0].data_xp(xp).reshape(self.M, self.K)
+            wd = self._weight2d(self.blobs[0].mutable_diff_xp(xp))
+            tmp = self._tmp(xp, wd.shape, wd.dtype)
+            if self.transpose:
+                xp.matmul(x.T, dy, out=tmp)  # (K, N)
+            else:
+                xp.matmul(dy.T, x, out=tmp)  # (N, K)
+            wd += tmp
+        if self.bias_term and self.param_propagate_down(1):
+            bd = self.blobs[1].mutable_diff_xp(xp).reshape(self.num_output)
+            ones = self._tmp(xp, (self.M,), dy.dtype, fill=1)
+            bd += xp.matmul(ones, dy, out=self._tmp(xp, (self.num_output,), dy.dtype))
+        if propagate_down[0]:
+            w = self._weight2d(self.blobs[0].data_xp(xp))
+            dx = bottom[0].mutable_diff_xp(xp).reshape(self.M, self.K)
+            xp.matmul(dy, w.T if self.transpose else w, out=dx)

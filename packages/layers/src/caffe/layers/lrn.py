@@ -1,0 +1,123 @@
+"""LRN: local response normalization (Caffe's LRNLayer).
+
+ACROSS_CHANNELS (Caffe's CrossChannelForward/Backward):
+    scale_c = k + alpha / n * sum_{c' in [c - (n-1)/2, c + (n-1)/2]} x_c'^2   (zero outside)
+    top = x * scale^-beta
+    dx = dy * scale^-beta - 2 * alpha * beta / n * x * sum_{c' window of c} dy_c' * top_c' / scale_c'
+WITHIN_CHANNEL (Caffe composes split, power, AVE pooling with pad (n-1)/2, power, eltwise;
+note Caffe's shift there is 1, not k):
+    scale = 1 + alpha * (n x n zero-padded box sum of x^2) / n^2,  top = x * scale^-beta
+    dx = dy * scale^-beta - 2 * alpha * beta / n^2 * x * boxsum(dy * top / scale)
+(the box is symmetric, so the backward box sum is the forward one).
+Array-module generic: NumPy on the CPU, CuPy on the GPU. beta = 0.75 (AlexNet's)
+takes scale^-0.75 as 1 / (sqrt(scale) * sqrt(sqrt(scale))), much faster than pow.
+"""
+from __future__ import annotations
+
+from caffe.layers.layer import Layer
+from caffe.layers.registry import register_layer
+
+ACROSS_CHANNELS, WITHIN_CHANNEL = 0, 1
+
+
+@register_layer("LRN")
+class LRNLayer(Layer):
+    exact_num_bottom_blobs = 1
+    exact_num_top_blobs = 1
+
+    def layer_setup(self, bottom, top):
+        p = self.layer_param.lrn_param
+        self.size = int(p.local_size)
+        self.check(self.size % 2 == 1, f"LRN only supports odd values for lrn_param.local_size, got {self.size}")
+        self.pre_pad = (self.size - 1) // 2
+        self.alpha, self.beta, self.k = float(p.alpha), float(p.beta), float(p.k)
+        self.region = int(p.norm_region)
+        self.check(self.region in (ACROSS_CHANNELS, WITHIN_CHANNEL),
+                   f"Unknown normalization region lrn_param.norm_region = {p.norm_region}")
+        self._buffers = {}
+
+    def reshape(self, bottom, top):
+        x = bottom[0]
+        self.check(x.num_axes == 4, f"Input must have 4 axes, corresponding to (num, channels, height, "
+                                    f"width): bottom[0] has shape {x.shape}")
+        top[0].reshape_like(x)
+
+    def _buf(self, xp, name, shape, dtype):
+        key = (name, xp.__name__)
+        b = self._buffers.get(key)
+        if b is None or b.shape != tuple(shape) or b.dtype != dtype:
+            b = self._buffers[key] = xp.empty(shape, dtype=dtype)
+        return b
+
+    def _window_sum(self, xp, v, out, padded_name):
+        """out = sum of v over the window (channels, or an n x n box in each plane), zero-padded."""
+        N, C, H, W = v.shape
+        r = self.pre_pad
+        if self.region == ACROSS_CHANNELS:
+            pad = self._buf(xp, padded_name, (N, C + 2 * r, H, W), v.dtype)
+            pad[:, :r] = 0
+            pad[:, C + r:] = 0
+            pad[:, r:r + C] = v
+            out[...] = pad[:, 0:C]
+            for o in range(1, self.size):
+                out += pad[:, o:o + C]
+        else:
+            pad = self._buf(xp, padded_name, (N, C, H + 2 * r, W + 2 * r), v.dtype)
+            pad[...] = 0
+            pad[:, :, r:r + H, r:r + W] = v
+            # separable box sum: rows, then columns
+            rows = self._buf(xp, padded_name + "_rows", (N, C, H + 2 * r, W), v.dtype)
+            rows[...] = pad[:, :, :, 0:W]
+            for o in range(1, self.size):
+                rows += pad[:, :, :, o:o + W]
+            out[...] = rows[:, :, 0:H]
+            for o in range(1, self.size):
+                out += rows[:, :, o:o + H]
+
+    def _pow_neg_beta(self, xp, scale, out, tmp):
+        if self.beta == 0.75:
+            xp.sqrt(scale, out=tmp)
+            xp.sqrt(tmp, out=out)
+            out *= tmp
+            xp.reciprocal(out, out=out)
+        else:
+            xp.power(scale, -self.beta, out=out)
+
+    def _coefficients(self):
+        n = self.size if self.region == ACROSS_CHANNELS else self.size * self.size
+        shift = self.k if self.region == ACROSS_CHANNELS else 1.0
+        return self.alpha / n, shift
+
+    def forward_xp(self, xp, bottom, top):
+        x = bottom[0].data_xp(xp)
+        y = top[0].mutable_data_xp(xp)
+        scale = self._buf(xp, "scale", x.shape, x.dtype)
+        sq = self._buf(xp, "sq", x.shape, x.dtype)
+        xp.multiply(x, x, out=sq)
+        self._window_sum(xp, sq, scale, "padded")
+        a, shift = self._coefficients()
+        scale *= a
+        scale += shift
+        powed = self._buf(xp, "scale_pow", x.shape, x.dtype)  # kept for backward
+        self._pow_neg_beta(xp, scale, powed, sq)
+        xp.multiply(x, powed, out=y)
+
+    def backward_xp(self, xp, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        x = bottom[0].data_xp(xp)
+        y = top[0].data_xp(xp)
+        dy = top[0].diff_xp(xp)
+        dx = bottom[0].mutable_diff_xp(xp)
+        scale = self._buf(xp, "scale", x.shape, x.dtype)
+        powed = self._buf(xp, "scale_pow", x.shape, x.dtype)
+        ratio = self._buf(xp, "sq", x.shape, x.dtype)
+        xp.multiply(dy, y, out=ratio)
+        ratio /= scale
+        acc = self._buf(xp, "acc", x.shape, x.dtype)
+        self._window_sum(xp, ratio, acc, "padded")
+        a, _ = self._coefficients()
+        acc *= x
+        acc *= 2.0 * a * self.beta
+        xp.multiply(dy, powed, out=dx)
+        dx -= acc

@@ -1,0 +1,129 @@
+"""SPP: Caffe's pyramid (per-level pooling, flatten, concat) against a direct reference; gradients; errors."""
+import math
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, strategies as st
+
+from caffe.blob import context
+from caffe.layers import LayerError
+from caffe.layers.testing import check_layer_gradient, make_layer, run_forward
+
+FLT_MAX = float(np.finfo(np.float32).max)
+
+
+def level_pooling(x, level, method):
+    """Caffe's GetPoolingParam for a level, then its pooling loops (CEIL rounding)."""
+    N, C, H, W = x.shape
+    bins = 2 ** level
+    k = (math.ceil(H / bins), math.ceil(W / bins))
+    p = ((k[0] * bins - H + 1) // 2, (k[1] * bins - W + 1) // 2)
+    out = []
+    for n_, kk, pp in zip((H, W), k, p):
+        o = math.ceil((n_ + 2 * pp - kk) / kk) + 1
+        if pp and (o - 1) * kk >= n_ + pp:
+            o -= 1
+        out.append(o)
+    y = np.zeros((N, C) + tuple(out))
+    for n, c, i, j in np.ndindex(*y.shape):
+        hs, ws = i * k[0] - p[0], j * k[1] - p[1]
+        if method == "MAX":
+            win = x[n, c, max(hs, 0):min(hs + k[0], H), max(ws, 0):min(ws + k[1], W)]
+            y[n, c, i, j] = win.max() if win.size else -FLT_MAX
+        else:
+            he, we = min(hs + k[0], H + p[0]), min(ws + k[1], W + p[1])
+            size = (he - hs) * (we - ws)
+            y[n, c, i, j] = x[n, c, max(hs, 0):min(he, H), max(ws, 0):min(we, W)].sum() / size
+    return y
+
+
+def ref_spp(x, height, method):
+    if height == 1:
+        return level_pooling(x, 0, method)
+    return np.concatenate([level_pooling(x, lv, method).reshape(x.shape[0], -1) for lv in range(height)], axis=1)
+
+
+@st.composite
+def spp_cases(draw, max_side=9):
+    height = draw(st.integers(1, 3))
+    lo = 2 ** (height - 1)  # every level needs pad < kernel: at least bins pixels
+    shape = (draw(st.integers(1, 2)), draw(st.integers(1, 3)), draw(st.integers(lo, lo + max_side)),
+             draw(st.integers(lo, lo + max_side)))
+    method = draw(st.sampled_from(["MAX", "AVE"]))
+    return dict(height=height, shape=shape, method=method, seed=draw(st.integers(0, 2**31 - 1)),
+                text=f"spp_param {{ pyramid_height: {height} pool: {method} }}")
+
+
+def _ok(shape, height):
+    """Caffe's pooling checks pad < kernel at every level."""
+    for lv in range(height):
+        bins = 2 ** lv
+        for n in shape[2:]:
+            k = math.ceil(n / bins)
+            if (k * bins - n + 1) // 2 >= k and (k * bins - n + 1) // 2 > 0:
+                return False
+    return True
+
+
+@given(case=spp_cases())
+def test_spp_matches_pooling_flatten_concat(case):
+    assume(_ok(case["shape"], case["height"]))
+    x = np.random.default_rng(case["seed"]).normal(size=case["shape"])
+    _, top = run_forward(make_layer("SPP", case["text"]), [x])
+    ref = ref_spp(x, case["height"], case["method"])
+    assert top[0].shape == ref.shape
+    np.testing.assert_allclose(top[0].data, ref, rtol=1e-12)
+
+
+@given(case=spp_cases(max_side=2))
+def test_spp_gradient(case):
+    assume(_ok(case["shape"], case["height"]))
+    shape = (1, min(case["shape"][1], 2)) + case["shape"][2:]
+    x = np.random.default_rng(case["seed"]).permutation(np.arange(np.prod(shape), dtype=float)).reshape(shape) / 5
+    check_layer_gradient(make_layer("SPP", case["text"]), [x], mode="single")
+
+
+@pytest.mark.parametrize("method", ["MAX", "AVE"])
+def test_spp_gradient_exhaustive(method):
+    x = np.random.default_rng(2).permutation(np.arange(2 * 5 * 3, dtype=float)).reshape(1, 2, 5, 3) / 5
+    check_layer_gradient(make_layer("SPP", f"spp_param {{ pyramid_height: 2 pool: {method} }}"), [x],
+                         mode="exhaustive")
+
+
+def test_caffe_setup_shapes():
+    # Caffe's TestSetup: 2x3x9x8 bottom, pyramid_height 3 -> 2 x (3 * (1 + 4 + 16)) = 2 x 63
+    _, top = run_forward(make_layer("SPP", "spp_param { pyramid_height: 3 }"), [np.ones((2, 3, 9, 8))])
+    assert top[0].shape == (2, 63)
+    _, top = run_forward(make_layer("SPP", "spp_param { pyramid_height: 1 }"), [np.ones((2, 3, 9, 8))])
+    assert top[0].shape == (2, 3, 1, 1)  # a single level is the pooling output itself
+    # Caffe's TestEqualOutputDims2: 10x3x7x7, pyramid_height 3 -> 3 * 21 = 63 per image
+    _, top = run_forward(make_layer("SPP", "spp_param { pyramid_height: 3 }"), [np.ones((10, 3, 7, 7))])
+    assert top[0].shape == (10, 63)
+
+
+def test_reshape_recomputes_levels():
+    layer = make_layer("SPP", "spp_param { pyramid_height: 2 pool: AVE }")
+    bottom, top = run_forward(layer, [np.ones((1, 2, 4, 4))])
+    bottom[0].reshape(1, 2, 7, 5)
+    bottom[0].data[...] = np.random.default_rng(0).normal(size=(1, 2, 7, 5))
+    layer.Forward(bottom, top)
+    np.testing.assert_allclose(top[0].data, ref_spp(bottom[0].data, 2, "AVE"), rtol=1e-12)
+
+
+def test_stochastic_spp_train_picks_window_values():
+    x = np.random.default_rng(1).uniform(0.1, 1, size=(1, 2, 4, 4))
+    context.set_random_seed(3)
+    _, top = run_forward(make_layer("SPP", "spp_param { pyramid_height: 3 pool: STOCHASTIC }", phase=0), [x])
+    assert top[0].shape == (1, 2 * 21)
+    assert np.isin(top[0].data, x).all()
+
+
+@pytest.mark.parametrize("text,shape,match", [
+    ("spp_param { pyramid_height: 4 }", (1, 1, 5, 5), r"too small for spp_param.pyramid_height 4"),
+    ("spp_param { pyramid_height: 0 }", (1, 1, 5, 5), r"spp_param.pyramid_height must be positive"),
+    ("spp_param { pyramid_height: 2 pool: STOCHASTIC }", (1, 1, 5, 5), r"implemented only for MAX and AVE"),
+    ("spp_param { pyramid_height: 2 }", (1, 5, 5), r"Input must have 4 axes"),
+])
+def test_bad_parameters_name_the_layer_and_field(text, shape, match):
+    with pytest.raises(LayerError, match=r"Layer 'spp' \(SPP\): .*" + match):
+        run_forward(make_layer("SPP", text, name="spp"), [np.ones(shape)])
