@@ -6,7 +6,14 @@ owned by caffe-blob, extends the package path over all of them and exposes
 pycaffe's top-level names lazily, from whichever packages are installed. A name
 from a package that is not installed raises AttributeError naming the package.
 """
+import os as _os
 from pkgutil import extend_path
+
+# Thread pools share few cores: the Cython kernels' OpenMP threads and OpenBLAS's GEMM threads. Threads
+# that spin-wait after their work starve the other pool (LeNet ran 30x slower on 2 cores). Both settings
+# are read when the libraries load, so they are made here, first, unless the user chose otherwise.
+_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+_os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 __path__ = extend_path(__path__, __name__)
 

@@ -4,13 +4,7 @@ Every module in this package (other than the machinery below) defines layers and
 registers them on import; they are all imported here so that the registry is full.
 """
 import importlib as _importlib
-import os as _os
 import pkgutil as _pkgutil
-
-# The Cython kernels' OpenMP threads and OpenBLAS's own threads share the cores. OpenMP threads that
-# spin-wait between parallel regions starve OpenBLAS's (and vice versa): LeNet ran 30x slower on 2 cores.
-# Passive waiting must be chosen before libgomp loads, i.e. before the first kernel module is imported.
-_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from caffe.layers.layer import Layer as _BaseLayer, LayerError, NeuronLayer, LossLayer
 from caffe.layers.registry import (register_layer, create_layer, layer_class, layer_type_list,

@@ -34,10 +34,7 @@ from caffe.blob import Blob
 from caffe.layers import filler
 from caffe.layers.layer import Layer, dtype_of
 
-# OpenMP threads that spin after a parallel region steal the cores OpenBLAS's GEMM threads
-# need next (and vice versa): 5-10x slower convolutions on a 2-core machine. Sleep instead,
-# unless the user chose otherwise. libgomp reads this when the first kernel module loads.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# (OMP_WAIT_POLICY / OPENBLAS_THREAD_TIMEOUT are set in caffe/__init__.py, before any thread pool loads.)
 
 try:  # the compiled CPU kernels (built by the package's hatch hook)
     from caffe.layers import _kernels_im2col as _k
