@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from itertools import product
 
 import numpy as np
@@ -42,7 +43,17 @@ except ImportError:  # pragma: no cover - a source tree without the build
     _k = None
 
 # Largest column buffer (elements) lowered at once; bigger batches go in chunks.
-COL_BUFFER_LIMIT = 1 << 24
+COL_BUFFER_LIMIT = 1 << 21
+
+_WORKSPACE = threading.local()
+
+
+def _shared_workspace() -> dict:
+    """This thread's scratch buffers, shared by all its convolution layers (they run one at a time)."""
+    ws = getattr(_WORKSPACE, "buffers", None)
+    if ws is None:
+        ws = _WORKSPACE.buffers = {}
+    return ws
 
 
 class ConvGeometry:
@@ -330,12 +341,18 @@ class BaseConvolutionLayer(Layer):
 
     # -- scratch buffers ---------------------------------------------------------------------
     def buffer(self, xp, name, shape, dtype):
-        """A reusable scratch array (grown on demand, never shrunk; one per name and array module)."""
+        """A reusable scratch array (grown on demand, never shrunk; one per name and array module).
+
+        Buffers named by a tuple (a column buffer kept from forward for backward) belong to this
+        layer; all others only live during one call, so every layer of this thread shares them:
+        a net holds one set of scratch buffers, not one per convolution (Caffe's memory, not more).
+        """
         size = math.prod(shape)
         key = (name, xp.__name__, np.dtype(dtype).str)
-        buf = self._buffers.get(key)
+        store = self._buffers if isinstance(name, tuple) else _shared_workspace()
+        buf = store.get(key)
         if buf is None or buf.size < size:
-            buf = self._buffers[key] = xp.empty(max(size, 1), dtype=dtype)
+            buf = store[key] = xp.empty(max(size, 1), dtype=dtype)
         return buf[:size].reshape(shape)
 
     def ones(self, xp, n, dtype):

@@ -34,6 +34,27 @@ def _norm(param, fan_in, fan_out):
     return float(fan_in)
 
 
+_CHUNK = 1 << 20
+
+
+def _draw(draw, shape, out_dtype):
+    """float64 draws (the same values whatever the blob's dtype), written in chunks of _CHUNK values so a
+    large blob (CaffeNet's fc6: 38M values) never needs a float64 temporary of its own size."""
+    n = int(np.prod(shape, dtype=np.int64))
+    out = np.empty(n, dtype=out_dtype)
+    for i in range(0, n, _CHUNK):
+        out[i:i + _CHUNK] = draw(min(_CHUNK, n - i))
+    return out.reshape(shape)
+
+
+def _uniform(rng, low, high, shape, dt):
+    return _draw(lambda k: rng.uniform(low, high, size=k), shape, dt)
+
+
+def _normal(rng, mean, std, shape, dt):
+    return _draw(lambda k: rng.normal(mean, std, size=k), shape, dt)
+
+
 def fill(blob, param) -> None:
     """Fill `blob`'s data according to a FillerParameter."""
     rng = context.rng()
@@ -45,12 +66,13 @@ def fill(blob, param) -> None:
         raise FillerError(f"uniform filler: min ({param.min}) must not exceed max ({param.max})")
     shape = blob.shape
     data = blob.mutable_cpu_data()
+    dt = data.dtype
     if kind == "constant":
         data[...] = param.value
     elif kind == "uniform":
-        data[...] = rng.uniform(param.min, param.max, size=shape)
+        data[...] = _uniform(rng, param.min, param.max, shape, dt)
     elif kind == "gaussian":
-        data[...] = rng.normal(param.mean, param.std, size=shape)
+        data[...] = _normal(rng, param.mean, param.std, shape, dt)
         sparse = param.sparse
         if sparse >= 0:
             # Caffe: each output keeps about `sparse` nonzero inputs (Bernoulli mask).
@@ -58,10 +80,10 @@ def fill(blob, param) -> None:
                 raise FillerError("sparse gaussian filler needs a blob with at least one axis")
             num_outputs = shape[0]
             non_zero_probability = sparse / float(num_outputs) if num_outputs else 0.0
-            mask = rng.random(size=shape) < non_zero_probability
+            mask = _draw(lambda k: rng.random(size=k), shape, dt) < non_zero_probability
             data *= mask
     elif kind == "positive_unitball":
-        data[...] = rng.uniform(0.0, 1.0, size=shape)
+        data[...] = _uniform(rng, 0.0, 1.0, shape, dt)
         num = shape[0] if shape else 1
         flat = data.reshape(num, -1)
         sums = flat.sum(axis=1, keepdims=True)
@@ -69,11 +91,11 @@ def fill(blob, param) -> None:
     elif kind == "xavier":
         fan_in, fan_out = _fans(blob)
         scale = np.sqrt(3.0 / _norm(param, fan_in, fan_out))
-        data[...] = rng.uniform(-scale, scale, size=shape)
+        data[...] = _uniform(rng, -scale, scale, shape, dt)
     elif kind == "msra":
         fan_in, fan_out = _fans(blob)
         std = np.sqrt(2.0 / _norm(param, fan_in, fan_out))
-        data[...] = rng.normal(0.0, std, size=shape)
+        data[...] = _normal(rng, 0.0, std, shape, dt)
     elif kind == "bilinear":
         if blob.num_axes != 4:
             raise FillerError(f"bilinear filler needs a 4-d blob, got shape {shape}")

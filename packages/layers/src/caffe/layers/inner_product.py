@@ -16,6 +16,9 @@ from caffe.layers.layer import Layer, dtype_of
 from caffe.layers.registry import register_layer
 
 
+WGRAD_BLOCK = 1 << 20  # elements of the weight-gradient scratch block
+
+
 @register_layer("InnerProduct")
 class InnerProductLayer(Layer):
     exact_num_bottom_blobs = 1
@@ -96,12 +99,16 @@ class InnerProductLayer(Layer):
         if self.param_propagate_down(0):
             x = bottom[0].data_xp(xp).reshape(self.M, self.K)
             wd = self._weight2d(self.blobs[0].mutable_diff_xp(xp))
-            tmp = self._tmp(xp, wd.shape, wd.dtype)
-            if self.transpose:
-                xp.matmul(x.T, dy, out=tmp)  # (K, N)
-            else:
-                xp.matmul(dy.T, x, out=tmp)  # (N, K)
-            wd += tmp
+            # Caffe accumulates into the diff (GEMM with beta = 1); NumPy cannot, so the product goes
+            # through a scratch block of at most WGRAD_BLOCK elements, not a second weight-sized array.
+            a, b = (x.T, dy) if self.transpose else (dy.T, x)  # wd = a @ b, (rows, cols)
+            rows = max(1, min(wd.shape[0], WGRAD_BLOCK // max(wd.shape[1], 1)))
+            tmp = self._tmp(xp, (rows, wd.shape[1]), wd.dtype)
+            for r0 in range(0, wd.shape[0], rows):
+                r1 = min(r0 + rows, wd.shape[0])
+                part = tmp[: r1 - r0]
+                xp.matmul(a[r0:r1], b, out=part)
+                wd[r0:r1] += part
         if self.bias_term and self.param_propagate_down(1):
             bd = self.blobs[1].mutable_diff_xp(xp).reshape(self.num_output)
             ones = self._tmp(xp, (self.M,), dy.dtype, fill=1)
