@@ -124,7 +124,7 @@ def test_sigint_snapshots_and_resume_continues(workdir):
         if "Iteration 50 (" in line or time.time() > deadline:
             break
     proc.send_signal(signal.SIGINT)
-    rest, _ = proc.communicate(timeout=120)
+    _, rest = proc.communicate(timeout=120)
     err = "".join(lines) + rest
     assert proc.returncode == 0, err[-2000:]
     snaps = sorted((workdir / "examples" / "mnist").glob("lenet_sig_iter_*.solverstate"))
