@@ -153,7 +153,7 @@ class _SharedLMDB:
     (py-lmdb sets MDB_NOTLS), so sharing the Environment between threads is safe.
     Entries are per process id: a forked child opens its own (never the parent's).
     """
-    _lock = threading.Lock()
+    _lock = threading.RLock()  # re-entrant: a GC-run __del__ inside acquire() takes it too
     _envs: dict = {}
 
     @classmethod
