@@ -200,3 +200,17 @@ def test_plot_and_draw(trained, tmp_path):
     out = cli("draw", EXAMPLE_NET, tmp_path / "net.dot", check=True)
     dot = (tmp_path / "net.dot").read_text()
     assert "conv1" in dot and "->" in dot
+
+
+def test_mpiexec_trains_on_two_ranks(workdir):
+    mpiexec = pathlib.Path(sys.executable).parent / "mpiexec"
+    if not mpiexec.exists():
+        pytest.skip("mpiexec (the mpich wheel of caffe-parallel's 'mpi' extra) is not installed")
+    pytest.importorskip("mpi4py", reason="mpi4py (caffe-parallel's 'mpi' extra) is not installed")
+    solver = write_solver(workdir, "lenet_mpi", max_iter=20, test_interval=20)
+    proc = subprocess.run([str(mpiexec), "-n", "2", sys.executable, "-m", "caffe.cli.main", "train",
+                           f"--solver={solver}"], cwd=workdir, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Training on 2 MPI ranks" in proc.stderr
+    assert (workdir / "examples" / "mnist" / "lenet_mpi_iter_20.caffemodel").exists()
+    assert proc.stderr.count("Snapshotting to binary proto file") == 1  # only rank 0 snapshots

@@ -153,13 +153,17 @@ def train(args) -> int:
             gpus = [param.device_id]
     world = _mpi_world()
     if len(gpus) > 1 or world is not None:
+        # data-parallel: one process per GPU (train.py's way) or one per MPI rank (mpiexec -n N caffe-cli ...)
+        import functools
         from caffe.parallel import launch
+        on_solver = functools.partial(_install_signal_handling, args.sigint_effect, args.sighup_effect)
         if world is not None:
-            return launch.train_mpi(param, solver_path=args.solver, gpus=gpus, snapshot=args.snapshot or None,
-                                    weights=args.weights or None,
-                                    sigint_effect=args.sigint_effect, sighup_effect=args.sighup_effect)
-        return launch.train_multi_gpu(args.solver, gpus, snapshot=args.snapshot or None,
-                                      weights=args.weights or None, param=param)
+            launch.train_mpi(param, snapshot=args.snapshot or None, weights=args.weights or None,
+                             gpus=gpus or None, on_solver=on_solver)
+        else:
+            launch.train_multi_gpu(param, gpus, snapshot=args.snapshot or None, weights=args.weights or None,
+                                   on_solver=on_solver)
+        return 0
     if gpus:
         param.device_id = gpus[0]
         param.solver_mode = param.GPU
@@ -198,6 +202,14 @@ def _final_summary(solver) -> None:
     if solver.last_snapshot:
         model, state = solver.last_snapshot
         log.info("Final snapshot: %s (solver state %s)", model, state)
+
+
+def _install_signal_handling(sigint_effect: str, sighup_effect: str, solver) -> None:
+    """on_solver hook for every rank: Caffe's SIGINT/SIGHUP effects (module level, so spawn can pickle it)."""
+    from caffe.solver import SignalHandler
+    handler = SignalHandler(signal_effect(sigint_effect, "sigint_effect"),
+                            signal_effect(sighup_effect, "sighup_effect")).install()
+    solver.SetActionFunction(handler.GetActionFunction())
 
 
 def _mpi_world():
