@@ -12,7 +12,8 @@ import numpy as np
 _DATA, _DIFF, _DOUBLE_DATA, _DOUBLE_DIFF = 5, 6, 8, 9
 
 
-def _varint(n: int) -> bytes:
+def varint(n: int) -> bytes:
+    """Protobuf's base-128 varint encoding of a non-negative int."""
     out = bytearray()
     while True:
         b = n & 0x7F
@@ -29,7 +30,7 @@ def packed_field(field_number: int, array: np.ndarray, dtype) -> bytes:
     raw = np.ascontiguousarray(array, dtype=np.dtype(dtype).newbyteorder("<")).tobytes()
     if not raw:
         return b""
-    return _varint((field_number << 3) | 2) + _varint(len(raw)) + raw
+    return varint((field_number << 3) | 2) + varint(len(raw)) + raw
 
 
 def blob_proto_shape(proto) -> list[int]:

@@ -13,6 +13,7 @@ import os
 
 import numpy as np
 
+from caffe.blob.proto_io import varint
 from caffe.layers.layer import Layer
 from caffe.proto import caffe_pb2
 
@@ -33,20 +34,8 @@ class WeightsError(NetError):
     """Weights that do not fit the net (shape or blob-count mismatch); names the file and layer."""
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
 def _len_tag(field: int) -> bytes:
-    return _varint((field << 3) | 2)
+    return varint((field << 3) | 2)
 
 
 def _shape_string(shape) -> str:
@@ -80,14 +69,14 @@ def _blob_pieces(blob, write_diff: bool) -> list:
     pieces = []
     if blob.shape:
         shape = caffe_pb2.BlobShape(dim=blob.shape).SerializeToString()
-        pieces += [_len_tag(_BLOB_SHAPE) + _varint(len(shape)) + shape]
+        pieces += [_len_tag(_BLOB_SHAPE) + varint(len(shape)) + shape]
     fields = [(_BLOB_DOUBLE_DATA if double else _BLOB_DATA, blob.cpu_data())]
     if write_diff:
         fields.append((_BLOB_DOUBLE_DIFF if double else _BLOB_DIFF, blob.cpu_diff()))
     for field, arr in fields:
         arr = np.ascontiguousarray(arr, dtype=dtype)
         if arr.size:
-            pieces += [_len_tag(field) + _varint(arr.nbytes), memoryview(arr.reshape(-1)).cast("B")]
+            pieces += [_len_tag(field) + varint(arr.nbytes), memoryview(arr.reshape(-1)).cast("B")]
     return pieces
 
 
@@ -95,7 +84,7 @@ def _write_layer(f, layer, write_diff: bool) -> None:
     """Write one NetParameter.layer entry: the layer's parameter (without blobs), then its blobs."""
     if not _uses_base_to_proto(layer):
         data = layer.to_proto(write_diff).SerializeToString()
-        f.write(_len_tag(_NET_LAYER) + _varint(len(data)))
+        f.write(_len_tag(_NET_LAYER) + varint(len(data)))
         f.write(data)
         return
     lp = layer.layer_param
@@ -109,10 +98,10 @@ def _write_layer(f, layer, write_diff: bool) -> None:
     for blob in layer.blobs:
         pieces = _blob_pieces(blob, write_diff)
         size = sum(len(p) for p in pieces)
-        head = _len_tag(_LAYER_BLOBS) + _varint(size)
+        head = _len_tag(_LAYER_BLOBS) + varint(size)
         blobs.append((head, pieces))
         total += len(head) + size
-    f.write(_len_tag(_NET_LAYER) + _varint(total))
+    f.write(_len_tag(_NET_LAYER) + varint(total))
     f.write(meta)
     for head, pieces in blobs:
         f.write(head)

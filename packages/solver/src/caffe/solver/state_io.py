@@ -10,35 +10,18 @@ truncated file behind under the real name.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 
 import numpy as np
 
+from caffe.net.protofile import atomic_open, atomic_path
 from caffe.solver.params import SolverError
 
 
-@contextlib.contextmanager
-def atomic_path(path: str):
-    """Yield a temporary path next to `path`; move it over `path` when the block succeeds."""
-    path = os.fspath(path)
-    directory, base = os.path.split(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{base}.{os.getpid()}.tmp")
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
-
-
 def atomic_write_bytes(path: str, data: bytes) -> None:
-    with atomic_path(path) as tmp:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+    """Write `data` to `path` atomically (temp file beside it, fsync, rename): a crash leaves the old file."""
+    with atomic_open(path) as f:
+        f.write(data)
 
 
 # -- binary ---------------------------------------------------------------------------
