@@ -136,6 +136,24 @@ def test_weights_after_100_iterations_follow_caffe(trained):
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="open (issue 6): our trajectory leaves Caffe's at iteration 9 (loss "
+                   "error 3e-6 -> 3e-5 in one step), the same way with 1 or 2 BLAS threads and with Caffe's "
+                   "per-image weight-gradient order, so it is a systematic difference still to find; at "
+                   "iteration 100 ip1 w / ip1 b / ip2 w differ by 8.6% / 29% / 10.5%")
+def test_issue_bounds_loss_0_19_within_1e3_and_all_weights_within_5_percent(trained):
+    """The issue's own bounds, kept as a strict xfail so the day they hold this test says so."""
+    solver, feed = trained
+    ref_loss = np.load(ref("train100", "loss_per_iter.npy"))
+    rel = np.abs(np.array(feed.losses) - ref_loss) / np.abs(ref_loss)
+    assert rel[:20].max() <= 1e-3
+    for layer in LAYERS:
+        for j, suffix in enumerate("wb"):
+            theirs = np.load(ref("params_iter100", f"{layer}_{suffix}.npy"))
+            ours = solver.net.params[layer][j].data
+            assert np.abs(ours - theirs).max() / np.abs(theirs).max() <= 0.05, (layer, suffix)
+
+
+@pytest.mark.slow
 def test_history_after_100_iterations_follows_caffes_solverstate(trained):
     """Our momentum history against the one in Caffe's lenet_iter_100.solverstate (observed: cosine >= 0.99,
     norms within 5%)."""
