@@ -45,6 +45,9 @@ except ImportError:  # pragma: no cover - a source tree without the build
 # Largest column buffer (elements) lowered at once; bigger batches go in chunks.
 COL_BUFFER_LIMIT = 1 << 21
 
+# Forward GEMMs whose dot products are at most this long accumulate in float64 (see gemm_forward).
+EXACT_FORWARD_MAX_K = 32
+
 _WORKSPACE = threading.local()
 
 
@@ -388,8 +391,21 @@ class BaseConvolutionLayer(Layer):
         g, og, kd = self.group, c_out // self.group, self.kernel_dim
         w3 = weight.reshape(g, og, kd)
         res = out[0] if nb == 1 else self.buffer(xp, "gemm", (c_out, nb * P), out.dtype)
-        for gi in range(g):
-            xp.matmul(w3[gi], col[gi * kd:(gi + 1) * kd], out=res[gi * og:(gi + 1) * og])
+        if out.dtype == np.float32 and kd <= EXACT_FORWARD_MAX_K:
+            # Short dot products are cheap to take in float64 and round once: the outputs are then the
+            # correctly rounded values, so max pooling's near-ties fall as in exact arithmetic (and as in
+            # BVLC Caffe; sgemm's own rounding of LeNet's conv1 flipped some and training drifted away
+            # from Caffe's trajectory within 10 iterations).
+            col64 = self.buffer(xp, "col64", col.shape, np.float64)
+            col64[...] = col
+            res64 = self.buffer(xp, "gemm64", res.shape, np.float64)
+            w64 = w3.astype(np.float64)
+            for gi in range(g):
+                xp.matmul(w64[gi], col64[gi * kd:(gi + 1) * kd], out=res64[gi * og:(gi + 1) * og])
+            res[...] = res64
+        else:
+            for gi in range(g):
+                xp.matmul(w3[gi], col[gi * kd:(gi + 1) * kd], out=res[gi * og:(gi + 1) * og])
         if nb == 1:
             if bias is not None:
                 res += bias.reshape(c_out, 1)
