@@ -5,13 +5,12 @@ layer delivered: records (i * 64) % 1500 onward of digits_train_lmdb (= digits r
 0.00390625; it starts from lenet_iter_0.caffemodel. The loss curve and the iteration-100 weights must
 follow Caffe's, and Caffe's own lenet_iter_100.solverstate must resume here.
 
-Tolerances: the first nine iterations agree to float32 rounding. After that the run is chaotic: Caffe's own
-curve moves by ~1e-3 relative after a few dozen iterations when only the BLAS thread count changes (see the
-reference README), and a one-ulp change of our starting weights changes which of two nearby trajectories
-training follows from iteration 9 on (measured: one stays within 1e-6 of Caffe's loss up to iteration 40
-and within 2% of its weights at 100; the other drifts to 1e-3 by iteration 18 and to 10% (ip2 w) / 29%
-(ip1 b) max difference at 100). So late iterations are compared by their mean, and the weights by the
-direction and length of their displacement from iteration 0, which both trajectories share.
+Tolerances: the issue's own bounds hold (test_issue_bounds_...): losses 0-19 within 1e-3, every weight at
+iteration 100 within 5%. They needed LeNet's conv1 forward taken correctly rounded (caffe.layers.conv_base.
+EXACT_FORWARD_MAX_K): with plain sgemm rounding, max-pooling near-ties flipped and our float32 run left
+Caffe's trajectory at iteration 9 (while the same net in float64 followed Caffe's float32 losses to 3e-7).
+The other tests keep looser, trajectory-robust checks (mean of late losses, direction and length of the
+weights' displacement), so they say something useful even if a layer's rounding changes again.
 """
 import os
 
