@@ -443,3 +443,26 @@ def test_no_spatial_axes_is_a_fully_connected_layer(type_name):
     np.testing.assert_allclose(top[0].data, ref, rtol=1e-12)
     context.set_random_seed(2)
     check_layer_gradient(make_layer(type_name, text), [x], mode="exhaustive")
+
+
+@pytest.mark.parametrize("num, group", [(1, 1), (3, 1), (2, 2)])
+def test_short_float32_forward_is_the_correctly_rounded_float64_one(num, group):
+    """Dot products of <= EXACT_FORWARD_MAX_K terms are taken in float64 and rounded once (LeNet's conv1
+    fidelity to BVLC Caffe depends on it): float32 output == float64 output rounded to float32."""
+    from caffe.layers import conv_base
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(num, 2, 9, 8)).astype(np.float32)
+    outs = []
+    for dtype in (np.float32, np.float64):
+        context.set_random_seed(3)
+        layer = make_layer("Convolution", f"convolution_param {{ num_output: 4 kernel_size: 3 group: {group} "
+                                          f"weight_filler {{ type: 'gaussian' std: 0.5 }} "
+                                          f"bias_filler {{ type: 'gaussian' std: 0.5 }} }}")
+        bottom, top = blobs_from_arrays([x], dtype), empty_tops(1, dtype)
+        layer.SetUp(bottom, top)
+        assert layer.kernel_dim <= conv_base.EXACT_FORWARD_MAX_K
+        for b in layer.blobs:  # the same float32-representable parameters in both runs
+            b.data[...] = b.data.astype(np.float32)
+        layer.Forward(bottom, top)
+        outs.append(top[0].data.copy())
+    np.testing.assert_array_equal(outs[0], outs[1].astype(np.float32))
