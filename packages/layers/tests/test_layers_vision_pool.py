@@ -314,3 +314,19 @@ def test_cpu_gpu_parity(text):
     x = np.random.default_rng(0).uniform(0.1, 1, size=(2, 3, 7, 6))
     phase = 1 if "STOCHASTIC" in text else 0
     check_cpu_gpu_parity(layer_param("Pooling", text, phase=phase), [x], rtol=1e-5, atol=1e-6)
+
+
+@given(n=st.integers(1, 3), c=st.integers(1, 3), h=st.integers(1, 6), w=st.integers(1, 6),
+       seed=st.integers(0, 2**31 - 1), dtype=st.sampled_from([np.float32, np.float64]))
+def test_max_2x2_stride_2_fast_path_matches_caffe_with_ties(n, c, h, w, seed, dtype):
+    """LeNet's pooling (2x2, stride 2, no pad, even sides) has its own kernel: same values, same argmax
+    (the first maximum in row-major order wins ties) and same backward as Caffe's loops."""
+    shape = (n, c, 2 * h, 2 * w)
+    x = np.random.default_rng(seed).integers(-2, 3, size=shape).astype(np.float64)  # many ties
+    ref, mask = caffe_pool(x, (2, 2), (2, 2), (0, 0), "MAX", True)
+    dy = np.random.default_rng(seed + 1).normal(size=ref.shape).astype(dtype).astype(np.float64)
+    dref = caffe_pool_backward(dy, mask, x.shape, (2, 2), (2, 2), (0, 0), "MAX")
+    tops, dx = _forward_backward("pooling_param { pool: MAX kernel_size: 2 stride: 2 }", x, dy, dtype, 2)
+    np.testing.assert_array_equal(tops[0], ref)
+    np.testing.assert_array_equal(tops[1], mask)
+    np.testing.assert_allclose(dx, dref, rtol=1e-6, atol=1e-6)

@@ -176,6 +176,43 @@ def _check(Py_ssize_t have, Py_ssize_t need, str what):
         raise ValueError(f"pooling kernel: {what} buffer holds {have} elements, needs {need}")
 
 
+cdef inline void _max_plane_2x2(const real* x, real* y, int* mask, Py_ssize_t W,
+                                Py_ssize_t PH, Py_ssize_t PW) noexcept nogil:
+    """The common 2x2 / stride 2 / no pad case on whole windows: the same strict-greater scan from
+    -FLT_MAX in row-major order as _max_plane (so the same values and argmaxes), without its window
+    bookkeeping."""
+    cdef Py_ssize_t ph, pw, top
+    cdef const real* r0
+    cdef const real* r1
+    cdef real m, v
+    cdef int idx
+    for ph in range(PH):
+        r0 = x + 2 * ph * W
+        r1 = r0 + W
+        for pw in range(PW):
+            m = -FLT_MAX
+            idx = -1
+            top = 2 * ph * W + 2 * pw
+            v = r0[2 * pw]
+            if v > m:
+                m = v
+                idx = <int>top
+            v = r0[2 * pw + 1]
+            if v > m:
+                m = v
+                idx = <int>(top + 1)
+            v = r1[2 * pw]
+            if v > m:
+                m = v
+                idx = <int>(top + W)
+            v = r1[2 * pw + 1]
+            if v > m:
+                m = v
+                idx = <int>(top + W + 1)
+            y[ph * PW + pw] = m
+            mask[ph * PW + pw] = idx
+
+
 def max_pool_forward(const real[::1] x, real[::1] y, int[::1] mask, Py_ssize_t planes,
                      Py_ssize_t H, Py_ssize_t W, Py_ssize_t PH, Py_ssize_t PW,
                      Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
@@ -191,10 +228,16 @@ def max_pool_forward(const real[::1] x, real[::1] y, int[::1] mask, Py_ssize_t p
     cdef real* yp = &y[0]
     cdef int* mp = &mask[0]
     cdef int nt = _threads(planes * (H * W + PH * PW))
+    cdef bint whole_2x2 = (kh == 2 and kw == 2 and sh == 2 and sw == 2 and pad_h == 0 and pad_w == 0
+                           and 2 * PH == H and 2 * PW == W)
     with nogil:
-        for p in prange(planes, schedule="static", num_threads=nt):
-            _max_plane(xp + p * H * W, yp + p * PH * PW, mp + p * PH * PW, H, W, PH, PW,
-                       kh, kw, sh, sw, pad_h, pad_w)
+        if whole_2x2:
+            for p in prange(planes, schedule="static", num_threads=nt):
+                _max_plane_2x2(xp + p * H * W, yp + p * PH * PW, mp + p * PH * PW, W, PH, PW)
+        else:
+            for p in prange(planes, schedule="static", num_threads=nt):
+                _max_plane(xp + p * H * W, yp + p * PH * PW, mp + p * PH * PW, H, W, PH, PW,
+                           kh, kw, sh, sw, pad_h, pad_w)
 
 
 def ave_pool_forward(const real[::1] x, real[::1] y, Py_ssize_t planes,
