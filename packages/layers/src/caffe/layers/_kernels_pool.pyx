@@ -13,19 +13,7 @@ planes are independent and the parallel loop needs no atomics.
 x / top are (planes, H, W) / (planes, PH, PW), contiguous and flattened.
 """
 from cython.parallel cimport prange
-from openmp cimport omp_get_max_threads
-
-# Below this many elements of work a kernel runs on one thread: waking a second thread
-# costs more than it saves, and on a busy machine a parallel region can wait a whole
-# scheduler slice for a descheduled thread.
-cdef enum:
-    PARALLEL_MIN_WORK = 32768
-
-
-cdef inline int _threads(Py_ssize_t work) noexcept nogil:
-    if work < PARALLEL_MIN_WORK:
-        return 1
-    return omp_get_max_threads()
+include "_kernels_threads.pxi"
 from libc.float cimport FLT_MAX
 
 ctypedef fused real:

@@ -390,7 +390,6 @@ class BaseConvolutionLayer(Layer):
         nb, c_out, P = out.shape
         g, og, kd = self.group, c_out // self.group, self.kernel_dim
         w3 = weight.reshape(g, og, kd)
-        res = out[0] if nb == 1 else self.buffer(xp, "gemm", (c_out, nb * P), out.dtype)
         if out.dtype == np.float32 and kd <= EXACT_FORWARD_MAX_K:
             # Short dot products are cheap to take in float64 (bias included) and round once: the outputs
             # are then the correctly rounded values, so max pooling's near-ties fall as in exact arithmetic
@@ -398,17 +397,15 @@ class BaseConvolutionLayer(Layer):
             # Caffe's trajectory within 10 iterations).
             col64 = self.buffer(xp, "col64", col.shape, np.float64)
             col64[...] = col
-            res64 = self.buffer(xp, "gemm64", res.shape, np.float64)
+            res64 = self.buffer(xp, "gemm64", (c_out, nb * P), np.float64)
             w64 = w3.astype(np.float64)
             for gi in range(g):
                 xp.matmul(w64[gi], col64[gi * kd:(gi + 1) * kd], out=res64[gi * og:(gi + 1) * og])
             if bias is not None:
                 res64 += bias.astype(np.float64).reshape(c_out, 1)
-            if nb == 1:
-                res[...] = res64
-            else:
-                out[...] = res64.reshape(c_out, nb, P).transpose(1, 0, 2)
+            out[...] = res64.reshape(c_out, nb, P).transpose(1, 0, 2)
             return
+        res = out[0] if nb == 1 else self.buffer(xp, "gemm", (c_out, nb * P), out.dtype)
         for gi in range(g):
             xp.matmul(w3[gi], col[gi * kd:(gi + 1) * kd], out=res[gi * og:(gi + 1) * og])
         if nb == 1:
