@@ -227,20 +227,27 @@ def _progress_for(solver, param):
 
 # -- test -------------------------------------------------------------------------------
 
-def test(args) -> int:
-    import caffe
+def _load_net(args, default_phase: int, purpose: str):
+    """test and time: check --model, pick the device, build the net, copy --weights. Returns (net, gpus)."""
     from caffe.net import Net
     if not args.model:
-        raise CliError("Need a model definition to score: pass --model=NET.prototxt")
-    if not args.weights:
-        raise CliError("Need model weights to score: pass --weights=MODEL.caffemodel")
+        raise CliError(f"Need a model definition to {purpose}: pass --model=NET.prototxt")
     require_file(args.model, "model")
     gpus = parse_gpus(args.gpu)
     set_mode(gpus[:1])
     log.info("Use %s.", f"GPU {gpus[0]}" if gpus else "CPU")
-    net = Net(args.model, parse_phase(args.phase, caffe.TEST), level=args.level,
+    net = Net(args.model, parse_phase(args.phase, default_phase), level=args.level,
               stages=parse_stages(args.stage))
-    copy_weights([net], args.weights)
+    if args.weights:
+        copy_weights([net], args.weights)
+    return net, gpus
+
+
+def test(args) -> int:
+    import caffe
+    if args.model and not args.weights:
+        raise CliError("Need model weights to score: pass --weights=MODEL.caffemodel")
+    net, _ = _load_net(args, caffe.TEST, "score")
     log.info("Running for %d iterations.", args.iterations)
     test_score: list[float] = []
     test_score_output_id: list[int] = []
@@ -277,17 +284,7 @@ def test(args) -> int:
 
 def time_net(args) -> int:
     import caffe
-    from caffe.net import Net
-    if not args.model:
-        raise CliError("Need a model definition to time: pass --model=NET.prototxt")
-    require_file(args.model, "model")
-    gpus = parse_gpus(args.gpu)
-    set_mode(gpus[:1])
-    log.info("Use %s.", f"GPU {gpus[0]}" if gpus else "CPU")
-    net = Net(args.model, parse_phase(args.phase, caffe.TRAIN), level=args.level,
-              stages=parse_stages(args.stage))
-    if args.weights:
-        copy_weights([net], args.weights)
+    net, gpus = _load_net(args, caffe.TRAIN, "time")
     sync = _synchronizer(gpus)
     log.info("Performing Forward")
     initial_loss = net.Forward()
