@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from caffe.layers import LayerError, _kernels_im2col, _kernels_pool, conv_base, pooling
+from caffe.layers import LayerError, conv_base, pooling
+from caffe.layers.kernels import lowering as _kernels_im2col, pooling as _kernels_pool
 from caffe.layers.strategies import random_array
 from caffe.layers.testing import check_cpu_gpu_parity, check_layer_gradient, gpu_available, layer_param, \
     make_layer, run_forward

@@ -12,7 +12,7 @@ from caffe.layers.registry import (register_layer, create_layer, layer_class, la
 from caffe.layers import filler
 from caffe.layers.gradient_check import GradientChecker, GradientCheckError
 
-_MACHINERY = {"layer", "registry", "filler", "gradient_check", "testing", "strategies"}
+_MACHINERY = {"layer", "registry", "filler", "gradient_check", "testing", "strategies", "kernels"}
 for _m in sorted(_pkgutil.iter_modules(__path__), key=lambda m: m.name):
     if _m.name not in _MACHINERY and not _m.name.startswith("_"):
         _importlib.import_module(f"{__name__}.{_m.name}")

@@ -16,7 +16,7 @@ each group runs ONE large GEMM that OpenBLAS spreads over all cores. The GEMM's
 that adds the bias. Above COL_BUFFER_LIMIT elements the batch is processed in
 chunks, each still one GEMM per group. Scratch buffers live on the layer and are
 reused across iterations. On the CPU the 2-D lowering is a Cython/OpenMP kernel
-(_kernels_im2col); N-d convolutions, force_nd_im2col and the GPU (CuPy) use the
+(caffe.layers.kernels.lowering); N-d convolutions, force_nd_im2col and the GPU (CuPy) use the
 array-module-generic strided-slice lowering below.
 
 GPU: the same code runs with xp = cupy (CuPy matmul, the generic lowering). It has
@@ -38,7 +38,7 @@ from caffe.layers.layer import Layer, dtype_of
 # (OMP_WAIT_POLICY / OPENBLAS_THREAD_TIMEOUT are set in caffe/__init__.py, before any thread pool loads.)
 
 try:  # the compiled CPU kernels (built by the package's hatch hook)
-    from caffe.layers import _kernels_im2col as _k
+    from caffe.layers.kernels import lowering as _k
 except ImportError:  # pragma: no cover - a source tree without the build
     _k = None
 

@@ -14,7 +14,7 @@ proportional to its activation (a uniform from caffe.blob.context.rng() times
 the window sum, against the running sum); in TEST the output is the
 activation-weighted average sum(x^2) / (FLT_MIN + sum(x)).
 
-The CPU runs MAX/AVE through the Cython/OpenMP kernels (_kernels_pool); the
+The CPU runs MAX/AVE through the Cython/OpenMP kernels (caffe.layers.kernels.pooling); the
 array-module-generic code below (one strided slice per kernel offset) serves
 STOCHASTIC, the GPU (CuPy) and any other dtype. GPU: written for CuPy but not run
 on a GPU here (the development machine has none); its tests skip.
@@ -33,7 +33,7 @@ from caffe.layers.registry import register_layer
 # (OMP_WAIT_POLICY / OPENBLAS_THREAD_TIMEOUT are set in caffe/__init__.py, before any thread pool loads.)
 
 try:
-    from caffe.layers import _kernels_pool as _k
+    from caffe.layers.kernels import pooling as _k
 except ImportError:  # pragma: no cover - a source tree without the build
     _k = None
 

@@ -13,7 +13,7 @@ planes are independent and the parallel loop needs no atomics.
 x / top are (planes, H, W) / (planes, PH, PW), contiguous and flattened.
 """
 from cython.parallel cimport prange
-include "_kernels_threads.pxi"
+include "_threads.pxi"
 from libc.float cimport FLT_MAX
 
 ctypedef fused real:

@@ -16,7 +16,7 @@ im is (nb, C, H, W) contiguous, flattened; float32 or float64 (the fused type
 makes mixing dtypes an error rather than a silent reinterpretation).
 """
 from cython.parallel cimport prange
-include "_kernels_threads.pxi"
+include "_threads.pxi"
 
 ctypedef fused real:
     float
