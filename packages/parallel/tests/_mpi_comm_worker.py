@@ -53,10 +53,23 @@ def collectives():
 
 
 def fault(kind, timeout):
-    comm = MPICommunicator(timeout=float(timeout))
+    # the start-up runs under the default timeout; `timeout` applies once every rank reached the fault's
+    # iteration, so a start-up slowed by the machine's load is never taken for a hang
+    comm = MPICommunicator()
     buf = np.ones(1000, np.float32)
     for it in range(6):
         comm.where = f"iteration {it}"
+        if it == 2:
+            # handshake, point to point: rank 1 fails only once every other rank has left iteration 1's
+            # allreduce, so their watchdogs report iteration 2 however late the scheduler lets them run
+            if comm.rank == 1:
+                for r in range(comm.size):
+                    if r != 1:
+                        comm.comm.recv(source=r, tag=17)
+                print(f"rank 1: injects a fault ({kind}) at iteration 2", file=sys.stderr, flush=True)
+            else:
+                comm.comm.send(it, dest=1, tag=17)
+            comm.set_timeout(float(timeout))
         if comm.rank == 1 and it == 2:
             if kind == "hang":
                 time.sleep(600)

@@ -9,7 +9,9 @@ whole job with a non-zero status. The timeout must exceed the longest legitimate
 """
 from __future__ import annotations
 
+import array
 import os
+import stat
 import sys
 import threading
 import time
@@ -22,6 +24,7 @@ from caffe.parallel.comm import Communicator
 TIMEOUT_ENV = "CAFFE_PARALLEL_TIMEOUT"
 DEFAULT_TIMEOUT = 1800.0  # seconds; rank 0 may test or snapshot for minutes while the others wait
 EXIT_ABORT = 70  # the job's exit status after a watchdog or failure abort (EX_SOFTWARE)
+_aborting = threading.Lock()  # one abort per process: the watchdog and the main thread may both try
 
 
 def resolve_timeout(timeout: float | None = None) -> float | None:
@@ -58,6 +61,44 @@ def _process_alive(pid: int) -> bool:
         return True
 
 
+def _unread_bytes(fd: int) -> int:
+    """Bytes written to `fd` (a pipe or socket) that its reader has not taken yet; 0 for files and terminals."""
+    try:
+        import fcntl
+        import termios
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISFIFO(mode):
+            request = termios.FIONREAD  # on Linux a pipe's write end also answers: bytes still in the pipe
+        elif stat.S_ISSOCK(mode):
+            request = termios.TIOCOUTQ  # bytes not yet sent
+        else:
+            return 0
+        count = array.array("i", [0])
+        fcntl.ioctl(fd, request, count, True)
+        return int(count[0])
+    except (ImportError, AttributeError, OSError, ValueError):
+        return 0
+
+
+def wait_until_output_read(patience: float = 5.0, poll: float = 0.005) -> None:
+    """Wait until the launcher has read what this process printed to stdout and stderr.
+
+    On MPI_Abort, mpiexec (hydra) kills every rank and exits, and it can do so before it has forwarded what
+    still sits in the ranks' stdout/stderr pipes: under load the message saying why the job stopped was
+    lost. Waits while the pipes keep draining; gives up once they have not drained for `patience` s (a
+    reader that stopped reading must not keep the job alive)."""
+    last, since = None, time.monotonic()
+    while True:
+        left = _unread_bytes(1) + _unread_bytes(2)
+        if left == 0:
+            return
+        if last is None or left < last:
+            last, since = left, time.monotonic()
+        elif time.monotonic() - since > patience:
+            return
+        time.sleep(poll)
+
+
 class Watchdog:
     """Aborts the MPI job when a blocking collective cannot finish (dead local peer or timeout)."""
 
@@ -68,13 +109,17 @@ class Watchdog:
         # only processes on this machine can be watched directly; the timeout covers the others
         self.local_peers = [(r, pid) for r, (h, pid) in enumerate(peers) if h == host and r != comm.rank]
         self.peers = peers
-        self.timeout = timeout
-        self.poll = poll if timeout is None else max(0.01, min(poll, timeout / 4))
+        self._poll = poll
+        self.set_timeout(timeout)
         self._op: str | None = None
         self._since: float | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="caffe-parallel-watchdog", daemon=True)
         self._thread.start()
+
+    def set_timeout(self, timeout: float | None) -> None:
+        self.timeout = timeout
+        self.poll = self._poll if timeout is None else max(0.01, min(self._poll, timeout / 4))
 
     def enter(self, op: str) -> None:
         self._op = op
@@ -155,6 +200,13 @@ class MPICommunicator(Communicator):
         if self.size > 1:
             _abort_on_uncaught_exception(self)
 
+    def set_timeout(self, timeout: float) -> None:
+        """Change the watchdog's limit for the collectives from now on (seconds; 0 disables): e.g. a short one
+        once every rank is past a start-up whose length varies with the machine's load."""
+        self.timeout = resolve_timeout(float(timeout))
+        if self.watchdog is not None:
+            self.watchdog.set_timeout(self.timeout)
+
     def _guard(self, op: str) -> _Guard:
         return _Guard(self.watchdog, op)
 
@@ -200,17 +252,28 @@ class MPICommunicator(Communicator):
 
     def abort(self, message: str, code: int = EXIT_ABORT) -> None:
         """Print why, then end every rank of the job (MPI_Abort); never returns."""
+        if not _aborting.acquire(blocking=False):
+            # another thread of this rank is already aborting (the watchdog, or the main thread's handler):
+            # one message is enough; that thread ends the process
+            while True:
+                time.sleep(3600)
         text = (f"caffe.parallel: rank {self.rank} of {self.size} (pid {os.getpid()} on {self.host}): "
                 f"{message}; stopping all ranks (MPI_Abort)\n")
         try:
             sys.stderr.write(text)
             sys.stderr.flush()
+            sys.stdout.flush()
+            wait_until_output_read()
         finally:
             # should MPI_Abort itself hang, leave anyway: mpiexec then stops the other ranks
             fallback = threading.Timer(10.0, os._exit, (code,))
             fallback.daemon = True
             fallback.start()
             self.comm.Abort(code)
+            # MPI_Abort can return once the process manager has the request (hydra under -disable-auto-cleanup):
+            # the job is ending; wait here for mpiexec or the fallback (leaving at once cuts hydra off mid-reply)
+            while True:
+                time.sleep(3600)
 
     def close(self) -> None:
         if self.watchdog is not None:

@@ -96,11 +96,14 @@ def write_solver(folder: str, tag: str, db: str, batch: int, args, hidden: int =
     return solver
 
 
+HANDSHAKE_TAG = 17
+
+
 class Recorder:
     """A solver callback keeping a copy of the weights at the start of each iteration; injects faults."""
 
-    def __init__(self, solver, rank: int, args):
-        self.solver, self.rank, self.args = solver, rank, args
+    def __init__(self, solver, rank: int, args, comm=None):
+        self.solver, self.rank, self.args, self.comm = solver, rank, args, comm
         self.trajectory: list[np.ndarray] = []
         self.iters: list[int] = []
 
@@ -111,8 +114,26 @@ class Recorder:
         hist = getattr(self.solver, "history", [])
         return np.concatenate([h.cpu_data().ravel().astype(np.float64) for h in hist]) if hist else np.zeros(0)
 
+    def fault_handshake(self, it: int) -> None:
+        """Before the fault, every other rank tells the failing rank (point to point) that it has reached the
+        fault's iteration, i.e. left the previous iteration's collectives: so what they report names this
+        iteration however the machine's load delays them. The watchdog's --timeout applies from here on."""
+        mpi, fail = self.comm.comm, self.args.fail_rank
+        if self.rank == fail:
+            for r in range(self.comm.size):
+                if r != fail:
+                    mpi.recv(source=r, tag=HANDSHAKE_TAG)
+            sys.stderr.write(f"selftest: rank {fail} injects a fault ({self.args.fail_mode}) at iteration {it}\n")
+            sys.stderr.flush()
+        else:
+            mpi.send(it, dest=fail, tag=HANDSHAKE_TAG)
+        if self.args.timeout is not None:
+            self.comm.set_timeout(self.args.timeout)
+
     def on_start(self) -> None:
         it = int(self.solver.iter)
+        if self.comm is not None and self.args.fail_rank is not None and it == self.args.fail_iter:
+            self.fault_handshake(it)
         if self.rank == self.args.fail_rank and it == self.args.fail_iter:
             if self.args.fail_mode == "exit":
                 os._exit(1)
@@ -202,7 +223,9 @@ def main(argv=None) -> int:
     p.add_argument("--test-interval", type=int, default=0, help="rank 0 tests the net (1 batch) this often")
     p.add_argument("--python-layer", choices=["none", "plain", "shared"], default="none",
                    help="add a Python layer (share_in_parallel false / true)")
-    p.add_argument("--timeout", type=float, default=None, help="watchdog timeout in seconds")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="watchdog timeout in seconds; with --fail-rank it applies from --fail-iter on, once every "
+                        "rank got there (before: the default), so a start-up slowed by load is not taken for a hang")
     p.add_argument("--rtol", type=float, default=1e-4)
     p.add_argument("--atol", type=float, default=2e-5)
     p.add_argument("--keep", action="store_true", help="keep the temporary folder")
@@ -211,7 +234,8 @@ def main(argv=None) -> int:
 
     from caffe.parallel.launch import train_mpi
     from caffe.parallel.mpi_comm import MPICommunicator
-    comm = MPICommunicator(timeout=args.timeout)
+    timeout = None if args.fail_rank is not None else args.timeout  # armed at the fault's handshake
+    comm = MPICommunicator(timeout=timeout)
     rank, n = comm.rank, comm.size
     folder = None
     if rank == 0:
@@ -228,7 +252,7 @@ def main(argv=None) -> int:
     recorders = []
 
     def install(solver):
-        rec = Recorder(solver, rank, args)
+        rec = Recorder(solver, rank, args, comm)
         solver.add_callback(rec)
         recorders.append(rec)
         if rank == args.signal_rank:  # as if this rank alone got SIGINT (stop) or SIGHUP (snapshot)
@@ -249,7 +273,7 @@ def main(argv=None) -> int:
             if rank == 0:
                 write_solver(folder, "first", os.path.join(folder, "train_lmdb"), args.batch, first)
             comm.barrier()
-            comm_first = MPICommunicator(timeout=args.timeout)
+            comm_first = MPICommunicator(timeout=timeout)
             train_mpi(os.path.join(folder, "solver_first.prototxt"), comm=comm_first)
             snapshot_file = os.path.join(folder, f"snap_iter_{args.resume_from}.solverstate")
             recorders.clear()
