@@ -1,7 +1,7 @@
 """BatchNorm, MVN, Scale and Bias: gradient properties, Caffe's forward formulas, stored blobs, errors."""
 import numpy as np
 import pytest
-from hypothesis import assume, given, strategies as st
+from hypothesis import assume, example, given, strategies as st
 
 from caffe.blob import Blob
 from caffe.layers import LayerError, create_layer
@@ -178,11 +178,21 @@ def broadcast_case(draw, max_count=18):
     return shape, axis, num_axes, tuple(operand), draw(seeds())
 
 
-@given(case=broadcast_case(), two_bottoms=st.booleans(), bias_term=st.booleans())
-def test_scale_gradient(case, two_bottoms, bias_term):
+# Two bottoms: the scale's (and the bias's) shape is bottom[1]'s, whatever scale_param.num_axes says (Caffe
+# gives the internal Bias layer bottom[1]'s num_axes); the examples pin that with num_axes left at its
+# default (1) and a scale of 2, 3 and 0 axes, plus the one-bottom boundaries num_axes -1 and 0.
+@given(case=broadcast_case(), two_bottoms=st.booleans(), bias_term=st.booleans(), write_num_axes=st.booleans())
+@example(case=((2, 3, 2), 0, 2, (2, 3), 11), two_bottoms=True, bias_term=True, write_num_axes=False)
+@example(case=((2, 3, 2, 2), 1, -1, (3, 2, 2), 12), two_bottoms=True, bias_term=True, write_num_axes=False)
+@example(case=((3, 2), -1, 0, (), 13), two_bottoms=True, bias_term=True, write_num_axes=False)
+@example(case=((2, 3, 2), 1, -1, (3, 2), 14), two_bottoms=False, bias_term=True, write_num_axes=True)
+@example(case=((2, 3, 2), 1, 0, (), 15), two_bottoms=False, bias_term=True, write_num_axes=True)
+def test_scale_gradient(case, two_bottoms, bias_term, write_num_axes):
     shape, axis, num_axes, sshape, seed = case
     x = random_array(seed, shape)
-    text = (f"scale_param {{ axis: {axis} num_axes: {num_axes} filler {{ type: 'gaussian' std: 1 }} "
+    # num_axes may be left out where it is the default (1) or where bottom[1] decides the shape anyway
+    num_axes_text = f"num_axes: {num_axes} " if write_num_axes or not (two_bottoms or num_axes == 1) else ""
+    text = (f"scale_param {{ axis: {axis} {num_axes_text}filler {{ type: 'gaussian' std: 1 }} "
             f"bias_term: {str(bias_term).lower()} bias_filler {{ type: 'uniform' min: -1 max: 1 }} }}")
     bottoms = [x, random_array(seed + 1, sshape)] if two_bottoms else [x]
     layer = make_layer("Scale", text)

@@ -1,7 +1,7 @@
 """Flatten, Reshape, Split, Concat, Slice, Tile, Crop, Silence, Parameter: gradients, sharing, errors."""
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import example, given, strategies as st
 
 from caffe.blob import Blob
 from caffe.layers import LayerError, create_layer
@@ -218,7 +218,13 @@ def crop_case(draw):
     return shape, axis, start, ref, offsets, draw(seeds())
 
 
+# Distinct offsets per axis (a permuted or shifted use of them changes the result or goes out of bounds),
+# each at its boundaries: 0 and the largest that fits; one offset for every axis; axis given from the end.
 @given(case=crop_case())
+@example(case=((1, 1, 5, 6), 2, 2, [1, 1, 2, 2], [1, 3], 21))
+@example(case=((2, 4, 5, 6), 1, 1, [1, 2, 3, 2], [2, 0, 4], 22))
+@example(case=((2, 4, 5, 6), -3, 1, [1, 2, 3, 2], [1, 2, 3], 23))
+@example(case=((1, 3, 5, 6), -2, 2, [1, 1, 3, 4], [2], 24))
 def test_crop_gradient(case):
     shape, axis, start, ref, offsets, seed = case
     x = random_array(seed, shape)
@@ -240,6 +246,18 @@ def test_crop_errors():
         run_forward(make_layer("Crop", "crop_param { offset: 1 offset: 1 offset: 1 }"), [x, ref])
     with pytest.raises(LayerError, match=r"crop_param.axis 4 is out of range"):
         run_forward(make_layer("Crop", "crop_param { axis: 4 }"), [x, ref])
+    # two offsets for three cropped axes (too few, not just too many)
+    with pytest.raises(LayerError, match=r"number of crop_param.offset values \(2\).*following axis 1 \(3\)"):
+        run_forward(make_layer("Crop", "crop_param { axis: 1 offset: 1 offset: 1 }"), [x, ref])
+    with pytest.raises(LayerError, match=r"Crop.*bottom\[1\] \(shape \(2, 3, 3\)\) must have as many axes as "
+                                         r"bottom\[0\] \(shape \(1, 2, 5, 5\)\)"):
+        run_forward(make_layer("Crop"), [x, np.zeros((2, 3, 3))])
+
+
+def test_crop_reference_bottom_gets_no_gradient_even_forced():
+    # bottom[1] only gives the shape: force_backward must not reach it (Caffe propagates to bottom[0] only)
+    layer = make_layer("Crop")
+    assert layer.allow_force_backward(0) and not layer.allow_force_backward(1)
 
 
 @given(shape=small, seed=seeds())

@@ -1,7 +1,7 @@
 """Accuracy: top_k, axis, ignore_label, per-class second top, Caffe's tie rule, bad input."""
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import example, given, strategies as st
 
 from caffe.layers import LayerError
 from caffe.layers.strategies import seeds, shapes
@@ -31,22 +31,49 @@ def accuracy_reference(x, labels, axis, top_k, ignore):
     return acc, per
 
 
-@given(shape=shapes(min_dims=2, max_dims=4, max_side=4), seed=seeds(), data=st.data(), ties=st.booleans())
-def test_accuracy_matches_reference(shape, seed, data, ties):
-    axis = data.draw(st.integers(1, len(shape) - 1), label="axis")
+@st.composite
+def accuracy_case(draw):
+    shape = draw(shapes(min_dims=2, max_dims=4, max_side=4))
+    axis = draw(st.integers(1, len(shape) - 1), label="axis")
     c = shape[axis]
-    top_k = data.draw(st.integers(1, c), label="top_k")
-    ignore = data.draw(st.sampled_from([None, 0, -1]), label="ignore")
+    top_k = draw(st.integers(1, c), label="top_k")
+    # ignore_label: none, a class (the first, the last) or a value outside [0, C) (-1, 255 as segmentation
+    # nets use): ignored positions change both the accuracy's and each class's denominator
+    ignore = draw(st.sampled_from([None, 0, c - 1, -1, 255]), label="ignore")
+    return shape, axis, top_k, ignore, draw(seeds()), draw(st.booleans(), label="ties")
+
+
+# Per-class accuracy with ignored positions, pinned: class 0 both hit and missed while -1 / 255 / a middle
+# class are ignored (a denominator that counts ignored positions shows in class 0), with top_k 1 and 2.
+@given(case=accuracy_case())
+@example(case=((6, 3), 1, 1, -1, 31, False))
+@example(case=((5, 4, 2), 1, 2, 255, 32, True))
+@example(case=((4, 3, 3), 1, 1, 1, 33, False))
+@example(case=((2, 3, 4), 2, 3, 3, 34, True))
+def test_accuracy_matches_reference(case):
+    shape, axis, top_k, ignore, seed, ties = case
+    c = shape[axis]
     rng = np.random.default_rng(seed)
     x = rng.integers(0, 3, shape).astype(float) if ties else rng.uniform(-1, 1, shape)
     label_shape = shape[:axis] + shape[axis + 1:]
-    labels = rng.integers(-1 if ignore == -1 else 0, c, label_shape).astype(float)
+    labels = rng.integers(0, c, label_shape).astype(float)
+    if ignore is not None:  # about a third of the positions ignored, whatever the ignore value
+        labels[rng.uniform(size=label_shape) < 1 / 3] = ignore
     text = f"accuracy_param {{ top_k: {top_k} axis: {axis} {'' if ignore is None else f'ignore_label: {ignore}'} }}"
     _, top = run_forward(make_layer("Accuracy", text), [x, labels], n_top=2)
     acc, per = accuracy_reference(x, labels, axis, top_k, ignore)
     assert top[0].shape == () and top[1].shape == (c,)
     np.testing.assert_allclose(top[0].data, acc, rtol=1e-12)
     np.testing.assert_allclose(top[1].data, per, rtol=1e-12)
+
+
+def test_accuracy_per_class_ignores_ignored_positions():
+    # class 0: one hit, one miss; two positions ignored (-1): class 0's accuracy is 1/2, not 1/4
+    x = np.array([[0.9, 0.1], [0.1, 0.9], [0.9, 0.1], [0.9, 0.1], [0.1, 0.9]])
+    labels = np.array([0.0, 0.0, -1.0, -1.0, 1.0])
+    _, top = run_forward(make_layer("Accuracy", "accuracy_param { ignore_label: -1 }"), [x, labels], n_top=2)
+    assert float(top[0].data) == pytest.approx(2 / 3)
+    np.testing.assert_allclose(top[1].data, [0.5, 1.0])
 
 
 def test_accuracy_top_k_small_example():

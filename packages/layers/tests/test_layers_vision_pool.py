@@ -1,7 +1,7 @@
 """Pooling: MAX / AVE / STOCHASTIC against Caffe's loops, output sizes, mask top, gradients, errors."""
 import numpy as np
 import pytest
-from hypothesis import assume, given, strategies as st
+from hypothesis import assume, example, given, strategies as st
 
 from caffe.blob import context
 from caffe.layers import LayerError, pooling
@@ -102,7 +102,27 @@ def _forward_backward(text, x, dy, dtype=np.float64, n_top=1):
     return [t.data.copy() for t in top], bottom[0].diff.copy()
 
 
+def _case(method, shape, k, s, p, ceil, params, seed):
+    return dict(shape=shape, k=k, s=s, p=p, method=method, ceil=ceil, seed=seed,
+                text=f"pooling_param {{ pool: {method} {params} }}")
+
+
+# Padding on both paths (the Cython kernels and the generic code the GPU runs): AVE's divisor counts the
+# padded extent, so a padded AVE window at the edge tells the paths apart from a plain mean; asymmetric
+# kernels, strides and pads, FLOOR rounding, and a last window that starts in the padding (5 + 2 - 3 / 2).
+_AVE_SQUARE = _case("AVE", (2, 2, 5, 6), (3, 3), (2, 2), (1, 1), True, "kernel_size: 3 stride: 2 pad: 1", 41)
+_AVE_ASYM = _case("AVE", (1, 2, 4, 7), (3, 4), (1, 3), (2, 1), False,
+                  "kernel_h: 3 kernel_w: 4 stride_h: 1 stride_w: 3 pad_h: 2 pad_w: 1 round_mode: FLOOR", 42)
+_MAX_PAD = _case("MAX", (1, 2, 5, 5), (3, 3), (2, 2), (2, 2), True, "kernel_size: 3 stride: 2 pad: 2", 43)
+
+
 @given(case=pool_cases(), dtype=st.sampled_from([np.float64, np.float32]), generic=st.booleans())
+@example(case=_AVE_SQUARE, dtype=np.float64, generic=False)
+@example(case=_AVE_SQUARE, dtype=np.float64, generic=True)
+@example(case=_AVE_ASYM, dtype=np.float32, generic=False)
+@example(case=_AVE_ASYM, dtype=np.float32, generic=True)
+@example(case=_MAX_PAD, dtype=np.float64, generic=False)
+@example(case=_MAX_PAD, dtype=np.float64, generic=True)
 def test_pooling_matches_caffe_loops(case, dtype, generic):
     x = np.random.default_rng(case["seed"]).normal(size=case["shape"])
     x = x.astype(dtype).astype(np.float64)
