@@ -124,3 +124,61 @@ def test_missing_weights_file_is_named(tmp_path):
 def test_not_a_solver_parameter():
     with pytest.raises(TypeError, match="SolverParameter or the path"):
         Solver(42)
+
+
+@pytest.mark.parametrize("field", ["net", "train_net", "test_net"])
+def test_every_net_file_field_gets_the_next_to_the_solver_hint(tmp_path, monkeypatch, field):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "n.prototxt").write_text(net_text())
+    (tmp_path / "here.prototxt").write_text(net_text())
+    text = {"net": 'net: "n.prototxt" test_iter: 1 test_interval: 1',
+            "train_net": 'train_net: "n.prototxt"',
+            "test_net": 'train_net: "here.prototxt" test_net: "n.prototxt" test_iter: 1 test_interval: 1'}[field]
+    (tmp_path / "sub" / "solver.prototxt").write_text(text + ' base_lr: 0.1 lr_policy: "fixed"')
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SolverError, match=rf"{field} file 'n.prototxt' not found .*exists next to the solver file"):
+        Solver("sub/solver.prototxt")
+
+
+def test_test_net_counts_message_says_when_there_is_no_generic_net():
+    needs_layers()
+    p = solver_param(None, base_lr=0.1, test_iter=[1, 1], test_interval=1)
+    p.train_net_param.CopyFrom(net_param(net_text()))
+    p.test_net_param.add().CopyFrom(net_param(net_text()))
+    with pytest.raises(SolverError, match=r"2 test_iter for 1 test_net/test_net_param \(with no generic "
+                                          r"net/net_param, the counts must be equal\)"):
+        Solver(p)
+    p = solver_param(net_text(), base_lr=0.1, test_iter=[1], test_interval=1)
+    p.test_net_param.add().CopyFrom(net_param(net_text()))
+    p.test_net_param.add().CopyFrom(net_param(net_text()))
+    with pytest.raises(SolverError, match=r"1 test_iter for 2 test_net/test_net_param$"):
+        Solver(p)
+
+
+def test_test_net_files_and_the_generic_net_fill_test_iter_exactly(tmp_path, monkeypatch):
+    needs_layers()
+    (tmp_path / "t.prototxt").write_text(least_squares_net(NUM, DIM, name="file"))
+    p = solver_param(net_text(), base_lr=0.1, lr_policy="fixed", test_net=["t.prototxt"], test_iter=[1, 1, 1],
+                     test_interval=1)
+    monkeypatch.chdir(tmp_path)
+    s = Solver(p)
+    assert [n.name for n in s.test_nets] == ["file", "least_squares", "least_squares"]
+
+
+def test_old_format_net_files_are_upgraded(tmp_path):
+    # the solver reads net files through caffe.net's reader, which upgrades Caffe's V1 `layers` format
+    needs_layers()
+    (tmp_path / "v1.prototxt").write_text(
+        'name: "v1"\ninput: "data"\ninput_shape { dim: 4 dim: 3 }\n'
+        'layers { name: "ip" type: INNER_PRODUCT bottom: "data" top: "ip" '
+        'inner_product_param { num_output: 2 weight_filler { type: "gaussian" std: 0.1 } } }\n')
+    (tmp_path / "s.prototxt").write_text(f'net: "{tmp_path / "v1.prototxt"}" base_lr: 0.1 lr_policy: "fixed"')
+    s = Solver(str(tmp_path / "s.prototxt"))
+    assert s.net.name == "v1" and s.net.params["ip"][0].data.shape == (2, 3)
+
+
+def test_create_solver_builds_the_type_the_message_names():
+    needs_layers()
+    from caffe.solver.registry import create_solver
+    s = create_solver(solver_param(net_text(), type="Nesterov", base_lr=0.1, lr_policy="fixed", momentum=0.9))
+    assert type(s).__name__ == "NesterovSolver"

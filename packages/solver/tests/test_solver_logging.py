@@ -33,3 +33,25 @@ def test_numbers_print_as_cpp_streams_do():
     assert fmt(1234567.0) == "1.23457e+06"
     assert fmt(100.0) == "100"
     assert fmt(float("nan")) == "nan" and fmt(float("inf")) == "inf"
+    assert fmt(-float("nan")) == "-nan" and fmt(-float("inf")) == "-inf"  # glibc's printf, as glog shows them
+
+
+def test_glog_fields_micros_levels_and_tracebacks():
+    record = logging.LogRecord("caffe.solver", logging.INFO, "/x/solver.py", 7, "m", (), None)
+    record.created = 1_700_000_000.25
+    assert ".250000 " in glog_formatter().format(record)
+    # levels between the named ones: below WARNING an I, from WARNING on an E (glog has no others)
+    record.levelno = 15
+    assert glog_formatter().format(record).startswith("I")
+    record.levelno = 35
+    assert glog_formatter().format(record).startswith("E")
+    record.levelno = logging.CRITICAL
+    assert glog_formatter().format(record).startswith("F")
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        import sys
+        record.exc_info = sys.exc_info()
+    lines = glog_formatter().format(record).split("\n")
+    assert lines[0].endswith("] m") and lines[1] == "Traceback (most recent call last):"
+    assert lines[-1] == "ValueError: boom"

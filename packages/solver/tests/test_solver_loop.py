@@ -275,3 +275,197 @@ def test_train_state_and_test_state_select_layers(tmp_path):
     assert "extra" in s.net.layer_names
     assert "extra" not in s.test_nets[0].layer_names and "extra" in s.test_nets[1].layer_names
     assert all(t.phase == caffe.TEST for t in s.test_nets)
+
+
+# -- what Caffe users read off the log (parse_log.py), at every display interval ---------------------------
+def weighted_net():
+    """The least-squares net with loss_weight 2 and a second, non-loss output of 4 values (`ipcopy`)."""
+    text = least_squares_net(NUM, DIM).replace('top: "loss" }', 'top: "loss" loss_weight: 2 }')
+    return text + 'layer { name: "copy" type: "Power" bottom: "ip" top: "ipcopy" }\n'
+
+
+def solver_lines(caplog):
+    return [r.getMessage() for r in caplog.records if r.name.startswith("caffe.solver")]
+
+
+def test_display_interval_lines_numbering_and_loss_weights(tmp_path, caplog):
+    needs_layers()
+    context.set_random_seed(3)
+    p = solver_param(weighted_net(), type="SGD", base_lr=0.01, lr_policy="fixed", display=2, max_iter=5,
+                     test_iter=[3], test_interval=4, test_initialization=False, test_compute_loss=True,
+                     snapshot_prefix=str(tmp_path / "ls"), snapshot_after_train=False)
+    s = Solver(p)
+    Feeder(random_batches(1, 5, NUM, DIM)).attach(s.net)
+    test_batches = random_batches(9, 3, NUM, DIM)
+    Feeder(test_batches).attach(s.test_nets[0])
+    test_losses = []
+    s.test_nets[0].after_forward(lambda i: test_losses.append(float(s.test_nets[0].blobs["loss"].data))
+                                 if i == len(s.test_nets[0].layers) - 1 else None)
+    with caplog.at_level(logging.INFO, logger="caffe"):
+        s.step(5)
+    lines = solver_lines(caplog)
+    # the rate and the loss lines at iterations 0, 2, 4 only
+    assert [int(x.split()[1].rstrip(",")) for x in lines if re.fullmatch(r"Iteration \d+, lr = 0\.01", x)] == [0, 2, 4]
+    shown = [m for x in lines if (m := re.fullmatch(r"Iteration (\d+) \((\S+) iter/s, (\S+)s/2 iters\), loss = \S+", x))]
+    assert [int(m.group(1)) for m in shown] == [0, 2, 4]
+    for m in shown[1:]:  # iter/s times the seconds since the last display line: the 2 iterations between
+        assert float(m.group(2)) * float(m.group(3)) == pytest.approx(2, rel=1e-4)
+    # outputs numbered across blobs and their elements; the loss carries its weight, the copy none
+    outs = [x for x in lines if x.startswith("    Train net output #")][:5]
+    names = [re.match(r"    Train net output #(\d+): (\w+) = ", x).groups() for x in outs]
+    assert names == [("0", "ipcopy"), ("1", "ipcopy"), ("2", "ipcopy"), ("3", "ipcopy"), ("4", "loss")]
+    assert all("(*" not in x for x in outs[:4])
+    m = re.fullmatch(r"    Train net output #4: loss = (\S+) \(\* 2 = (\S+) loss\)", outs[4])
+    assert m and float(m.group(2)) == pytest.approx(2 * float(m.group(1)), rel=1e-5)
+    # the test pass at iteration 4: outputs averaged over test_iter, numbered the same way; the test loss
+    # is the mean of the forward passes' (weighted) losses
+    touts = [x for x in lines if x.startswith("    Test net output #")]
+    assert [re.match(r"    Test net output #(\d+): (\w+)", x).groups() for x in touts] == names
+    m = re.fullmatch(r"    Test net output #4: loss = (\S+) \(\* 2 = (\S+) loss\)", touts[4])
+    assert m and float(m.group(1)) == pytest.approx(np.mean(test_losses), rel=1e-5)
+    loss_line = [x for x in lines if x.startswith("Test loss: ")]
+    assert len(test_losses) == 3 and loss_line
+    assert float(loss_line[0].split(": ")[1]) == pytest.approx(2 * np.mean(test_losses), rel=1e-5)
+
+
+def test_iter_size_loss_is_the_mean_of_its_passes(tmp_path, caplog):
+    needs_layers()
+    s = make(tmp_path, display=1, iter_size=2)
+    batches = random_batches(2, 4, NUM, DIM)
+    Feeder(batches).attach(s.net)
+    want = np.mean([closed_form_loss(s, b) for b in batches[:2]])  # the weights of iteration 0
+    with caplog.at_level(logging.INFO, logger="caffe"):
+        s.step(1)
+    m = [m for x in solver_lines(caplog) if (m := re.fullmatch(r"Iteration 0 \(.*\), loss = (\S+)", x))]
+    assert m and float(m[0].group(1)) == pytest.approx(want, rel=1e-5)
+
+
+def test_smoothed_loss_restarts_with_each_step_call(tmp_path, caplog):
+    # Caffe's Step keeps its own window of the last average_loss losses, indexed from the call's first iteration
+    needs_layers()
+    s = make(tmp_path, display=1, average_loss=3)
+    Feeder(random_batches(5, 7, NUM, DIM)).attach(s.net)
+    losses = []
+    s.add_callback(lambda: None, lambda: losses.append(float(s.net.blobs["loss"].data)))
+    s.step(2)
+    losses.clear()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="caffe"):
+        s.step(5)
+    shown = [float(m.group(1)) for x in solver_lines(caplog)
+             if (m := re.fullmatch(r"Iteration \d+ \(.*\), loss = (\S+)", x))]
+    want = [np.mean(losses[max(0, i - 2):i + 1]) for i in range(5)]
+    np.testing.assert_allclose(shown, want, rtol=1e-5)
+
+
+def test_test_interval_1_without_test_initialization(tmp_path):
+    needs_layers()
+    s = make(tmp_path, test_iter=[1], test_interval=1, test_initialization=False)
+    Feeder(random_batches(0, 2, NUM, DIM)).attach(s.net)
+    rec = Recorder(s)
+    s.step(3)
+    # no test before the first update; then one before each of iterations 1 and 2
+    assert [e for e in rec.events if e in ("test0", "Update")] == ["Update", "test0", "Update", "test0", "Update"]
+
+
+def test_after_training_snapshot_only_when_asked_and_only_once(tmp_path, caplog):
+    needs_layers()
+    s = make(tmp_path, max_iter=3, snapshot_after_train=False)
+    Feeder(random_batches(0, 2, NUM, DIM)).attach(s.net)
+    s.solve()
+    assert list(tmp_path.iterdir()) == []
+    s = make(tmp_path, max_iter=4, snapshot=2, snapshot_after_train=True)
+    Feeder(random_batches(0, 2, NUM, DIM)).attach(s.net)
+    with caplog.at_level(logging.INFO, logger="caffe"):
+        s.solve()
+    # the schedule has just written iteration 4's snapshot: Solve does not write it again
+    assert sum("ls_iter_4.caffemodel" in x for x in solver_lines(caplog)) == 1
+
+
+def test_random_seed_0_and_the_rank_offset(tmp_path):
+    # random_seed 0 is a seed (only a negative value leaves the generator alone); each rank seeds with
+    # random_seed + solver_rank, as Caffe's Solver::Init
+    needs_layers()
+
+    def weights(seed, rank=0, scramble=0):
+        context.set_random_seed(1000 + scramble)  # whatever state the generator was left in
+        context.set_solver_rank(rank)
+        try:
+            p = solver_param(least_squares_net(NUM, DIM), base_lr=0.1, lr_policy="fixed", random_seed=seed)
+            return Solver(p).net.params["ip"][0].data.copy()
+        finally:
+            context.set_solver_rank(0)
+
+    np.testing.assert_array_equal(weights(0, scramble=1), weights(0, scramble=2))
+    np.testing.assert_array_equal(weights(5, rank=1), weights(6, rank=0))
+    assert not np.array_equal(weights(5, rank=1), weights(5, rank=0))
+
+
+def test_nonfinite_loss_message_names_the_weights_and_the_snapshot(tmp_path):
+    needs_layers()
+    s = make(tmp_path, max_iter=10)
+    bad = random_batches(0, 1, NUM, DIM)[0]
+    Feeder([dict(bad, data=np.full((NUM, DIM), np.inf, np.float32))]).attach(s.net)
+    with pytest.raises(NonFiniteLossError, match=r"^Iteration 0: the training loss is (inf|-?nan); training stopped "
+                                                 r"before this iteration's update \(weights are those after "
+                                                 r"iteration 0 updates\), no snapshot was written\."):
+        s.solve()
+    s = make(tmp_path, max_iter=10, snapshot=2)
+    batches = random_batches(0, 4, NUM, DIM)
+    batches[3] = dict(batches[3], data=np.full((NUM, DIM), np.nan, np.float32))
+    Feeder(batches).attach(s.net)
+    prefix = re.escape(str(tmp_path / "ls_iter_2"))
+    with pytest.raises(NonFiniteLossError, match=rf"after iteration 2 updates\), the last snapshot \({prefix}"
+                                                 rf"\.caffemodel, {prefix}\.solverstate\) is left as it was\."):
+        s.solve()
+
+
+def test_debug_info_only_on_display_iterations(tmp_path, caplog):
+    needs_layers()
+    s = make(tmp_path, display=2, debug_info=True)
+    Feeder(random_batches(0, 2, NUM, DIM)).attach(s.net)
+    per_iter = []
+    s.add_callback(lambda: per_iter.append(len(caplog.records)), None)
+    with caplog.at_level(logging.INFO, logger="caffe"):
+        s.step(4)
+    per_iter.append(len(caplog.records))
+    forward = [sum("[Forward]" in r.getMessage() for r in caplog.records[a:b])
+               for a, b in zip(per_iter, per_iter[1:])]
+    assert forward[0] > 0 and forward[2] > 0 and forward[1] == 0 and forward[3] == 0
+
+
+def test_solver_repr_and_where_errors_come_from(tmp_path):
+    needs_layers()
+    s = make(tmp_path)
+    assert repr(s) == "<SGDSolver iter=0 net='least_squares'>"
+    with pytest.raises(caffe.solver.SolverError, match=r"^SolverParameter: snapshot is specified but "
+                                                       r"snapshot_prefix is not"):
+        Solver(solver_param(least_squares_net(NUM, DIM), base_lr=0.1, lr_policy="fixed", snapshot=2))
+    f = tmp_path / "s.prototxt"
+    f.write_text('net: "missing.prototxt" base_lr: 0.1 lr_policy: "fixed"')
+    with pytest.raises(caffe.solver.SolverError, match=rf"^solver {re.escape(repr(str(f)))}: net file "):
+        Solver(str(f))
+
+
+def test_weights_lists_load_in_order_and_skip_empty_entries(tmp_path):
+    needs_layers()
+    s = make(tmp_path)
+    for value, name in ((1.0, "one"), (2.0, "two")):
+        s.net.params["ip"][0].data[...] = value
+        s.net.Save(str(tmp_path / f"{name}.caffemodel"))
+    w = f"{tmp_path / 'one.caffemodel'},,{tmp_path / 'two.caffemodel'}"
+    s = Solver(solver_param(least_squares_net(NUM, DIM), base_lr=0.1, lr_policy="fixed", weights=[w]))
+    assert np.all(s.net.params["ip"][0].data == 2.0)  # both loaded, the last one wins
+
+
+def test_only_the_root_solver_solves_and_snapshots(tmp_path):
+    needs_layers()
+    s = make(tmp_path)
+    context.set_solver_rank(1)
+    try:
+        with pytest.raises(caffe.solver.SolverError, match=r"^Solve must be called on the root solver$"):
+            s.solve()
+        with pytest.raises(caffe.solver.SolverError, match=r"^Snapshot must be called on the root solver$"):
+            s.snapshot()
+    finally:
+        context.set_solver_rank(0)

@@ -3,7 +3,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import example, given, strategies as st
 
 from caffe.proto import caffe_pb2
 from caffe.solver.lr_policy import learning_rate, POLICIES
@@ -48,6 +48,17 @@ def formula(policy, base_lr, gamma, power, stepsize, stepvalue, max_iter, it):
        power=st.floats(0.1, 3.0), stepsize=st.integers(1, 50),
        stepvalue=st.lists(st.integers(1, 200), min_size=0, max_size=4, unique=True).map(sorted),
        max_iter=st.integers(201, 500), dtype=st.sampled_from([np.float32, np.float64]))
+# every policy at least once under the derandomized CI profile (each over iterations 0..200)
+@example(policy="fixed", base_lr=0.1, gamma=0.5, power=1.0, stepsize=10, stepvalue=[], max_iter=300, dtype=np.float32)
+@example(policy="step", base_lr=0.1, gamma=0.5, power=1.0, stepsize=7, stepvalue=[], max_iter=300, dtype=np.float32)
+@example(policy="exp", base_lr=0.1, gamma=0.97, power=1.0, stepsize=1, stepvalue=[], max_iter=300, dtype=np.float64)
+@example(policy="inv", base_lr=0.01, gamma=0.1, power=0.75, stepsize=1, stepvalue=[], max_iter=300,
+         dtype=np.float32)
+@example(policy="multistep", base_lr=0.1, gamma=0.3, power=1.0, stepsize=1, stepvalue=[3, 50, 51], max_iter=300,
+         dtype=np.float64)
+@example(policy="poly", base_lr=0.1, gamma=0.5, power=2.0, stepsize=1, stepvalue=[], max_iter=201, dtype=np.float32)
+@example(policy="sigmoid", base_lr=0.1, gamma=0.5, power=1.0, stepsize=40, stepvalue=[], max_iter=300,
+         dtype=np.float64)
 def test_policies_match_their_formulas(policy, base_lr, gamma, power, stepsize, stepvalue, max_iter, dtype):
     if policy == "sigmoid":
         gamma = gamma / 10  # keep the curve inside the iteration range
@@ -60,6 +71,9 @@ def test_policies_match_their_formulas(policy, base_lr, gamma, power, stepsize, 
         assert isinstance(rate, dtype)
         want = formula(policy, base_lr, gamma, power, stepsize, stepvalue, max_iter, it)
         tol = 2e-6 if dtype is np.float32 else 1e-12
+        if policy == "poly" and dtype is np.float32:
+            # Caffe's 1 - iter / max_iter in float: near max_iter its rounding error grows relative to it
+            tol += 4 * power * float(np.finfo(np.float32).eps) / (1 - it / max_iter)
         assert math.isclose(float(rate), want, rel_tol=tol, abs_tol=1e-30), (policy, it, float(rate), want)
 
 
@@ -98,3 +112,27 @@ def test_multistep_advances_one_step_per_call_as_caffe():
 def test_bad_policies_name_the_problem(fields, match):
     with pytest.raises(SolverError, match=match):
         learning_rate(make_param(**fields), 1, 0)
+
+
+@pytest.mark.parametrize("fields", [
+    dict(lr_policy="exp", gamma=0.0), dict(lr_policy="step", gamma=0.0, stepsize=1),
+    dict(lr_policy="inv", gamma=0.0, power=1.0), dict(lr_policy="multistep", gamma=0.0, stepvalue=[1]),
+    dict(lr_policy="poly", max_iter=1, power=1.0), dict(lr_policy="sigmoid", gamma=0.0, stepsize=1),
+])
+def test_boundary_values_are_accepted(fields):
+    # gamma 0, stepsize 1 and max_iter 1 are the smallest values Caffe's formulas take
+    p = make_param(base_lr=0.5, **fields)
+    rate, _ = learning_rate(p, 0, 0)
+    want = formula(fields["lr_policy"], 0.5, fields.get("gamma", 0.0), fields.get("power", 1.0),
+                   fields.get("stepsize", 1), fields.get("stepvalue", []), fields.get("max_iter", 1), 0)
+    assert float(rate) == pytest.approx(want, rel=1e-6)
+
+
+def test_multistep_status_is_logged_by_the_solver_only(caplog):
+    import logging
+    p = make_param(lr_policy="multistep", base_lr=0.1, gamma=0.1, stepvalue=[2])
+    with caplog.at_level(logging.INFO, logger="caffe"):
+        assert learning_rate(p, 2, 0)[1] == 1  # a plain query logs nothing
+        assert not caplog.records
+        learning_rate(p, 2, 0, log_steps=True)  # the solver's GetLearningRate
+    assert [r.getMessage() for r in caplog.records] == ["MultiStep Status: Iteration 2, step = 1"]

@@ -60,3 +60,33 @@ def test_parse_error_names_file_and_line(tmp_path):
     path = write(tmp_path / "bad.prototxt", 'net: "x"\nbase_lrr: 0.1\n')
     with pytest.raises(SolverError, match=r"bad.prototxt.*2:1"):
         read_solver_params(path)
+
+
+def test_upgrade_errors_name_the_file_or_the_message(tmp_path):
+    path = write(tmp_path / "both.prototxt", 'solver_type: ADAM type: "Adam"')
+    with pytest.raises(SolverError, match=rf"^{path}: failed to upgrade solver"):
+        read_solver_params(path)
+    with pytest.raises(SolverError, match=r"^<SolverParameter>: failed to upgrade solver"):
+        upgrade_solver_as_needed(caffe_pb2.SolverParameter(solver_type=caffe_pb2.SolverParameter.ADAM, type="Adam"))
+
+
+def test_an_empty_snapshot_prefix_also_defaults_to_the_solver_file_name(tmp_path):
+    p = read_solver_params(write(tmp_path / "lenet_solver.prototxt", 'net: "x" snapshot_prefix: ""'))
+    assert p.snapshot_prefix == str(tmp_path / "lenet_solver")
+
+
+def test_registry_refuses_a_second_class_for_a_type_and_creates_registered_ones():
+    from caffe.solver import registry
+    from caffe.solver.sgd_solver import SGDSolver
+    assert registry.register_solver("SGD")(SGDSolver) is SGDSolver  # the same class again: fine
+
+    class Other(SGDSolver):
+        pass
+    with pytest.raises(SolverError, match=r"^Solver type SGD already registered\.$"):
+        registry.register_solver("SGD")(Other)
+    assert registry.solver_class("SGD") is SGDSolver
+    try:
+        registry.register_solver("MySGD")(Other)
+        assert registry.solver_class("MySGD") is Other and "MySGD" in registry.solver_type_list()
+    finally:
+        registry._REGISTRY.pop("MySGD", None)

@@ -49,6 +49,7 @@ def test_signals_map_to_actions_and_previous_handlers_come_back():
             os.kill(os.getpid(), signal.SIGHUP)
             assert action() is SolverAction.SNAPSHOT
             assert action() is SolverAction.STOP
+            assert action() is SolverAction.NONE  # a SIGINT is answered once too
         assert signal.getsignal(signal.SIGINT) is mine_int
         assert signal.getsignal(signal.SIGHUP) is mine_hup
         assert seen == []

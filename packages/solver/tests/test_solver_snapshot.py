@@ -224,3 +224,146 @@ def test_atomic_path_keeps_the_old_file_on_failure(tmp_path):
             f.write(b"new")
     assert target.read_bytes() == b"new"
     assert os.listdir(tmp_path) == ["x.solverstate"]
+
+
+def test_legacy_4d_history_shapes_restore_and_train_on(tmp_path):
+    # states of old Caffe versions store each history blob as num/channels/height/width
+    needs_layers()
+    s = make(tmp_path, "SGD")
+    Feeder(random_batches(0, 2, NUM, DIM)).attach(s.net)
+    s.step(2)
+    state = caffe_pb2.SolverState(iter=2, current_step=0)
+    for h in s.history:
+        legacy = state.history.add()
+        dims = (1,) * (4 - len(h.shape)) + tuple(h.shape)
+        legacy.num, legacy.channels, legacy.height, legacy.width = dims
+        legacy.data.extend(h.data.ravel().tolist())
+    path = tmp_path / "legacy.solverstate"
+    path.write_bytes(state.SerializeToString())
+    other = make(tmp_path, "SGD", seed=9)
+    other.restore(str(path))
+    for a, b in zip(other.history, s.history):
+        assert a.shape == b.shape
+        np.testing.assert_array_equal(a.data, b.data)
+    Feeder(random_batches(0, 2, NUM, DIM)).attach(other.net)
+    other.step(1)  # the restored history has the parameters' shapes: the update runs
+    # a history blob of another shape is refused, naming the parameter
+    bad = caffe_pb2.SolverState(iter=2)
+    for i, h in enumerate(s.history):
+        b = bad.history.add()
+        b.num, b.channels, b.height, b.width = (1, 2, 1, h.count()) if i == 0 else (1, 1, 1, h.count())
+        b.data.extend([0.0] * ((2 if i == 0 else 1) * h.count()))
+    path.write_bytes(bad.SerializeToString())
+    with pytest.raises(SolverError, match=r"history blob 0 has shape \(1, 2, 1, 3\) but learnable param 0 "
+                                          r"\(layer 'ip' param 0\) has shape \(1, 3\)"):
+        make(tmp_path, "SGD").restore(str(path))
+
+
+def test_a_state_of_another_solver_type_is_refused_with_the_counts(tmp_path):
+    needs_layers()
+    s = make(tmp_path, "SGD", snapshot=1)
+    Feeder(random_batches(0, 2, NUM, DIM)).attach(s.net)
+    s.step(1)
+    with pytest.raises(SolverError, match=r"the file holds 2, this Adam solver needs 4 \(2 per learnable parameter "
+                                          r"x 2 learnable parameters of net 'least_squares'\)"):
+        make(tmp_path, "Adam").restore(str(tmp_path / "ls_iter_1.solverstate"))
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_a_moved_snapshot_pair_restores_from_its_new_place(tmp_path, monkeypatch, fmt):
+    # learned_net is relative to the current directory (as the prefix was); moved, it is found beside the state
+    needs_layers()
+    monkeypatch.chdir(tmp_path)
+    context.set_random_seed(1)
+    p = solver_param(least_squares_net(NUM, DIM), type="SGD", base_lr=0.05, lr_policy="fixed", momentum=0.9,
+                     display=0, snapshot_prefix="a/ls", snapshot_format=FORMATS[fmt], snapshot_after_train=False)
+    (tmp_path / "a").mkdir()
+    s = Solver(p)
+    Feeder(random_batches(0, 2, NUM, DIM)).attach(s.net)
+    s.step(2)
+    s.snapshot()
+    ext = ".h5" if fmt == "hdf5" else ""
+    # a relative learned_net that exists is used as it is, even when the state's folder has a file of that name
+    (tmp_path / "b").mkdir()
+    os.replace(f"a/ls_iter_2.solverstate{ext}", f"b/ls_iter_2.solverstate{ext}")
+    other = make(tmp_path, "SGD", fmt, seed=7)
+    other.net.save(f"b/ls_iter_2.caffemodel{ext}") if fmt == "binary" else other.net.ToHDF5(f"b/ls_iter_2.caffemodel{ext}")
+    resumed = make(tmp_path, "SGD", fmt, seed=5)
+    resumed.restore(f"b/ls_iter_2.solverstate{ext}")
+    for a, b in zip(resumed.net.learnable_params, s.net.learnable_params):
+        np.testing.assert_array_equal(a.data, b.data)
+    # moved: the caffemodel is found next to the state
+    os.replace(f"a/ls_iter_2.caffemodel{ext}", f"b/ls_iter_2.caffemodel{ext}")
+    resumed = make(tmp_path, "SGD", fmt, seed=5)
+    resumed.restore(f"b/ls_iter_2.solverstate{ext}")
+    for a, b in zip(resumed.net.learnable_params, s.net.learnable_params):
+        np.testing.assert_array_equal(a.data, b.data)
+    os.remove(f"b/ls_iter_2.caffemodel{ext}")
+    with pytest.raises(SolverError, match=r"names learned_net 'a/ls_iter_2.caffemodel.*which was not found "
+                                          r"\(relative to .* or next to the state file\)"):
+        make(tmp_path, "SGD", fmt).restore(f"b/ls_iter_2.solverstate{ext}")
+
+
+def test_binary_state_keeps_no_diffs_and_an_empty_learned_net_is_skipped(tmp_path):
+    needs_layers()
+    s = make(tmp_path, "SGD")
+    Feeder(random_batches(0, 2, NUM, DIM)).attach(s.net)
+    s.step(1)
+    s.snapshot()
+    state = caffe_pb2.SolverState()
+    state.ParseFromString((tmp_path / "ls_iter_1.solverstate").read_bytes())
+    assert all(len(h.diff) == 0 for h in state.history)
+    state.learned_net = ""  # present but empty: nothing to load (the weights stay)
+    (tmp_path / "empty.solverstate").write_bytes(state.SerializeToString())
+    other = make(tmp_path, "SGD", seed=9)
+    before = [b.data.copy() for b in other.net.learnable_params]
+    other.restore(str(tmp_path / "empty.solverstate"))
+    assert other.iter == 1
+    for a, b in zip(before, other.net.learnable_params):
+        np.testing.assert_array_equal(a, b.data)
+
+
+def test_hdf5_snapshot_diff_and_learned_net_string(tmp_path):
+    needs_layers()
+    h5py = pytest.importorskip("h5py")
+    s = make(tmp_path, "SGD", "hdf5", snapshot_diff=True)
+    Feeder(random_batches(0, 2, NUM, DIM)).attach(s.net)
+    s.step(1)
+    s.net.ClearParamDiffs()
+    s.net.ForwardBackward()
+    s.snapshot()
+    with h5py.File(tmp_path / "ls_iter_1.caffemodel.h5", "r") as f:
+        np.testing.assert_array_equal(f["diff/ip/0"][()], s.net.params["ip"][0].diff)
+    with h5py.File(tmp_path / "ls_iter_1.solverstate.h5", "r") as f:
+        name = str(tmp_path / "ls_iter_1.caffemodel.h5").encode()
+        assert f["learned_net"].id.get_type().get_size() == len(name) + 1  # H5LT: the string and its NUL
+        assert f["learned_net"][()] == name
+    s = make(tmp_path, "SGD", "hdf5", snapshot_prefix=str(tmp_path / "nodiff"))
+    s.snapshot()
+    with h5py.File(tmp_path / "nodiff_iter_0.caffemodel.h5", "r") as f:
+        assert "diff" not in f
+
+
+def test_hdf5_state_fields_as_attributes_and_a_missing_current_step(tmp_path):
+    # what other writers produce: scalars as attributes, no current_step (then 0)
+    needs_layers()
+    h5py = pytest.importorskip("h5py")
+    s = make(tmp_path, "SGD", "hdf5")
+    s.snapshot()
+    path = tmp_path / "attrs.solverstate.h5"
+    with h5py.File(path, "w") as f:
+        f.attrs["iter"] = np.array([5], np.int32)
+        f.attrs["learned_net"] = np.array([str(tmp_path / "ls_iter_0.caffemodel.h5").encode()])
+        g = f.create_group("history")
+        for i, b in enumerate(s.net.learnable_params):
+            g[str(i)] = np.full(b.shape, 3, np.float32)
+    other = make(tmp_path, "SGD", "hdf5", seed=9)
+    other.current_step = 4
+    other.restore(str(path))
+    assert other.iter == 5 and other.current_step == 0
+    for a, b in zip(other.net.learnable_params, s.net.learnable_params):
+        np.testing.assert_array_equal(a.data, b.data)
+    with h5py.File(path, "a") as f:
+        f.attrs["current_step"] = np.array([2], np.int32)
+    other.restore(str(path))
+    assert other.current_step == 2

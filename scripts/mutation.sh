@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Mutation testing of one package, or of some of its modules, with mutmut 3: every small change mutmut
+# makes to the code (a < for a <=, a 0 for a 1, a dropped call, ...) should make some test fail; the
+# mutants that survive point at behaviour no test checks. Not part of CI (slow); see docs/MUTATION.md.
+#
+#   bash scripts/mutation.sh PACKAGE [MODULE ...]
+#
+#   PACKAGE  a folder under packages/: blob, layers, net, solver, parallel, cli
+#   MODULE   modules to mutate, as paths under packages/PACKAGE/src (globs allowed), e.g.
+#            caffe/layers/crop.py 'caffe/solver/*_solver.py'; default: every module of the package
+#
+# Environment:
+#   MUTATION_TESTS   test files or folders (relative to packages/PACKAGE) run against the mutants; default:
+#                    tests (the whole package suite). mutmut first records which tests reach which function,
+#                    then runs only those for each mutant.
+#   MUTATION_JOBS    mutants tested at once (default: the number of CPUs)
+#   MUTATION_DIR     work folder (default: .mutation/PACKAGE, git-ignored); starts afresh unless
+#                    MUTATION_RESUME=1 (then an interrupted run continues where it stopped)
+#   MUTATION_RETEST=1  run only the previous run's survivors again, against the package's current tests
+#                    (after adding tests that should kill them); the MODULE arguments are then ignored
+#
+# The tests run as CI runs them (CI=true: the derandomized hypothesis profile) with pytest's importlib
+# import mode, from a copy of the package's src and tests in the work folder, where mutmut puts the
+# mutated modules ahead of the editable install on sys.path. Test helpers (testing.py, strategies.py) are
+# not mutated. Prints the score and every survivor's diff; the same goes to MUTATION_DIR/report.txt.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+[ $# -ge 1 ] || { sed -n '2,25p' "$0"; exit 2; }
+pkg=$1
+shift
+src="packages/$pkg/src"
+[ -d "$src" ] || { echo "mutation.sh: no package '$pkg' (expected $src)" >&2; exit 2; }
+for m in "$@"; do
+    compgen -G "$src/$m" > /dev/null || { echo "mutation.sh: no module '$m' under $src" >&2; exit 2; }
+done
+tests=${MUTATION_TESTS:-tests}
+jobs=${MUTATION_JOBS:-$(nproc)}
+work=${MUTATION_DIR:-$repo/.mutation/$pkg}
+
+[ -x .venv/bin/python ] || bash scripts/install.sh
+py=$repo/.venv/bin/python
+"$py" -c "import mutmut" 2>/dev/null || "$py" -m pip install -q "mutmut>=3.8,<4"
+
+retest=()
+if [ "${MUTATION_RETEST:-0}" = 1 ]; then
+    # after adding tests: run the previous run's survivors again, against the package's current tests
+    [ -d "$work/mutants" ] || { echo "mutation.sh: no previous run in $work to retest" >&2; exit 2; }
+    mapfile -t retest < <(cd "$work" && "$repo/.venv/bin/mutmut" results 2>/dev/null |
+                          sed -n 's/^ *\([^ :]*\): \(survived\|no tests\)$/\1/p')
+    echo "mutation.sh: retesting ${#retest[@]} survivors of the previous run"
+    rm -rf "$work/tests" "$work/mutants/tests"
+    cp -a "packages/$pkg/tests" "$work/tests"
+else
+    if [ "${MUTATION_RESUME:-0}" != 1 ]; then
+        rm -rf "$work"
+    fi
+    mkdir -p "$work"
+    # the package's sources (with its compiled kernels) and tests; mtimes kept, so a resumed run sees what changed
+    rm -rf "$work/src" "$work/tests"
+    cp -a "$src" "$work/src"
+    cp -a "packages/$pkg/tests" "$work/tests"
+fi
+find "$work/src" "$work/tests" \( -name __pycache__ -o -name .hypothesis \) -prune -exec rm -rf {} +
+
+"$py" - "$work" "$tests" "$@" <<'PY'
+import json, sys
+work, tests, modules = sys.argv[1], sys.argv[2].split(), sys.argv[3:]
+only = [f"src/{m}" for m in modules]
+lines = [
+    "[tool.mutmut]",
+    'source_paths = ["src"]',
+    f"only_mutate = {json.dumps(only)}",
+    'do_not_mutate = ["*/testing.py", "*/strategies.py"]',
+    # as the repository's pytest.ini: importlib import mode (test files share names across packages)
+    'pytest_add_cli_args = ["--import-mode=importlib", "-p", "no:cacheprovider", "-W", "ignore::DeprecationWarning"]',
+    f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
+    # the machine is shared: a slow clean run must not turn into timeouts
+    "timeout_multiplier = 15.0",
+    "timeout_constant = 10.0",
+]
+open(f"{work}/pyproject.toml", "w").write("\n".join(lines) + "\n")
+PY
+
+cd "$work"
+echo "mutation.sh: mutating packages/$pkg/src/${*:-*} against $tests (jobs: $jobs, work folder: $work)"
+start=$(date +%s)
+CI=true OMP_NUM_THREADS=1 "$repo/.venv/bin/mutmut" run --max-children "$jobs" "${retest[@]}" > run.log 2>&1 || {
+    tail -40 run.log >&2
+    echo "mutation.sh: mutmut run failed (log: $work/run.log)" >&2
+    exit 1
+}
+"$repo/.venv/bin/mutmut" export-cicd-stats > /dev/null
+"$py" "$repo/scripts/mutation_report.py" "$pkg" "$(( $(date +%s) - start ))" "$repo/.venv/bin/mutmut" | tee report.txt
