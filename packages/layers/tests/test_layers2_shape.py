@@ -81,6 +81,9 @@ def test_reshape_shape_gradient_and_sharing(case):
 def test_reshape_examples_from_caffe():
     x = np.zeros((2, 3, 4, 5))
     cases = {"shape { dim: 0 dim: -1 }": (2, 60),
+             # copied (0) dims after a non-zero axis copy the axes they stand for
+             "shape { dim: 0 dim: 0 dim: -1 } axis: 1": (2, 3, 4, 5),
+             "shape { dim: 0 dim: 2 dim: 0 dim: -1 } axis: 1 num_axes: 3": (2, 3, 2, 5, 2),
              "shape { dim: 0 dim: 2 dim: 3 dim: -1 }": (2, 2, 3, 10),
              "shape { dim: 6 } axis: 0 num_axes: 2": (6, 4, 5),
              "shape { dim: 1 } axis: -1 num_axes: 0": (2, 3, 4, 5, 1),
@@ -102,6 +105,16 @@ def test_reshape_errors():
         run_forward(make_layer("Reshape", "reshape_param { shape { dim: 0 dim: 0 dim: 0 dim: 0 } }"), x)
     with pytest.raises(LayerError, match=r"reshape_param.axis 4 is out of range"):
         run_forward(make_layer("Reshape", "reshape_param { shape { dim: 1 } axis: 4 }"), x)
+    with pytest.raises(LayerError, match=r"reshape_param.shape \[-2, 12\] has invalid dimension\(s\) \[-2\]"):
+        run_forward(make_layer("Reshape", "reshape_param { shape { dim: -2 dim: 12 } }"), x)
+    with pytest.raises(LayerError, match=r"reshape_param.num_axes must be >= -1, got -2"):
+        run_forward(make_layer("Reshape", "reshape_param { shape { dim: 1 } num_axes: -2 }"), x)
+    with pytest.raises(LayerError, match=r"flatten_param.axis 3 is out of range"):
+        run_forward(make_layer("Flatten", "flatten_param { axis: 3 }"), x)
+    with pytest.raises(LayerError, match=r"flatten_param.end_axis -4 is out of range"):
+        run_forward(make_layer("Flatten", "flatten_param { end_axis: -4 }"), x)
+    with pytest.raises(LayerError, match=r"Number of tiles must be positive, got tile_param.tiles 0"):
+        run_forward(make_layer("Tile", "tile_param { tiles: 0 }"), x)
     b = Blob((2, 3), dtype=np.float64)
     with pytest.raises(LayerError, match="in-place"):
         make_layer("Flatten").SetUp([b], [b])
@@ -286,3 +299,22 @@ def test_parameter_exposes_its_blob(shape):
     reloaded = create_layer(layer.to_proto())
     _, top2 = run_forward(reloaded, [], n_top=1)
     np.testing.assert_array_equal(top2[0].data, 7)
+
+
+@pytest.mark.parametrize("type_, text, shape, match", [
+    ("Reduction", "reduction_param { axis: 3 }", (2, 3), r"reduction_param.axis 3 is out of range for bottom\[0\] "
+                                                         r"with shape \(2, 3\)"),
+    ("Tile", "tile_param { axis: 2 tiles: 2 }", (2, 3), r"tile_param.axis 2 is out of range for bottom\[0\] with "
+                                                        r"shape \(2, 3\)"),
+    ("Tile", "tile_param { axis: 1 }", (2, 3), r"Number of tiles must be specified \(tile_param.tiles\)"),
+    ("Reshape", "reshape_param { shape { dim: 6 } axis: 1 num_axes: 2 }", (2, 3),
+     r"reshape_param.axis 1 \+ num_axes 2 exceed the 2 axes of bottom\[0\] with shape \(2, 3\)"),
+    ("Flatten", "flatten_param { axis: 1 end_axis: 0 }", (2, 3),
+     r"flatten_param.axis \(1 -> 1\) must not come after end_axis \(0 -> 0\)"),
+    ("ArgMax", "argmax_param { top_k: 0 }", (2, 3), r"argmax_param.top_k must not be less than 1, got 0"),
+    ("ArgMax", "argmax_param { axis: 2 }", (2, 3), r"argmax_param.axis 2 is out of range for bottom\[0\] with "
+                                                   r"shape \(2, 3\)"),
+])
+def test_bad_parameters_are_named(type_, text, shape, match):
+    with pytest.raises(LayerError, match=match):
+        run_forward(make_layer(type_, text), [np.zeros(shape)])

@@ -108,12 +108,28 @@ def test_accuracy_has_no_loss_and_no_backward():
         layer.Backward(top, [True, False], bottom)
 
 
+def test_accuracy_labels_need_only_the_right_count():
+    # Caffe reads the labels as outer x inner values whatever their shape: a flat label blob works
+    rng = np.random.default_rng(4)
+    x = rng.uniform(size=(2, 3, 2))
+    labels = rng.integers(0, 3, size=4).astype(float)
+    _, top = run_forward(make_layer("Accuracy", "accuracy_param { axis: 1 }"), [x, labels], n_top=2)
+    acc, per = accuracy_reference(x, labels.reshape(2, 2), 1, 1, None)
+    np.testing.assert_allclose(top[0].data, acc)
+    np.testing.assert_allclose(top[1].data, per)
+
+
 def test_accuracy_bad_input():
     with pytest.raises(LayerError, match=r"'acc' \(Accuracy\): accuracy_param.top_k \(3\) must be less than or equal "
                                          r"to the number of classes \(2\)"):
         run_forward(make_layer("Accuracy", "accuracy_param { top_k: 3 }", name="acc"), [np.eye(2), np.zeros(2)])
-    with pytest.raises(LayerError, match="number of labels must match"):
+    with pytest.raises(LayerError, match=r"number of labels must match number of predictions: bottom\[0\] "
+                                         r"\(2, 3, 2\) with axis 1 needs 4 labels, but bottom\[1\] \(2,\) holds 2"):
         run_forward(make_layer("Accuracy"), [np.zeros((2, 3, 2)), np.zeros(2)])
+    with pytest.raises(LayerError, match=r"accuracy_param.top_k must be >= 1, got 0"):
+        run_forward(make_layer("Accuracy", "accuracy_param { top_k: 0 }"), [np.eye(2), np.zeros(2)])
+    with pytest.raises(LayerError, match=r"number of classes \(6\)"):
+        run_forward(make_layer("Accuracy"), [np.zeros((2, 3)), np.zeros(0)])
     with pytest.raises(LayerError, match=r"label value 2 is out of range.*\[0, 2\)"):
         run_forward(make_layer("Accuracy"), [np.eye(2), np.array([0.0, 2.0])])
     with pytest.raises(LayerError, match="accuracy_param.axis = 2 is out of range"):
