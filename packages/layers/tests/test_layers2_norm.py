@@ -271,3 +271,18 @@ def test_scale_bias_shape_errors():
         run_forward(make_layer("Bias", "bias_param { axis: 1 num_axes: 3 }"), [np.ones((2, 3, 2))])
     with pytest.raises(LayerError, match=r"scale_param.axis 5 is out of range.*\(2, 3\)"):
         run_forward(make_layer("Scale", "scale_param { axis: 5 }"), [np.ones((2, 3))])
+
+
+@pytest.mark.parametrize("across", [False, True])
+def test_mvn_on_1d_and_2d_bottoms(across):
+    # rows are (num, channels) unless across_channels; a 1-d bottom has one channel
+    x = np.array([[1.0, 3.0, 5.0], [2.0, 2.0, 8.0]])
+    text = f"mvn_param {{ across_channels: {str(across).lower()} normalize_variance: false }}"
+    _, top = run_forward(make_layer("MVN", text), [x])
+    want = x - x.mean(axis=1, keepdims=True) if across else np.zeros_like(x)  # (n, c) rows hold one value
+    np.testing.assert_allclose(top[0].data, want)
+    _, top = run_forward(make_layer("MVN", text), [np.array([1.0, 4.0])])
+    np.testing.assert_allclose(top[0].data, [0.0, 0.0])
+
+    with pytest.raises(LayerError, match=r"bottom\[0\] must have at least one axis, got shape \(\)"):
+        run_forward(make_layer("MVN", text), [np.array(1.0)])

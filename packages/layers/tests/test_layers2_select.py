@@ -207,6 +207,8 @@ def test_reduction_gradient(shape, seed, op, coeff, axis):
 
 # -- Embed ------------------------------------------------------------------------------------------------
 @given(shape=shapes(1, 3, 1, 3), seed=seeds(), k=st.integers(1, 5), n=st.integers(1, 4), bias=st.booleans())
+@example(shape=(2, 3), seed=1, k=4, n=3, bias=True)
+@example(shape=(3,), seed=2, k=2, n=2, bias=False)
 def test_embed_gradient(shape, seed, k, n, bias):
     idx = np.random.default_rng(seed).integers(0, k, size=shape).astype(float)
     text = (f"embed_param {{ num_output: {n} input_dim: {k} bias_term: {str(bias).lower()} "
@@ -231,3 +233,22 @@ def test_embed_errors():
     bottom, top = run_forward(layer, [np.array([1.0])])
     with pytest.raises(LayerError, match="Can't backpropagate to EmbedLayer input"):
         layer.Backward(top, [True], bottom)
+
+
+def test_embed_checks_stored_blobs_dims_and_dtypes():
+    text = "embed_param { num_output: 2 input_dim: 3 bias_term: true }"
+    with pytest.raises(LayerError, match=r"embed_param.input_dim must be positive"):
+        run_forward(make_layer("Embed", "embed_param { num_output: 2 input_dim: 0 }"), [np.array([0.0])])
+    layer = make_layer("Embed", text)
+    run_forward(layer, [np.array([0.0, 2.0])])
+    from caffe.layers import create_layer
+    proto = layer.to_proto()
+    proto.embed_param.input_dim = 4  # the stored weights are 3 x 2
+    with pytest.raises(LayerError, match=r"stored blobs have shapes \[\(3, 2\), \(2,\)\], expected "
+                                         r"\[\(4, 2\), \(2,\)\]"):
+        run_forward(create_layer(proto), [np.array([0.0])])
+    assert not layer.allow_force_backward(0)  # the indices get no gradient, even forced
+    for dtype in (np.float32, np.float64):  # parameters follow the bottom's dtype
+        layer = make_layer("Embed", text)
+        run_forward(layer, [np.array([1.0])], dtype=dtype)
+        assert [b.dtype for b in layer.blobs] == [dtype, dtype]

@@ -318,3 +318,28 @@ def test_parameter_exposes_its_blob(shape):
 def test_bad_parameters_are_named(type_, text, shape, match):
     with pytest.raises(LayerError, match=match):
         run_forward(make_layer(type_, text), [np.zeros(shape)])
+
+
+def test_parameter_and_input_boundaries():
+    # a zero-sized parameter is allowed (Caffe checks dims >= 0); a new parameter starts at 0 and learns
+    layer = make_layer("Parameter", "parameter_param { shape { dim: 0 dim: 3 } }")
+    _, top = run_forward(layer, [], n_top=1)
+    assert top[0].shape == (0, 3)
+    for dtype in (np.float32, np.float64):
+        layer = make_layer("Parameter", "parameter_param { shape { dim: 2 } }")
+        _, top = run_forward(layer, [], n_top=1, dtype=dtype)
+        assert layer.blobs[0].dtype == dtype and layer.param_propagate_down(0)
+        np.testing.assert_array_equal(layer.blobs[0].data, 0)
+    with pytest.raises(LayerError, match=r"parameter_param.shape \[2, -1\] has a negative dimension"):
+        run_forward(make_layer("Parameter", "parameter_param { shape { dim: 2 dim: -1 } }"), [], n_top=1)
+    from caffe.layers import create_layer
+    proto = make_layer("Parameter", "parameter_param { shape { dim: 2 } }").to_proto()
+    run_layer = create_layer(proto)
+    run_forward(run_layer, [], n_top=1)
+    proto = run_layer.to_proto()
+    proto.parameter_param.shape.dim[0] = 3  # the stored blob holds 2 values
+    with pytest.raises(LayerError, match=r"stored blob shape \(2,\) does not match parameter_param.shape \[3\]"):
+        run_forward(create_layer(proto), [], n_top=1)
+    # an Input layer without shapes leaves its tops to be shaped later (Caffe allows 0, 1 or one per top)
+    _, top = run_forward(make_layer("Input"), [], n_top=2)
+    assert len(top) == 2

@@ -9,6 +9,8 @@ from caffe.layers.filler import FillerError, filler_param
 
 def filled(shape, kind, seed=1701, **fields):
     b = Blob(*shape, dtype=np.float64)
+    if not shape:
+        b.reshape([])  # a scalar blob
     context.set_random_seed(seed)
     filler.fill(b, filler_param(kind, **fields))
     return b.data.copy()
@@ -123,3 +125,59 @@ def test_float32_blob():
     context.set_random_seed(3)
     filler.fill(b, filler_param("gaussian", std=2.0))
     assert b.data.dtype == np.float32 and np.isfinite(b.data).all() and b.data.std() > 0
+
+
+@pytest.mark.parametrize("norm, n", [("FAN_IN", 50), ("FAN_OUT", 40), ("AVERAGE", 45)])
+def test_xavier_and_msra_on_inner_product_weights(norm, n):
+    # a 2-d blob (num_output x input): fan_in = 50, fan_out = 40, as Caffe's count / shape[0] and / shape[1]
+    from caffe.proto import caffe_pb2
+    vn = getattr(caffe_pb2.FillerParameter, norm)
+    x = filled((40, 50), "xavier", variance_norm=vn)
+    bound = np.sqrt(3.0 / n)
+    assert np.abs(x).max() <= bound and np.abs(x).max() > 0.95 * bound
+    x = filled((400, 500), "msra", variance_norm=vn)  # fan_in 500, fan_out 400
+    assert abs(x.var() / (2.0 / (10 * n)) - 1) < 0.03
+
+
+def test_fan_based_fillers_take_any_first_axis_but_not_a_scalar():
+    assert np.isfinite(filled((1, 5), "xavier")).all()
+    with pytest.raises(FillerError, match=r"cannot compute fan-in/fan-out for a blob of shape \(\)"):
+        filled((), "msra")
+
+
+def test_a_blob_bigger_than_one_draw_chunk_fills_completely_and_alike_in_any_dtype():
+    n = filler._CHUNK + 7
+    a = filled((n,), "gaussian", seed=5, std=1.0)
+    b = Blob(n)  # float32
+    context.set_random_seed(5)
+    filler.fill(b, filler_param("gaussian", std=1.0))
+    np.testing.assert_array_equal(b.data, a.astype(np.float32))
+    assert a[-7:].std() > 0 and len(np.unique(a[filler._CHUNK - 3:])) == 10  # the tail is drawn, not repeated
+
+
+def test_uniform_bounds():
+    np.testing.assert_array_equal(filled((5,), "uniform", min=0.5, max=0.5), 0.5)  # min == max: a constant
+    with pytest.raises(FillerError, match=r"uniform filler: min \(1(\.0)?\) must not exceed max \(0(\.0)?\)"):
+        filled((5,), "uniform", min=1.0, max=0.0)
+    # the check is the uniform filler's: others do not read min and max
+    np.testing.assert_array_equal(filled((3,), "constant", min=1.0, max=0.0, value=2.0), 2.0)
+
+
+def test_sparse_gaussian_and_positive_unitball_on_small_blobs():
+    x = filled((1000,), "gaussian", sparse=500)  # 1-d: 1000 outputs, each kept with probability 500 / 1000
+    assert 400 < np.count_nonzero(x) < 600
+    np.testing.assert_allclose(filled((), "positive_unitball"), 1.0)  # a scalar: the one value is the sum
+
+
+def test_filler_param_defaults_and_bilinear_message():
+    assert filler_param().type == "constant"
+    with pytest.raises(FillerError, match=r"square kernels, got 3x4"):
+        filled((1, 1, 3, 4), "bilinear")
+
+
+def test_filler_errors_say_what_is_wrong():
+    with pytest.raises(FillerError, match=r"filler 'uniform': sparsity \(sparse=2\) is only supported by the "
+                                          r"gaussian filler"):
+        filled((3,), "uniform", sparse=2)
+    with pytest.raises(FillerError, match=r"sparse gaussian filler needs a blob with at least one axis"):
+        filled((), "gaussian", sparse=1)

@@ -127,3 +127,55 @@ def test_stochastic_spp_train_picks_window_values():
 def test_bad_parameters_name_the_layer_and_field(text, shape, match):
     with pytest.raises(LayerError, match=r"Layer 'spp' \(SPP\): .*" + match):
         run_forward(make_layer("SPP", text, name="spp"), [np.ones(shape)])
+
+
+def _windows(x, level):
+    """(N, C, PH, PW, k*k) windows of a level without padding (STOCHASTIC needs none), row-major inside."""
+    N, C, H, W = x.shape
+    bins = 2 ** level
+    kh, kw = math.ceil(H / bins), math.ceil(W / bins)
+    PH, PW = H // kh, W // kw
+    return x[:, :, :PH * kh, :PW * kw].reshape(N, C, PH, kh, PW, kw).transpose(0, 1, 2, 4, 3, 5).reshape(
+        N, C, PH, PW, kh * kw)
+
+
+def test_stochastic_spp_follows_caffes_sampling_and_test_time_average():
+    x = np.random.default_rng(1).uniform(0.1, 1, size=(2, 2, 4, 4))
+    context.set_random_seed(3)
+    _, top = run_forward(make_layer("SPP", "spp_param { pyramid_height: 3 pool: STOCHASTIC }", phase=0), [x])
+    # TRAIN: per level, one uniform u per window; the first element whose running sum reaches u * sum
+    context.set_random_seed(3)
+    want = []
+    for level in range(3):
+        win = _windows(x, level)
+        u = context.rng().random(win.shape[:4])
+        cums = np.cumsum(win, axis=-1)
+        first = np.argmax(cums >= (u * cums[..., -1])[..., None], axis=-1)
+        want.append(np.take_along_axis(win, first[..., None], axis=-1)[..., 0].reshape(2, -1))
+    np.testing.assert_allclose(top[0].data, np.concatenate(want, axis=1), rtol=1e-12)
+    # TEST: the activation-weighted average sum(x^2) / sum(x) of each window
+    _, top = run_forward(make_layer("SPP", "spp_param { pyramid_height: 2 pool: STOCHASTIC }", phase=1), [x])
+    want = [((w * w).sum(-1) / w.sum(-1)).reshape(2, -1) for w in (_windows(x, 0), _windows(x, 1))]
+    np.testing.assert_allclose(top[0].data, np.concatenate(want, axis=1), rtol=1e-12)
+
+
+@pytest.mark.parametrize("method", ["MAX", "AVE"])
+def test_spp_on_a_non_square_input(method):
+    x = np.random.default_rng(5).normal(size=(2, 3, 7, 12))
+    _, top = run_forward(make_layer("SPP", f"spp_param {{ pyramid_height: 3 pool: {method} }}"), [x])
+    ref = ref_spp(x, 3, method)
+    assert top[0].shape == ref.shape
+    np.testing.assert_allclose(top[0].data, ref, rtol=1e-12)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 2, 8), (1, 1, 8, 2)])
+def test_spp_refuses_a_level_whose_pad_reaches_its_kernel_on_either_axis(shape):
+    # 2 pixels over 4 bins: kernel 1, pad (4 - 2 + 1) // 2 = 1 = kernel; Caffe's pooling needs pad < kernel
+    with pytest.raises(LayerError, match=r"pyramid level 2 \(4 bins\) needs pad \(\d, \d\) >= kernel"):
+        run_forward(make_layer("SPP", "spp_param { pyramid_height: 3 }"), [np.ones(shape)])
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 0, 3), (1, 1, 3, 0)])
+def test_spp_refuses_empty_inputs(shape):
+    with pytest.raises(LayerError, match=r"Input dimensions cannot be zero"):
+        run_forward(make_layer("SPP", "spp_param { pyramid_height: 1 }"), [np.ones(shape)])
