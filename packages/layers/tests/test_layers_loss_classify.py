@@ -1,7 +1,7 @@
 """MultinomialLogisticLoss, InfogainLoss and HingeLoss."""
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import example, given, strategies as st
 
 from caffe.blob.proto_io import array_to_blob_proto
 from caffe.layers import LayerError
@@ -89,6 +89,8 @@ def infogain_text(axis, mode, ignore=None, source=None):
 
 
 @given(problem=infogain_problems())
+@example(problem=(np.random.default_rng(3).uniform(-2, 2, (3, 3, 2)), np.array([[0.0, 2.0], [1.0, 0.0], [2.0, 2.0]]),
+                  np.random.default_rng(4).uniform(0, 1, (3, 3)), 1, "VALID", 0))  # ignored positions: no gradient
 def test_infogain_forward_and_gradient_with_h_as_bottom(problem):
     x, labels, h, axis, mode, ignore = problem
     text = infogain_text(axis, mode, ignore)
@@ -135,6 +137,11 @@ def test_infogain_bad_input(tmp_path):
     garbage.write_bytes(b"\xff\xff\xff\xff")
     with pytest.raises(LayerError, match="is not a valid BlobProto"):
         run_forward(make_layer("InfogainLoss", f"infogain_loss_param {{ source: '{garbage}' }}"), [x, labels])
+    small = tmp_path / "small.binaryproto"
+    small.write_bytes(array_to_blob_proto(np.eye(2, dtype=np.float32)).SerializeToString())
+    with pytest.raises(LayerError, match=r"infogain matrix \(infogain_param.source '.*small.binaryproto', shape "
+                                         r"\(2, 2\)\) must be 3 x 3"):
+        run_forward(make_layer("InfogainLoss", f"infogain_loss_param {{ source: '{small}' }}"), [x, labels])
     with pytest.raises(LayerError, match=r"infogain matrix \(bottom\[2\], shape \(2, 2\)\) must be 3 x 3"):
         run_forward(make_layer("InfogainLoss"), [x, labels, np.eye(2)])
     with pytest.raises(LayerError, match="label value 3 is out of range"):

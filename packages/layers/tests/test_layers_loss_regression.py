@@ -1,7 +1,7 @@
 """EuclideanLoss, SigmoidCrossEntropyLoss and ContrastiveLoss."""
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import example, given, strategies as st
 
 from caffe.layers import LayerError
 from caffe.layers.strategies import random_array, seeds, shapes
@@ -54,6 +54,8 @@ def sce_reference(x, t, mode, ignore):
 
 @given(shape=shapes(min_dims=1, max_dims=4, max_side=3), seed=seeds(),
        mode=st.sampled_from([None, "FULL", "VALID", "BATCH_SIZE", "NONE"]), ignore=st.sampled_from([None, -1]))
+@example(shape=(3, 4), seed=5, mode="VALID", ignore=-1)  # ignored positions: no loss, no gradient
+@example(shape=(2, 2, 3), seed=6, mode=None, ignore=-1)
 def test_sigmoid_cross_entropy_forward_and_gradient(shape, seed, mode, ignore):
     x = random_array(seed, shape, -4, 4)
     rng = np.random.default_rng(seed)
@@ -87,6 +89,15 @@ def test_sigmoid_cross_entropy_is_stable_for_large_inputs():
         layer.Backward(top, [True, False], bottom)
     np.testing.assert_allclose(top[0].data, 1600.0)
     np.testing.assert_allclose(bottom[0].diff, [[0.0, 0.0, 1.0, -1.0]])
+
+
+def test_sigmoid_cross_entropy_compares_the_integer_part_of_targets_with_ignore_label():
+    # Caffe: static_cast<int>(target) == ignore_label, so with ignore_label 0 a soft target of 0.5 is ignored
+    x = np.array([[0.3, -1.2, 2.0]])
+    t = np.array([[0.5, 1.0, 0.0]])
+    _, top = run_forward(make_layer("SigmoidCrossEntropyLoss", "loss_param { ignore_label: 0 normalization: NONE }"),
+                         [x, t])
+    np.testing.assert_allclose(top[0].data, np.log1p(np.exp(1.2)), rtol=1e-12)  # only the target 1.0 counts
 
 
 def test_sigmoid_cross_entropy_bad_input():
@@ -147,6 +158,24 @@ def test_contrastive_hand_computed():
     _, top = run_forward(make_layer("ContrastiveLoss", "contrastive_loss_param { margin: 2 legacy_version: true }"),
                          [a, b, y])
     np.testing.assert_allclose(top[0].data, (25 + 1.75 + 1.0) / 3 / 2)
+
+
+def test_contrastive_similarity_and_gradient_follow_caffe():
+    # the similarity label is static_cast<int>: 0.5 means dissimilar
+    a, b = np.array([[0.0, 0.0]]), np.array([[0.3, 0.4]])  # distance 0.5
+    _, top = run_forward(make_layer("ContrastiveLoss", "contrastive_loss_param { margin: 2 }"), [a, b, np.array([0.5])])
+    np.testing.assert_allclose(top[0].data, 1.5 ** 2 / 2)
+    # non-legacy dissimilar gradient: -(margin - d) / (d + 1e-4) * (a - b) / N, Caffe's epsilon pinned where it
+    # matters (a small distance)
+    a, b = np.array([[0.0, 0.0]]), np.array([[3e-4, 4e-4]])  # distance 5e-4
+    layer = make_layer("ContrastiveLoss", "contrastive_loss_param { margin: 1 }")
+    bottom, top = run_forward(layer, [a, b, np.array([0.0])])
+    top[0].diff[...] = 1
+    layer.Backward(top, [True, True, False], bottom)
+    d = 5e-4
+    np.testing.assert_allclose(bottom[0].diff, -(1 - d) / (d + 1e-4) * (a - b), rtol=1e-10)
+    with pytest.raises(LayerError, match=r"bottom\[2\] \(similarity\) must be \(N, 1, 1, 1\)"):
+        run_forward(make_layer("ContrastiveLoss"), [np.zeros((2, 3)), np.zeros((2, 3)), np.zeros(3)])
 
 
 def test_contrastive_bad_input():

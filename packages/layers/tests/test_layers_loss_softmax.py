@@ -1,7 +1,7 @@
 """SoftmaxWithLoss: normalization modes, ignore_label, any axis, second top, gradients, bad input."""
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import example, given, strategies as st
 
 from caffe.layers import LayerError
 from caffe.layers.strategies import random_array, seeds, shapes
@@ -56,7 +56,14 @@ def problems(draw, max_side=3):
     return x, labels, axis, ignore
 
 
+_SPATIAL = np.random.default_rng(7).uniform(-3, 3, (2, 3, 2, 2))
+_SPATIAL_LABELS = np.array([[[0.0, 2.0], [1.0, 1.0]], [[2.0, 0.0], [0.0, 1.0]]])
+
+
+# VALID without an ignore_label normalizes by every position (outer x inner), as FULL does
 @given(problem=problems(max_side=4), mode=st.sampled_from(MODES))
+@example(problem=(_SPATIAL, _SPATIAL_LABELS, 1, None), mode="VALID")
+@example(problem=(_SPATIAL, np.where(_SPATIAL_LABELS == 2, 255.0, _SPATIAL_LABELS), 1, 255), mode="VALID")
 def test_softmax_loss_forward_matches_reference(problem, mode):
     x, labels, axis, ignore = problem
     layer = make_layer("SoftmaxWithLoss", loss_text(axis, mode, ignore))
@@ -149,6 +156,13 @@ def test_softmax_loss_label_out_of_range(bad):
     layer = make_layer("SoftmaxWithLoss", name="loss")
     with pytest.raises(LayerError, match=rf"'loss' \(SoftmaxWithLoss\): label value {bad:g} is out of range.*\[0, 3\)"):
         run_forward(layer, [np.zeros((2, 3)), np.array([0.0, bad])])
+
+
+def test_softmax_loss_out_of_range_message_names_the_ignore_label():
+    layer = make_layer("SoftmaxWithLoss", "loss_param { ignore_label: 255 }")
+    with pytest.raises(LayerError, match=r"label value 4 is out of range: labels must be integers in \[0, 3\) or "
+                                         r"the ignore_label 255$"):
+        run_forward(layer, [np.zeros((2, 3)), np.array([255.0, 4.0])])
 
 
 def test_softmax_loss_label_count_mismatch():
