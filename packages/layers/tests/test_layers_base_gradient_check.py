@@ -102,6 +102,18 @@ def test_threshold_is_relative_to_max_of_magnitudes_and_one():
         check_layer_gradient(square(error_factor=1.0005), [X], mode="eltwise", threshold=1e-5)
 
 
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
+def test_a_non_finite_gradient_fails(bad):
+    # |inf - e| <= threshold * max(|inf|, |e|, 1) holds (Caffe's EXPECT_NEAR lets it through): not here
+    class Blowup(Square):
+        def backward_xp(self, xp, top, propagate_down, bottom):
+            super().backward_xp(xp, top, propagate_down, bottom)
+            bottom[0].mutable_diff_xp(xp).reshape(-1)[2] = bad
+
+    with pytest.raises(GradientCheckError, match=r"bottom 0 element 2 \(top 0, element \d\): computed -?(inf|nan)"):
+        check_layer_gradient(Blowup(layer_param("TestSquare")), [X], mode="eltwise", threshold=1e-6)
+
+
 def test_failure_message_names_the_blob_and_element():
     bad = square(error_where=lambda x: x == X.flat[4])
     with pytest.raises(GradientCheckError) as info:

@@ -1,7 +1,7 @@
 """Numerical gradient checking with Caffe's semantics (test_gradient_check_util.hpp).
 
 Central differences with `stepsize`; a computed gradient g and an estimate e
-agree when |g - e| <= threshold * max(|g|, |e|, 1). Elements whose input value
+agree when both are finite and |g - e| <= threshold * max(|g|, |e|, 1). Elements whose input value
 lies within `kink_range` of `kink` (e.g. ReLU at 0) are not checked. The
 objective is 0.5 * sum(top^2) over all tops (single-output mode, top_id < 0) or
 2 * top[top_id][top_data_id] (exhaustive / element-wise modes). Run it on
@@ -115,7 +115,10 @@ class GradientChecker:
                 feature = abs(float(blob.cpu_data().reshape(-1)[feat_id]))
                 if self.kink - self.kink_range > feature or feature > self.kink + self.kink_range:
                     scale = max(abs(g), abs(estimated), 1.0)
-                    if not abs(g - estimated) <= self.threshold * scale:
+                    # an infinite gradient scales its own tolerance to infinity (Caffe's EXPECT_NEAR passes
+                    # it): a non-finite gradient is a failure of its own
+                    finite = np.isfinite(g) and np.isfinite(estimated)
+                    if not finite or not abs(g - estimated) <= self.threshold * scale:
                         failures.append(f"{names[blob_id]} element {feat_id} (top {top_id}, "
                                         f"element {top_data_id}): computed {g:.8g}, estimated {estimated:.8g}")
         if failures:
