@@ -49,7 +49,16 @@ if [ "${MUTATION_RETEST:-0}" = 1 ]; then
     mapfile -t retest < <(cd "$work" && "$repo/.venv/bin/mutmut" results 2>/dev/null |
                           sed -n 's/^ *\([^ :]*\): \(survived\|no tests\)$/\1/p')
     echo "mutation.sh: retesting ${#retest[@]} survivors of the previous run"
-    rm -rf "$work/tests" "$work/mutants/tests"
+    # the current sources too (mtimes kept): mutmut copies the changed unmutated modules the new tests may
+    # need; a mutated module that changed gets new mutants, so its old survivors' names may no longer match
+    changed=$(cd "$src" && for f in $(find . -name '*.py' | sed 's|^\./||'); do
+                  [ "$f" -nt "$work/mutants/src/$f" ] && echo "$f"; done || true)
+    [ -z "$changed" ] || echo "mutation.sh: changed since the run (mutants of a changed mutated module are" \
+                              "regenerated: retest it afresh instead):" $changed
+    # and which tests reach which function recorded afresh: mutmut re-traces only tests with new names, so
+    # a test changed since the run would not be run against the mutants it now reaches
+    rm -rf "$work/src" "$work/tests" "$work/mutants/tests" "$work/mutants/mutmut-stats.json"
+    cp -a "$src" "$work/src"
     cp -a "packages/$pkg/tests" "$work/tests"
 else
     if [ "${MUTATION_RESUME:-0}" != 1 ]; then
