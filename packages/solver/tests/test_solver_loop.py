@@ -314,14 +314,14 @@ def test_display_interval_lines_numbering_and_loss_weights(tmp_path, caplog):
     outs = [x for x in lines if x.startswith("    Train net output #")][:5]
     names = [re.match(r"    Train net output #(\d+): (\w+) = ", x).groups() for x in outs]
     assert names == [("0", "ipcopy"), ("1", "ipcopy"), ("2", "ipcopy"), ("3", "ipcopy"), ("4", "loss")]
-    assert all(re.fullmatch(r"    Train net output #\d: ipcopy = \S+", x) for x in outs[:4])  # no "(* 0 ...)"
+    assert all(re.fullmatch(r"    Train net output #\d: ipcopy = [-+.\deE]+", x) for x in outs[:4])  # no "(* 0 ...)"
     m = re.fullmatch(r"    Train net output #4: loss = (\S+) \(\* 2 = (\S+) loss\)", outs[4])
     assert m and float(m.group(2)) == pytest.approx(2 * float(m.group(1)), rel=1e-5)
     # the test pass at iteration 4: outputs averaged over test_iter, numbered the same way; the test loss
     # is the mean of the forward passes' (weighted) losses
     touts = [x for x in lines if x.startswith("    Test net output #")]
     assert [re.match(r"    Test net output #(\d+): (\w+)", x).groups() for x in touts] == names
-    assert all(re.fullmatch(r"    Test net output #\d: ipcopy = \S+", x) for x in touts[:4])
+    assert all(re.fullmatch(r"    Test net output #\d: ipcopy = [-+.\deE]+", x) for x in touts[:4])
     m = re.fullmatch(r"    Test net output #4: loss = (\S+) \(\* 2 = (\S+) loss\)", touts[4])
     assert m and float(m.group(1)) == pytest.approx(np.mean(test_losses), rel=1e-5)
     loss_line = [x for x in lines if x.startswith("Test loss: ")]
