@@ -247,6 +247,12 @@ def test_embed_checks_stored_blobs_dims_and_dtypes():
     with pytest.raises(LayerError, match=r"stored blobs have shapes \[\(3, 2\), \(2,\)\], expected "
                                          r"\[\(4, 2\), \(2,\)\]"):
         run_forward(create_layer(proto), [np.array([0.0])])
+    # without a bias the stored weights alone are what is expected, and are used as they are
+    layer = make_layer("Embed", "embed_param { num_output: 2 input_dim: 3 bias_term: false }")
+    run_forward(layer, [np.array([0.0])])
+    layer.blobs[0].data[...] = np.arange(6.0).reshape(3, 2)
+    _, top = run_forward(create_layer(layer.to_proto()), [np.array([2.0, 1.0])])
+    np.testing.assert_array_equal(top[0].data, [[4.0, 5.0], [2.0, 3.0]])
     assert not layer.allow_force_backward(0)  # the indices get no gradient, even forced
     for dtype in (np.float32, np.float64):  # parameters follow the bottom's dtype
         layer = make_layer("Embed", text)

@@ -179,3 +179,32 @@ def test_spp_refuses_a_level_whose_pad_reaches_its_kernel_on_either_axis(shape):
 def test_spp_refuses_empty_inputs(shape):
     with pytest.raises(LayerError, match=r"Input dimensions cannot be zero"):
         run_forward(make_layer("SPP", "spp_param { pyramid_height: 1 }"), [np.ones(shape)])
+
+
+def test_stochastic_spp_backward_routes_each_diff_to_the_sampled_value():
+    """TRAIN backward: each level's top diff goes to the bottom element its forward pass sampled (and
+    the levels' diffs add up)."""
+    rng = np.random.default_rng(4)
+    x = rng.uniform(0.1, 1, size=(2, 2, 4, 4))  # distinct values: a sampled value names its position
+    context.set_random_seed(5)
+    layer = make_layer("SPP", "spp_param { pyramid_height: 3 pool: STOCHASTIC }", phase=0)
+    bottom, top = run_forward(layer, [x])
+    dy = rng.normal(size=top[0].shape)
+    top[0].diff[...] = dy
+    layer.Backward(top, [True], bottom)
+    want = np.zeros(x.shape).reshape(2, 2, 16)
+    positions = np.broadcast_to(np.arange(16.0).reshape(1, 1, 4, 4), x.shape)
+    k = 0
+    for level in range(3):
+        win, pos = _windows(x, level), _windows(positions, level)
+        n = np.prod(win.shape[1:4])
+        vals = top[0].data[:, k:k + n].reshape(win.shape[:4])
+        hit = win == vals[..., None]
+        assert (hit.sum(-1) == 1).all()
+        p = np.take_along_axis(pos, hit.argmax(-1)[..., None], -1)[..., 0].astype(int)
+        g = dy[:, k:k + n].reshape(win.shape[:4])
+        for i in range(2):
+            for c in range(2):
+                np.add.at(want[i, c], p[i, c].ravel(), g[i, c].ravel())
+        k += n
+    np.testing.assert_allclose(bottom[0].diff, want.reshape(x.shape), rtol=1e-12)
