@@ -2,6 +2,15 @@
 
 Usage:  python packages/layers/bench/bench_layers.py [--repeats N] [--nets lenet,cifar10_quick,caffenet]
                                                      [--threads N]
+        python packages/layers/bench/bench_layers.py --memory [--compare-xp] [--only BatchNorm,Scale]
+                                                     [--shapes resnet,mobilenet]
+
+--memory times the memory-bound layers instead (bench_memory.py: BatchNorm, Scale, Bias,
+Eltwise, the neuron layers, Dropout, Softmax, LRN, Concat/Slice/Split, Pooling) at ResNet-50 /
+MobileNet batch-8 shapes, beside a np.copyto bandwidth figure and the time one read of the
+inputs and one write of the outputs would take at that bandwidth; --compare-xp also times
+the array-module-generic NumPy path (the GPU path's code, and the CPU path before the
+kernels) of the same layer, interleaved with the CPU path.
 
 Each layer runs alone on float32 blobs of its real shape (random data, random top
 diff), first a few warm-up iterations (scratch buffers get allocated then), then
@@ -118,8 +127,19 @@ def main(argv=None):
     ap.add_argument("--nets", default="lenet,cifar10_quick,caffenet")
     ap.add_argument("--threads", type=int, default=None,
                     help="OpenBLAS / OpenMP threads (default: the libraries' own, all cores)")
+    ap.add_argument("--memory", action="store_true", help="time the memory-bound layers (see bench_memory.py)")
+    ap.add_argument("--compare-xp", action="store_true",
+                    help="with --memory: also time the generic NumPy path, interleaved")
+    ap.add_argument("--only", default="", help="with --memory: comma-separated layer types or case names")
+    ap.add_argument("--shapes", default="resnet,mobilenet", help="with --memory: resnet, mobilenet")
     args = ap.parse_args(argv)
     context.set_mode_cpu()
+    if args.memory:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import bench_memory
+        bench_memory.run(args.shapes.split(","), [o for o in args.only.split(",") if o], args.repeats,
+                         args.warmup, args.compare_xp)
+        return
     threads = os.environ.get("OPENBLAS_NUM_THREADS", "default")
     threads += f" (OPENBLAS_THREAD_TIMEOUT {os.environ.get('OPENBLAS_THREAD_TIMEOUT') or 'unset'})"
     print(f"# {time.strftime('%Y-%m-%d %H:%M:%S')}  {platform.machine()}  {os.cpu_count()} CPUs  "
