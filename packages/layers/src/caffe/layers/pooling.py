@@ -27,6 +27,7 @@ from itertools import product
 import numpy as np
 
 from caffe.blob import context
+from caffe.layers import _cpu
 from caffe.layers.layer import Layer
 from caffe.layers.registry import register_layer
 
@@ -270,8 +271,8 @@ class PoolingLayer(Layer):
                 self.check(self.pad[0] < self.kernel[0] and self.pad[1] < self.kernel[1],
                            f"pooling_param pad {self.pad} must be smaller than the kernel {self.kernel}")
         self.ceil_mode = p.round_mode == 0  # CEIL
-        self._mask = None
-        self._rand_idx = None
+        self.max_idx_ = None
+        self.rand_idx_ = None
 
     def reshape(self, bottom, top):
         x = bottom[0]
@@ -288,21 +289,19 @@ class PoolingLayer(Layer):
         if len(top) > 1:
             top[1].reshape_like(top[0])
         self.top_shape = (N, C, PH, PW)
-
-    # -- internal index buffers (reused across iterations) -----------------------------------------
-    def _index(self, xp, name):
-        buf = getattr(self, name)
-        if buf is None or buf.shape != self.top_shape or not isinstance(buf, xp.ndarray):
-            buf = xp.full(self.top_shape, -1, dtype=xp.int32)  # -1: no position (no gradient)
-            setattr(self, name, buf)
-        return buf
+        # Backward's state, in blobs (Caffe's max_idx_ / rand_idx_): the argmax or the sampled position
+        # per output, h * W + w (-1: none), so a forward in one mode and a backward in the other agree.
+        if self.method == MAX:
+            _cpu.state_blob(self, "max_idx_", self.top_shape, np.int32)
+        elif self.method == STOCHASTIC:
+            _cpu.state_blob(self, "rand_idx_", self.top_shape, np.int32)
 
     def forward_xp(self, xp, bottom, top):
         x = bottom[0].data_xp(xp)
         y = top[0].mutable_data_xp(xp)
         spec = self.spec
         if self.method == MAX:
-            mask = self._index(xp, "_mask")
+            mask = self.max_idx_.mutable_data_xp(xp)
             max_forward(xp, spec, x, y, mask)
             if len(top) > 1:
                 top[1].mutable_data_xp(xp)[...] = mask
@@ -310,7 +309,7 @@ class PoolingLayer(Layer):
             ave_forward(xp, spec, x, y)
         elif self.phase == 0:  # TRAIN
             uniform = xp.asarray(context.rng().random(self.top_shape))
-            stochastic_forward_train(xp, spec, x, y, self._index(xp, "_rand_idx"), uniform)
+            stochastic_forward_train(xp, spec, x, y, self.rand_idx_.mutable_data_xp(xp), uniform)
         else:
             stochastic_forward_test(xp, spec, x, y)
 
@@ -320,11 +319,12 @@ class PoolingLayer(Layer):
         dy = top[0].diff_xp(xp)
         dx = bottom[0].mutable_diff_xp(xp)
         if self.method == MAX:
-            mask = self._index(xp, "_mask")
             if len(top) > 1:  # Caffe reads the argmax back from the mask top
-                mask[...] = top[1].data_xp(xp)
+                mask = top[1].data_xp(xp).astype(xp.int32)
+            else:
+                mask = self.max_idx_.data_xp(xp)
             max_backward(xp, self.spec, dy, mask, dx)
         elif self.method == AVE:
             ave_backward(xp, self.spec, dy, dx)
         else:
-            stochastic_backward(xp, self.spec, dy, self._index(xp, "_rand_idx"), dx)
+            stochastic_backward(xp, self.spec, dy, self.rand_idx_.data_xp(xp), dx)

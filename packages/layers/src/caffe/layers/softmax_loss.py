@@ -7,14 +7,16 @@ true and BATCH_SIZE if false). Labels are bottom[1], outer * inner integer value
 in [0, C). An optional second top receives the probabilities.
 
 The shared loss helpers (normalization mode, normalizer, label reading) live here
-and are used by the other loss layers and Accuracy.
+and are used by the other loss layers and Accuracy. CPU: the softmax and the gradient are
+kernel passes (caffe.layers.kernels.softmax); the loss reads one probability per position.
 """
 import numpy as np
 
 from caffe.blob import Blob
+from caffe.layers import _cpu
 from caffe.layers.layer import LossLayer
 from caffe.layers.registry import register_layer
-from caffe.layers.softmax import canonical_axis, softmax_xp
+from caffe.layers.softmax import canonical_axis, softmax_cpu, softmax_xp
 from caffe.proto import caffe_pb2
 
 _LP = caffe_pb2.LossParameter
@@ -115,11 +117,32 @@ class SoftmaxWithLossLayer(_MultiTopLoss):
         if len(top) >= 2:
             top[1].reshape_like(bottom[0])
 
+    def forward_cpu(self, bottom, top):
+        if not softmax_cpu(bottom[0], self.prob, self.axis):
+            self.prob.mutable_cpu_data()[...] = softmax_xp(np, bottom[0].cpu_data(), self.axis)
+        self._loss_from_prob(np, bottom, top)
+
+    def backward_cpu(self, top, propagate_down, bottom):
+        if not (_cpu.usable(_cpu.softmax, bottom[0], self.prob) and propagate_down[0] and not propagate_down[1]):
+            return self.backward_xp(np, top, propagate_down, bottom)
+        _, valid, safe = read_labels(self, np, bottom[1], (self.outer_num, self.inner_num),
+                                     self.num_classes, self.ignore_label)
+        norm = get_normalizer(self.normalization, self.outer_num, self.inner_num, self.valid_count)
+        scale = float(top[0].cpu_diff().reshape(()) / norm)  # in the blob's precision, as the NumPy path
+        labels = np.ascontiguousarray(safe, np.int64).reshape(-1)
+        valid = np.ascontiguousarray(valid).reshape(-1).view(np.uint8)
+        _cpu.softmax.softmax_loss_backward(_cpu.flat(self.prob.cpu_data()), labels, valid,
+                                           _cpu.flat(bottom[0].mutable_cpu_diff()), self.outer_num, self.num_classes,
+                                           self.inner_num, scale)
+
     def forward_xp(self, xp, bottom, top):
+        self.prob.mutable_data_xp(xp)[...] = softmax_xp(xp, bottom[0].data_xp(xp), self.axis)
+        self._loss_from_prob(xp, bottom, top)
+
+    def _loss_from_prob(self, xp, bottom, top):
+        """The loss (and the second top) from the probabilities in self.prob."""
         shape3 = (self.outer_num, self.num_classes, self.inner_num)
-        x = bottom[0].data_xp(xp)
-        prob = self.prob.mutable_data_xp(xp)
-        prob[...] = softmax_xp(xp, x, self.axis)
+        prob = self.prob.data_xp(xp)
         _, valid, safe = read_labels(self, xp, bottom[1], (self.outer_num, self.inner_num),
                                      self.num_classes, self.ignore_label)
         p_true = xp.take_along_axis(prob.reshape(shape3), safe[:, None, :], axis=1)[:, 0, :]
