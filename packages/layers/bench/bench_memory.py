@@ -9,9 +9,9 @@ layer's "ideal" time is one read of its inputs and one write of its outputs at B
             marked per case: x, y), write every bottom diff
 
 State a layer keeps between forward and backward (masks, saved inputs, x_norm) is not in
-the ideal, so its cost shows in the ratio. Every layer runs float32 on its own; before each
-timed forward the bottom data (and before each backward the top diff) is restored untimed,
-so in-place cases see the same values every time. Medians of --repeats; ratio = median /
+the ideal, so its cost shows in the ratio. Every layer runs float32 on its own; in place,
+the bottom data is restored (untimed) before each forward and the top diff before each
+backward, so every run sees the same values. Medians of --repeats; ratio = median /
 ideal (1.0 = memory speed). --compare-xp interleaves the same layer's array-module-generic
 NumPy path (forward_xp/backward_xp: the GPU path's code, and the CPU path before the kernels).
 """
@@ -146,7 +146,8 @@ class Instance:
     def run(self, xp_path):
         """One timed forward and backward; returns (fwd s, bwd s)."""
         layer = self.layer
-        self._restore_data()
+        if self.case.in_place:  # (out of place, forward leaves the bottoms as they were)
+            self._restore_data()
         t0 = time.perf_counter()
         if xp_path:
             layer.reshape(self.bottom, self.top)
@@ -156,7 +157,8 @@ class Instance:
         t1 = time.perf_counter()
         if not self.case.backward:
             return t1 - t0, float("nan")
-        self._restore_diff()
+        if self.case.in_place:
+            self._restore_diff()
         t2 = time.perf_counter()
         if xp_path:
             layer.backward_xp(np, self.top, self.prop, self.bottom)

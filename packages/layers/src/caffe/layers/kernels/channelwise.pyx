@@ -1,4 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+# distutils: extra_compile_args = -fno-math-errno -fno-trapping-math
 """Channel-wise kernels on an (outer, dim, inner) array: Scale, Bias, PReLU, BatchNorm's global-stats pass.
 
 A per-channel operand p[c] (c in [0, dim)) is broadcast over outer and inner. The work is cut
@@ -97,73 +98,79 @@ def channel_forward(int op, const real[::1] x, const real[::1] s, const real[::1
             _fwd_item(op, xp + lo, yp + lo, svp + lo if svp != NULL else NULL, m, sp, bp, c)
 
 
+cdef enum:
+    LANES = 8  # running sums per quantity: independent chains the compiler keeps in SIMD registers
+
+
 cdef void _bwd_item(int op, const real* dy, const real* x, real* dx, Py_ssize_t n, const real* s,
                     Py_ssize_t c, double* sum_dyx, double* sum_dy) noexcept nogil:
-    # Four running sums per quantity: independent chains (the adds pipeline), a fixed order.
-    cdef Py_ssize_t i, n4 = n - n % 4
-    cdef double a0 = 0, a1 = 0, a2 = 0, a3 = 0, b0 = 0, b1 = 0, b2 = 0, b3 = 0
-    cdef real d0, d1, d2, d3, v0, v1, v2, v3
+    # One pass; LANES running sums per quantity (a fixed order: results do not depend on the
+    # threads). No branch on the data inside the loops (selects and min), so that they vectorize.
+    # dx may be dy (in place): dy[i] is read before dx[i] is written.
+    cdef Py_ssize_t i, j, n8 = n - n % LANES
+    cdef double al[LANES]
+    cdef double bl[LANES]
+    cdef double a = 0, b = 0
+    cdef real d, v, z = 0
     cdef real sv = s[c] if s != NULL else 1
-    if op == PRELU:
-        for i in range(0, n4, 4):
-            d0 = dy[i]
-            d1 = dy[i + 1]
-            d2 = dy[i + 2]
-            d3 = dy[i + 3]
-            v0 = x[i]
-            v1 = x[i + 1]
-            v2 = x[i + 2]
-            v3 = x[i + 3]
-            if sum_dyx != NULL:
-                a0 += <double>(d0 * v0) if v0 <= 0 else 0.0
-                a1 += <double>(d1 * v1) if v1 <= 0 else 0.0
-                a2 += <double>(d2 * v2) if v2 <= 0 else 0.0
-                a3 += <double>(d3 * v3) if v3 <= 0 else 0.0
-            if dx != NULL:
-                dx[i] = d0 * (sv if v0 <= 0 else 1)
-                dx[i + 1] = d1 * (sv if v1 <= 0 else 1)
-                dx[i + 2] = d2 * (sv if v2 <= 0 else 1)
-                dx[i + 3] = d3 * (sv if v3 <= 0 else 1)
-        for i in range(n4, n):
-            d0 = dy[i]
-            v0 = x[i]
-            if sum_dyx != NULL:
-                a0 += <double>(d0 * v0) if v0 <= 0 else 0.0
-            if dx != NULL:
-                dx[i] = d0 * (sv if v0 <= 0 else 1)
-    else:
-        for i in range(0, n4, 4):
-            d0 = dy[i]
-            d1 = dy[i + 1]
-            d2 = dy[i + 2]
-            d3 = dy[i + 3]
+    cdef bint sums = sum_dyx != NULL or sum_dy != NULL
+    for j in range(LANES):
+        al[j] = 0
+        bl[j] = 0
+    if op == PRELU:  # sum over x <= 0 of dy * x = sum of dy * min(x, 0); then dx, from cache
+        if sum_dyx != NULL:  # (a select of dx in the same loop keeps the compiler from vectorizing it)
+            for i in range(0, n8, 8):  # LANES
+                for j in range(LANES):
+                    v = x[i + j]
+                    al[j] += dy[i + j] * (v if v < z else z)
+            for i in range(n8, n):
+                v = x[i]
+                al[0] += dy[i] * (v if v < z else z)
+        if dx != NULL:
+            for i in range(n):
+                v = x[i]
+                dx[i] = dy[i] * (sv if v <= 0 else 1)
+    elif x != NULL and dx != NULL:
+        for i in range(0, n8, 8):  # LANES
+            for j in range(LANES):
+                d = dy[i + j]
+                al[j] += <double>d * x[i + j]
+                bl[j] += d
+                dx[i + j] = d * sv
+    elif x != NULL:
+        for i in range(0, n8, 8):  # LANES
+            for j in range(LANES):
+                d = dy[i + j]
+                al[j] += <double>d * x[i + j]
+                bl[j] += d
+    elif sums and dx != NULL:
+        for i in range(0, n8, 8):  # LANES
+            for j in range(LANES):
+                d = dy[i + j]
+                bl[j] += d
+                dx[i + j] = d * sv
+    elif sums:
+        for i in range(0, n8, 8):  # LANES
+            for j in range(LANES):
+                bl[j] += dy[i + j]
+    elif dx != NULL:
+        for i in range(n8):
+            dx[i] = dy[i] * sv
+    if op != PRELU:
+        for i in range(n8, n):
+            d = dy[i]
             if x != NULL:
-                a0 += <double>d0 * x[i]
-                a1 += <double>d1 * x[i + 1]
-                a2 += <double>d2 * x[i + 2]
-                a3 += <double>d3 * x[i + 3]
-            if sum_dy != NULL:
-                b0 += d0
-                b1 += d1
-                b2 += d2
-                b3 += d3
+                al[0] += <double>d * x[i]
+            bl[0] += d
             if dx != NULL:
-                dx[i] = d0 * sv
-                dx[i + 1] = d1 * sv
-                dx[i + 2] = d2 * sv
-                dx[i + 3] = d3 * sv
-        for i in range(n4, n):
-            d0 = dy[i]
-            if x != NULL:
-                a0 += <double>d0 * x[i]
-            if sum_dy != NULL:
-                b0 += d0
-            if dx != NULL:
-                dx[i] = d0 * sv
+                dx[i] = d * sv
+    for j in range(LANES):
+        a += al[j]
+        b += bl[j]
     if sum_dyx != NULL:
-        sum_dyx[0] = (a0 + a1) + (a2 + a3)
+        sum_dyx[0] = a
     if sum_dy != NULL:
-        sum_dy[0] = (b0 + b1) + (b2 + b3)
+        sum_dy[0] = b
 
 
 def channel_backward(int op, const real[::1] dy, const real[::1] x, const real[::1] s, real[::1] dx,

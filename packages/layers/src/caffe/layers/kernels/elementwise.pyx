@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-# distutils: extra_compile_args = -fno-math-errno
+# distutils: extra_compile_args = -fno-math-errno -fno-trapping-math
 # distutils: libraries = m
 """Element-wise kernels: the neuron layers, Eltwise, Dropout, Split's sum, Concat/Slice copies.
 
@@ -153,7 +153,8 @@ cdef void _neuron_bwd(int op, const real* x, const real* y, const real* aux, con
             dx[i] = dy[i] * (1 - v * v)
     elif op == ELU:
         for i in range(n):
-            dx[i] = dy[i] * (1 if x[i] > 0 else a + y[i])
+            v = y[i]  # loaded unconditionally: a load inside the select would keep the loop scalar
+            dx[i] = dy[i] * (1 if x[i] > 0 else a + v)
     elif op == POWER:
         if c == 2:
             for i in range(n):
@@ -258,6 +259,18 @@ cdef void _eltwise_fwd(int op, real** xs, const double* coeff, int k, real* y, i
     cdef const real* x0 = xs[0] + lo
     cdef const real* x1 = xs[1] + lo
     cdef const real* xi
+    cdef real c0, c1
+    cdef real* yo = y + lo
+    if k == 2 and op != MAX:  # one direct pass: each output element is written after its inputs are read
+        if op == SUM:
+            c0 = <real>coeff[0]
+            c1 = <real>coeff[1]
+            for j in range(n):
+                yo[j] = c0 * x0[j] + c1 * x1[j]
+        else:
+            for j in range(n):
+                yo[j] = x0[j] * x1[j]
+        return
     if op == SUM:
         ci = <real>coeff[0]
         for j in range(n):

@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-# distutils: extra_compile_args = -fno-math-errno
+# distutils: extra_compile_args = -fno-math-errno -fno-trapping-math
 # distutils: libraries = m
 """BatchNorm (batch statistics) and LRN (across channels) on the CPU, OpenMP-parallel.
 
@@ -40,33 +40,34 @@ def _need(Py_ssize_t have, Py_ssize_t need, str what):
 
 # -- BatchNorm ---------------------------------------------------------------------------------
 
+cdef enum:
+    LANES = 8  # running sums per quantity: independent chains the compiler keeps in SIMD registers
+
+
 cdef void _bn_stats(const real* x, Py_ssize_t N, Py_ssize_t C, Py_ssize_t S, double* mean,
                     double* var) noexcept nogil:
-    cdef Py_ssize_t n, i, S4 = S - S % 4
+    cdef Py_ssize_t n, i, j, S8 = S - S % LANES
     cdef const real* p
-    cdef double k = x[0], s0 = 0, s1 = 0, s2 = 0, s3 = 0, q0 = 0, q1 = 0, q2 = 0, q3 = 0
-    cdef double d0, d1, d2, d3, s, q, m = <double>N * S
+    cdef double sl[LANES]
+    cdef double ql[LANES]
+    cdef double k = x[0], d, s = 0, q = 0, m = <double>N * S
+    for j in range(LANES):
+        sl[j] = 0
+        ql[j] = 0
     for n in range(N):
         p = x + n * C * S
-        for i in range(0, S4, 4):
-            d0 = p[i] - k
-            d1 = p[i + 1] - k
-            d2 = p[i + 2] - k
-            d3 = p[i + 3] - k
-            s0 += d0
-            s1 += d1
-            s2 += d2
-            s3 += d3
-            q0 += d0 * d0
-            q1 += d1 * d1
-            q2 += d2 * d2
-            q3 += d3 * d3
-        for i in range(S4, S):
-            d0 = p[i] - k
-            s0 += d0
-            q0 += d0 * d0
-    s = (s0 + s1) + (s2 + s3)
-    q = (q0 + q1) + (q2 + q3)
+        for i in range(0, S8, 8):  # LANES
+            for j in range(LANES):
+                d = p[i + j] - k
+                sl[j] += d
+                ql[j] += d * d
+        for i in range(S8, S):
+            d = p[i] - k
+            sl[0] += d
+            ql[0] += d * d
+    for j in range(LANES):
+        s += sl[j]
+        q += ql[j]
     mean[0] = k + s / m
     var[0] = q / m - (s / m) * (s / m)
     if var[0] < 0:
@@ -122,30 +123,40 @@ def batch_norm_train_forward(const real[::1] x, real[::1] y, real[::1] x_norm, d
 
 cdef void _bn_backward(const real* dy, const real* xn, const real* x, real* dx, Py_ssize_t N, Py_ssize_t C,
                        Py_ssize_t S, real mean, real inv) noexcept nogil:
-    cdef Py_ssize_t n, i
+    cdef Py_ssize_t n, i, j, S8 = S - S % LANES
     cdef const real* d
     cdef const real* p
     cdef real* g
-    cdef double a0 = 0, a1 = 0, b0 = 0, b1 = 0, m = <double>N * S
-    cdef real v0, v1, md, mdy
+    cdef double al[LANES]
+    cdef double bl[LANES]
+    cdef double a = 0, b = 0, m = <double>N * S
+    cdef real v, md, mdy
+    for j in range(LANES):
+        al[j] = 0
+        bl[j] = 0
     for n in range(N):
         d = dy + n * C * S
         p = (xn if xn != NULL else x) + n * C * S
-        i = 0
-        while i + 1 < S:
-            v0 = p[i] if xn != NULL else (p[i] - mean) * inv
-            v1 = p[i + 1] if xn != NULL else (p[i + 1] - mean) * inv
-            a0 += d[i]
-            a1 += d[i + 1]
-            b0 += <double>d[i] * v0
-            b1 += <double>d[i + 1] * v1
-            i += 2
-        if i < S:
-            v0 = p[i] if xn != NULL else (p[i] - mean) * inv
-            a0 += d[i]
-            b0 += <double>d[i] * v0
-    md = <real>((a0 + a1) / m)
-    mdy = <real>((b0 + b1) / m)
+        if xn != NULL:
+            for i in range(0, S8, 8):  # LANES
+                for j in range(LANES):
+                    al[j] += d[i + j]
+                    bl[j] += <double>d[i + j] * p[i + j]
+        else:
+            for i in range(0, S8, 8):  # LANES
+                for j in range(LANES):
+                    v = (p[i + j] - mean) * inv
+                    al[j] += d[i + j]
+                    bl[j] += <double>d[i + j] * v
+        for i in range(S8, S):
+            v = p[i] if xn != NULL else (p[i] - mean) * inv
+            al[0] += d[i]
+            bl[0] += <double>d[i] * v
+    for j in range(LANES):
+        a += al[j]
+        b += bl[j]
+    md = <real>(a / m)
+    mdy = <real>(b / m)
     for n in range(N):
         d = dy + n * C * S
         p = (xn if xn != NULL else x) + n * C * S
