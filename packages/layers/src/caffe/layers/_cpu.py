@@ -11,14 +11,42 @@ values: the blob's cpu/gpu views move the data.
 """
 from __future__ import annotations
 
+import importlib
+import os
+
 import numpy as np
 
 from caffe.blob import Blob
 
-try:
-    from caffe.layers.kernels import channelwise, elementwise, normalization, softmax
-except ImportError:  # pragma: no cover - a source tree without the build: the NumPy paths serve
-    channelwise = elementwise = normalization = softmax = None
+
+def cpu_has_avx2() -> bool:
+    """Whether this CPU (and OS) runs AVX2, as NumPy's own dispatch sees it."""
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__
+    except ImportError:  # pragma: no cover - NumPy < 2
+        try:
+            from numpy.core._multiarray_umath import __cpu_features__
+        except ImportError:
+            return False
+    return bool(__cpu_features__.get("AVX2"))
+
+
+# CAFFE_KERNELS_AVX2=0 keeps the baseline (SSE2) builds of the kernels whose loops call libm (exp, tanh,
+# log, pow, sqrt); by default they come in the AVX2 build where the CPU has it (see elementwise_avx2.pyx).
+USE_AVX2 = os.environ.get("CAFFE_KERNELS_AVX2", "1") != "0" and cpu_has_avx2()
+
+
+def _load(name, avx2=USE_AVX2):
+    for candidate in ((f"{name}_avx2", name) if avx2 else (name,)):
+        try:
+            return importlib.import_module(f"caffe.layers.kernels.{candidate}")
+        except ImportError:  # not built (a source tree without the build): the NumPy paths serve
+            continue
+    return None
+
+
+elementwise, normalization, softmax = _load("elementwise"), _load("normalization"), _load("softmax")
+channelwise = _load("channelwise", avx2=False)  # memory-bound already: one build
 
 # The neuron operations of kernels.elementwise (its Neuron enum; a test checks they agree).
 (RELU, SIGMOID, TANH, ELU, POWER, EXP, LOG, ABSVAL, BNLL, THRESHOLD, CLIP, SWISH, AFFINE) = range(13)

@@ -8,8 +8,8 @@ TEST multiplies by 1 - ratio.
 The mask lives in the rand_vec_ blob (uint8, Caffe's name), so a forward in one mode and a
 backward in the other use the same mask. It is drawn from one 64-bit seed per forward, taken
 from caffe.blob.context.rng() (so set_random_seed reproduces it), by the SplitMix64 counter
-generator: element i is kept when 32 bits of SplitMix64 output number i // 2 + 1 are >=
-ratio * 2^32 (mask_reference below is the same in NumPy). The CPU draws and applies it in
+generator: element i is kept when 16 bits of SplitMix64 output number i // 4 + 1 are >=
+round(ratio * 2^16), so P(keep) = 1 - ratio within 2^-17 (mask_reference below is the same in NumPy). The CPU draws and applies it in
 one kernel pass; the GPU path draws it on the host (the same bits) and applies it on the device.
 """
 import numpy as np
@@ -24,20 +24,18 @@ _GAMMA = np.uint64(0x9E3779B97F4A7C15)
 
 
 def mask_threshold(ratio: float) -> int:
-    """The 32-bit threshold below which an element is dropped: P(keep) = 1 - ratio (to 2^-32)."""
-    return min(int(round(ratio * 2.0 ** 32)), 2 ** 32 - 1)
+    """The 16-bit threshold below which an element is dropped: P(keep) = 1 - ratio (within 2^-17)."""
+    return int(round(ratio * 2.0 ** 16))
 
 
 def mask_reference(seed: int, count: int, threshold: int) -> np.ndarray:
     """The dropout mask (uint8 0/1) in NumPy: what kernels.elementwise.dropout_forward draws."""
     with np.errstate(over="ignore"):
-        z = np.uint64(seed) + (np.arange((count + 1) // 2, dtype=np.uint64) + np.uint64(1)) * _GAMMA
+        z = np.uint64(seed) + (np.arange((count + 3) // 4, dtype=np.uint64) + np.uint64(1)) * _GAMMA
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         z = z ^ (z >> np.uint64(31))
-    bits = np.empty((z.size, 2), np.uint64)
-    bits[:, 0] = z & np.uint64(0xFFFFFFFF)
-    bits[:, 1] = z >> np.uint64(32)
+    bits = (z[:, None] >> (np.arange(4, dtype=np.uint64) * np.uint64(16))) & np.uint64(0xFFFF)
     return (bits.reshape(-1)[:count] >= np.uint64(threshold)).astype(np.uint8)
 
 

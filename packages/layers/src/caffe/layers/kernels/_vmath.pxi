@@ -6,7 +6,9 @@
 # break NaN/inf semantics elsewhere, so they are declared here. libmvec's functions are within
 # 4 ulp, like NumPy's own SIMD loops. Elsewhere (no glibc / not x86-64) the loops stay scalar.
 # Each module that includes this file links libm (`# distutils: libraries = m`, which on glibc
-# brings libmvec along) and compiles with -fno-math-errno (so sqrt inlines and calls vectorize).
+# brings libmvec along) and compiles with -fno-math-errno (so sqrt inlines and calls vectorize)
+# and -fno-trapping-math (so selects between computed values become branch-free blends). The
+# *_avx2 builds of the same sources get libmvec's 8-wide AVX2 versions.
 cdef extern from *:
     """
     #include <math.h>

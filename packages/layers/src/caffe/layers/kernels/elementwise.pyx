@@ -417,10 +417,11 @@ def eltwise_backward(int op, list bottoms, list bottom_diffs, const double[::1] 
 
 
 # -- Dropout -------------------------------------------------------------------------------------
-# The mask comes from SplitMix64 (Steele, Lea & Flood 2014): the 64-bit output number j + 1 of the
-# stream started at `seed` gives elements 2j (low 32 bits) and 2j + 1 (high 32 bits); an element
-# is kept when its 32 bits are >= threshold (= ratio * 2^32). It depends only on (seed, index):
-# the same on any thread count, and reproducible in NumPy (caffe.layers.dropout.mask_reference).
+# The mask comes from SplitMix64 (Steele, Lea & Flood 2014): output number j + 1 of the stream
+# started at `seed` gives elements 4j .. 4j + 3, 16 bits each (lowest first); an element is kept
+# when its 16 bits are >= threshold (= round(ratio * 2^16): P(keep) = 1 - ratio within 2^-17). It
+# depends only on (seed, index): the same on any thread count, and reproducible in NumPy
+# (caffe.layers.dropout.mask_reference).
 
 cdef inline uint64_t _splitmix(uint64_t z) noexcept nogil:
     z = (z ^ (z >> 30)) * <uint64_t>0xbf58476d1ce4e5b9ULL
@@ -430,29 +431,34 @@ cdef inline uint64_t _splitmix(uint64_t z) noexcept nogil:
 
 cdef void _dropout_piece(const real* x, real* y, uint8_t* mask, Py_ssize_t lo, Py_ssize_t n,
                          uint64_t seed, uint32_t threshold, real scale, bint apply) noexcept nogil:
-    # lo is even (CHUNK is), so a pair never straddles two pieces.
-    cdef Py_ssize_t j, p
-    cdef uint64_t r
-    cdef uint8_t k0, k1
-    for p in range((n + 1) // 2):
-        j = lo + 2 * p
-        r = _splitmix(seed + <uint64_t>(j // 2 + 1) * <uint64_t>0x9e3779b97f4a7c15ULL)
-        k0 = <uint32_t>r >= threshold
-        k1 = <uint32_t>(r >> 32) >= threshold
-        mask[j] = k0
-        if 2 * p + 1 < n:
-            mask[j + 1] = k1
+    # lo is a multiple of 4 (CHUNK is), so a SplitMix64 output never straddles two pieces.
+    cdef Py_ssize_t p, q, n4 = n // 4
+    cdef uint64_t r, t = threshold
+    cdef uint64_t first = <uint64_t>(lo // 4 + 1)
+    cdef uint8_t* mk = mask + lo
+    for p in range(n4):  # whole groups of four: no branch, so the compiler can vectorize it
+        r = _splitmix(seed + (first + <uint64_t>p) * <uint64_t>0x9e3779b97f4a7c15ULL)
+        mk[4 * p] = (r & 0xFFFF) >= t
+        mk[4 * p + 1] = ((r >> 16) & 0xFFFF) >= t
+        mk[4 * p + 2] = ((r >> 32) & 0xFFFF) >= t
+        mk[4 * p + 3] = (r >> 48) >= t
+    if n4 * 4 < n:
+        r = _splitmix(seed + (first + <uint64_t>n4) * <uint64_t>0x9e3779b97f4a7c15ULL)
+        for q in range(n - n4 * 4):
+            mk[4 * n4 + q] = ((r >> (16 * q)) & 0xFFFF) >= t
     if apply:
         for p in range(n):
-            y[lo + p] = x[lo + p] * (scale if mask[lo + p] else 0)
+            y[lo + p] = x[lo + p] * (scale if mk[p] else 0)
 
 
 def dropout_forward(const real[::1] x, real[::1] y, uint8_t[::1] mask, uint64_t seed, uint32_t threshold,
                     double scale, bint apply=True):
-    """mask = SplitMix64 bits >= threshold; y = x * (mask ? scale : 0) (apply=False: the mask only)."""
+    """mask = SplitMix64 16-bit draws >= threshold; y = x * (mask ? scale : 0) (apply=False: the mask only)."""
     cdef Py_ssize_t n = mask.shape[0], ch, lo, m
     if n == 0:
         return
+    if threshold > 65536:
+        raise ValueError(f"elementwise kernel: the dropout threshold {threshold} exceeds 2^16")
     cdef const real* xp = NULL
     cdef real* yp = NULL
     if apply:
