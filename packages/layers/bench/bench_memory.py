@@ -17,6 +17,7 @@ NumPy path (forward_xp/backward_xp: the GPU path's code, and the CPU path before
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import statistics
 import time
@@ -87,6 +88,21 @@ CASES = [
     Case("Pooling AVE global", "Pooling", "pooling_param { pool: AVE global_pooling: true }",
          shape=lambda s: (s[0], 2048, 7, 7)),
 ]
+
+
+def fix_malloc_threshold():
+    """Keep every large buffer in its own page-aligned mmap, as in a fresh process.
+
+    glibc raises its mmap threshold (up to 32 MB) when a large block is freed, after which large
+    arrays come from the heap at arbitrary 16-byte offsets; a layer's source and destination can
+    then sit a few bytes apart modulo 4096, and the CPU's 4K-aliasing stalls made copies 3x slower
+    here. Setting the threshold (M_MMAP_THRESHOLD, 128 KB) stops that adjustment, so figures do not
+    depend on what the benchmark allocated and freed before.
+    """
+    try:
+        ctypes.CDLL(None).mallopt(-3, 128 * 1024)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def _median_ms(times):
@@ -186,6 +202,7 @@ class Instance:
 
 
 def run(shape_names, only, repeats, warmup, compare_xp):
+    fix_malloc_threshold()
     rng = np.random.default_rng(0)
     print(f"# {time.strftime('%Y-%m-%d %H:%M:%S')}  {os.cpu_count()} CPUs  load avg "
           f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}  numpy {np.__version__}  float32  "

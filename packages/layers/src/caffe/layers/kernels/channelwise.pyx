@@ -89,7 +89,8 @@ def channel_forward(int op, const real[::1] x, const real[::1] s, const real[::1
     cdef const real* xp = &x[0]
     cdef real* yp = &y[0]
     with nogil:
-        for t in prange(outer * dim * pieces, schedule="static", num_threads=_threads(n)):
+        for t in prange(outer * dim * pieces, schedule="dynamic", chunksize=_grab(inner),
+                       num_threads=_threads(n)):
             p = t // pieces  # plane o * dim + c
             c = p % dim
             lo = p * inner + (t % pieces) * CHUNK
@@ -215,7 +216,7 @@ def channel_backward(int op, const real[::1] dy, const real[::1] x, const real[:
     cdef double* part2 = <double*> malloc(items * sizeof(double)) if s2 != NULL else NULL
     try:
         with nogil:
-            for t in prange(items, schedule="static", num_threads=_threads(n)):
+            for t in prange(items, schedule="dynamic", chunksize=_grab(inner), num_threads=_threads(n)):
                 p = t // pieces
                 c = p % dim
                 lo = p * inner + (t % pieces) * CHUNK

@@ -206,7 +206,7 @@ def neuron_forward(int op, const real[::1] x, real[::1] y, real[::1] aux, real[:
     cdef real* sp = _ptr(save, n)
     cdef Py_ssize_t nch = (n + CHUNK - 1) // CHUNK
     with nogil:
-        for ch in prange(nch, schedule="static", num_threads=_threads(n)):
+        for ch in prange(nch, schedule="dynamic", chunksize=4, num_threads=_threads(n)):
             lo = ch * CHUNK
             m = n - lo if n - lo < CHUNK else CHUNK
             if sp != NULL:
@@ -239,7 +239,7 @@ def neuron_backward(int op, const real[::1] x, const real[::1] y, const real[::1
     cdef real* dxp = &dx[0]
     cdef Py_ssize_t nch = (n + CHUNK - 1) // CHUNK
     with nogil:
-        for ch in prange(nch, schedule="static", num_threads=_threads(n)):
+        for ch in prange(nch, schedule="dynamic", chunksize=4, num_threads=_threads(n)):
             lo = ch * CHUNK
             m = n - lo if n - lo < CHUNK else CHUNK
             _neuron_bwd(op, xp + lo if xp != NULL else NULL, yp + lo if yp != NULL else NULL,
@@ -365,7 +365,7 @@ def eltwise_forward(int op, list bottoms, const double[::1] coeff, real[::1] y, 
             _need(view.shape[0], n, f"bottom[{i}]")
             xs[i] = <real*> &view[0]  # read only
         with nogil:
-            for ch in prange((n + CHUNK - 1) // CHUNK, schedule="static", num_threads=_threads(n * k)):
+            for ch in prange((n + CHUNK - 1) // CHUNK, schedule="dynamic", chunksize=4, num_threads=_threads(n * k)):
                 lo = ch * CHUNK
                 m = n - lo if n - lo < CHUNK else CHUNK
                 _eltwise_fwd(op, xs, &coeff[0] if op == SUM else NULL, k, &y[0],
@@ -406,7 +406,7 @@ def eltwise_backward(int op, list bottoms, list bottom_diffs, const double[::1] 
                 _need(view.shape[0], n, f"bottom[{i}] diff")
                 dxs[i] = &view[0]
         with nogil:
-            for ch in prange((n + CHUNK - 1) // CHUNK, schedule="static", num_threads=_threads(n * k)):
+            for ch in prange((n + CHUNK - 1) // CHUNK, schedule="dynamic", chunksize=4, num_threads=_threads(n * k)):
                 lo = ch * CHUNK
                 m = n - lo if n - lo < CHUNK else CHUNK
                 _eltwise_bwd(op, xs, dxs, &coeff[0] if op == SUM else NULL, k, stable_prod_grad,
@@ -467,7 +467,7 @@ def dropout_forward(const real[::1] x, real[::1] y, uint8_t[::1] mask, uint64_t 
         xp = &x[0]
         yp = &y[0]
     with nogil:
-        for ch in prange((n + CHUNK - 1) // CHUNK, schedule="static", num_threads=_threads(n)):
+        for ch in prange((n + CHUNK - 1) // CHUNK, schedule="dynamic", chunksize=4, num_threads=_threads(n)):
             lo = ch * CHUNK
             m = n - lo if n - lo < CHUNK else CHUNK
             _dropout_piece(xp, yp, &mask[0], lo, m, seed, threshold, <real>scale, apply)
@@ -475,7 +475,7 @@ def dropout_forward(const real[::1] x, real[::1] y, uint8_t[::1] mask, uint64_t 
 
 def dropout_backward(const real[::1] dy, const uint8_t[::1] mask, real[::1] dx, double scale):
     """dx = dy * (mask ? scale : 0)."""
-    cdef Py_ssize_t n = dy.shape[0], i
+    cdef Py_ssize_t n = dy.shape[0], i, ch, lo, m
     cdef real s = <real>scale
     if n == 0:
         return
@@ -485,8 +485,11 @@ def dropout_backward(const real[::1] dy, const uint8_t[::1] mask, real[::1] dx, 
     cdef const uint8_t* mp = &mask[0]
     cdef real* dxp = &dx[0]
     with nogil:
-        for i in prange(n, schedule="static", num_threads=_threads(n)):
-            dxp[i] = dyp[i] * (s if mp[i] else 0)
+        for ch in prange((n + CHUNK - 1) // CHUNK, schedule="dynamic", chunksize=4, num_threads=_threads(n)):
+            lo = ch * CHUNK
+            m = n - lo if n - lo < CHUNK else CHUNK
+            for i in range(lo, lo + m):
+                dxp[i] = dyp[i] * (s if mp[i] else 0)
 
 
 # -- block copies (Concat, Slice) -----------------------------------------------------------------
@@ -505,7 +508,8 @@ def copy_rows(const real[::1] src, Py_ssize_t src_offset, Py_ssize_t src_stride,
     cdef const real* s = &src[0]
     cdef real* d = &dst[0]
     with nogil:
-        for t in prange(rows * per_row, schedule="static", num_threads=_threads(rows * row_len)):
+        for t in prange(rows * per_row, schedule="dynamic", chunksize=1 if piece > 4096 else 16,
+                        num_threads=_threads(rows * row_len)):
             r = t // per_row
             lo = (t % per_row) * piece
             m = row_len - lo if row_len - lo < piece else piece

@@ -115,7 +115,7 @@ def batch_norm_train_forward(const real[::1] x, real[::1] y, real[::1] x_norm, d
     cdef double* mp = &mean[0]
     cdef double* vp = &var[0]
     with nogil:
-        for c in prange(C, schedule="static", num_threads=_threads(n)):
+        for c in prange(C, schedule="dynamic", chunksize=_grab(N * S), num_threads=_threads(n)):
             _bn_stats(xp + c * S, N, C, S, mp + c, vp + c)
             _bn_normalize(xp + c * S, yp + c * S, xnp + c * S if xnp != NULL else NULL, N, C, S,
                           <real>mp[c], <real>(1.0 / sqrt(vp[c] + eps)))
@@ -192,7 +192,7 @@ def batch_norm_train_backward(const real[::1] dy, const real[::1] x_norm, const 
     cdef const real* dyp = &dy[0]
     cdef real* dxp = &dx[0]
     with nogil:
-        for c in prange(C, schedule="static", num_threads=_threads(n)):
+        for c in prange(C, schedule="dynamic", chunksize=_grab(N * S), num_threads=_threads(n)):
             _bn_backward(dyp + c * S, xnp + c * S if xnp != NULL else NULL, xp + c * S if xp != NULL else NULL,
                          dxp + c * S, N, C, S, mean[c], inv_std[c])
 
@@ -257,7 +257,7 @@ def lrn_across_forward(const real[::1] x, real[::1] y, real[::1] scale, Py_ssize
     cdef real* yp = &y[0]
     cdef real* sp = &scale[0]
     with nogil:
-        for t in prange(N * pieces, schedule="static", num_threads=_threads(n * size)):
+        for t in prange(N * pieces, schedule="dynamic", chunksize=_grab(C * PIECE), num_threads=_threads(n * size)):
             img = t // pieces
             lo = (t % pieces) * PIECE
             m = S - lo if S - lo < PIECE else PIECE
@@ -309,7 +309,7 @@ def lrn_across_backward(const real[::1] x, const real[::1] y, const real[::1] sc
     cdef Py_ssize_t pieces = (S + PIECE - 1) // PIECE
     cdef real cache = <real>(2.0 * alpha * beta / size)
     with nogil:
-        for t in prange(N * pieces, schedule="static", num_threads=_threads(n * size)):
+        for t in prange(N * pieces, schedule="dynamic", chunksize=_grab(C * PIECE), num_threads=_threads(n * size)):
             img = t // pieces
             lo = (t % pieces) * PIECE
             m = S - lo if S - lo < PIECE else PIECE

@@ -273,18 +273,19 @@ def max_pool_forward(const real[::1] x, real[::1] y, int[::1] mask, Py_ssize_t p
     cdef real* yp = &y[0]
     cdef int* mp = &mask[0]
     cdef int nt = _threads(planes * (H * W + PH * PW))
+    cdef Py_ssize_t g = _grab(H * W + PH * PW)
     cdef bint whole_2x2 = (kh == 2 and kw == 2 and sh == 2 and sw == 2 and pad_h == 0 and pad_w == 0
                            and 2 * PH == H and 2 * PW == W)
     with nogil:
         if whole_2x2:
-            for p in prange(planes, schedule="static", num_threads=nt):
+            for p in prange(planes, schedule="dynamic", chunksize=g, num_threads=nt):
                 _max_plane_2x2(xp + p * H * W, yp + p * PH * PW, mp + p * PH * PW, W, PH, PW)
         elif sw == 2:
-            for p in prange(planes, schedule="static", num_threads=nt):
+            for p in prange(planes, schedule="dynamic", chunksize=g, num_threads=nt):
                 _max_plane_s2(xp + p * H * W, yp + p * PH * PW, mp + p * PH * PW, H, W, PH, PW,
                               kh, kw, sh, pad_h, pad_w)
         else:
-            for p in prange(planes, schedule="static", num_threads=nt):
+            for p in prange(planes, schedule="dynamic", chunksize=g, num_threads=nt):
                 _max_plane(xp + p * H * W, yp + p * PH * PW, mp + p * PH * PW, H, W, PH, PW,
                            kh, kw, sh, sw, pad_h, pad_w)
 
@@ -302,13 +303,14 @@ def ave_pool_forward(const real[::1] x, real[::1] y, Py_ssize_t planes,
     cdef const real* xp = &x[0] if H * W > 0 else NULL
     cdef real* yp = &y[0]
     cdef int nt = _threads(planes * (H * W + PH * PW))
+    cdef Py_ssize_t g = _grab(H * W + PH * PW)
     cdef bint whole = PH == 1 and PW == 1 and kh == H and kw == W and pad_h == 0 and pad_w == 0
     with nogil:
         if whole:  # global pooling
-            for p in prange(planes, schedule="static", num_threads=nt):
+            for p in prange(planes, schedule="dynamic", chunksize=g, num_threads=nt):
                 _ave_plane_global(xp + p * H * W, yp + p, H * W)
         else:
-            for p in prange(planes, schedule="static", num_threads=nt):
+            for p in prange(planes, schedule="dynamic", chunksize=g, num_threads=nt):
                 _ave_plane(xp + p * H * W, yp + p * PH * PW, H, W, PH, PW, kh, kw, sh, sw,
                            pad_h, pad_w)
 
@@ -329,8 +331,9 @@ def max_pool_backward(const real[::1] dy, const int[::1] mask, real[::1] dx,
     cdef const int* mp = &mask[0]
     cdef real* dxp = &dx[0]
     cdef int nt = _threads(planes * (HW + PHW))
+    cdef Py_ssize_t g = _grab(HW + PHW)
     with nogil:
-        for p in prange(planes, schedule="static", num_threads=nt):
+        for p in prange(planes, schedule="dynamic", chunksize=g, num_threads=nt):
             _max_back_plane(dyp + p * PHW, mp + p * PHW, dxp + p * HW, HW, PHW)
 
 
@@ -350,12 +353,13 @@ def ave_pool_backward(const real[::1] dy, real[::1] dx, Py_ssize_t planes,
     cdef const real* dyp = &dy[0]
     cdef real* dxp = &dx[0]
     cdef int nt = _threads(planes * (H * W + PH * PW))
+    cdef Py_ssize_t g = _grab(H * W + PH * PW)
     cdef bint whole = PH == 1 and PW == 1 and kh == H and kw == W and pad_h == 0 and pad_w == 0
     with nogil:
         if whole:
-            for p in prange(planes, schedule="static", num_threads=nt):
+            for p in prange(planes, schedule="dynamic", chunksize=g, num_threads=nt):
                 _ave_back_plane_global(dyp + p, dxp + p * H * W, H * W)
         else:
-            for p in prange(planes, schedule="static", num_threads=nt):
+            for p in prange(planes, schedule="dynamic", chunksize=g, num_threads=nt):
                 _ave_back_plane(dyp + p * PH * PW, dxp + p * H * W, H, W, PH, PW, kh, kw, sh, sw,
                                 pad_h, pad_w)

@@ -110,10 +110,10 @@ def softmax_forward(const real[::1] x, real[::1] y, Py_ssize_t outer, Py_ssize_t
     pieces = (inner + P - 1) // P
     with nogil:
         if inner == 1:
-            for o in prange(outer, schedule="static", num_threads=_threads(n)):
+            for o in prange(outer, schedule="dynamic", chunksize=_grab(C), num_threads=_threads(n)):
                 _fwd_row(xp + o * C, yp + o * C, C)
         else:
-            for t in prange(outer * pieces, schedule="static", num_threads=_threads(n)):
+            for t in prange(outer * pieces, schedule="dynamic", chunksize=_grab(C * P), num_threads=_threads(n)):
                 o = t // pieces
                 lo = (t % pieces) * P
                 _fwd_piece(xp + o * C * inner + lo, yp + o * C * inner + lo, C, inner,
@@ -154,7 +154,7 @@ def softmax_backward(const real[::1] y, const real[::1] dy, real[::1] dx, Py_ssi
     P = _piece(C, inner)
     pieces = (inner + P - 1) // P
     with nogil:
-        for t in prange(outer * pieces, schedule="static", num_threads=_threads(n)):
+        for t in prange(outer * pieces, schedule="dynamic", chunksize=_grab(C * P), num_threads=_threads(n)):
             o = t // pieces
             lo = (t % pieces) * P
             _bwd_piece(&y[0] + o * C * inner + lo, &dy[0] + o * C * inner + lo, &dx[0] + o * C * inner + lo,
@@ -175,7 +175,7 @@ def softmax_loss_backward(const real[::1] prob, const int64_t[::1] label, const 
     _need(label.shape[0], outer * inner, "label")
     _need(valid.shape[0], outer * inner, "valid")
     with nogil:
-        for t in prange(outer * C, schedule="static", num_threads=_threads(n)):
+        for t in prange(outer * C, schedule="dynamic", chunksize=_grab(inner), num_threads=_threads(n)):
             o = t // C
             c = t % C
             q = t * inner
