@@ -1,5 +1,6 @@
-"""The AVX2 builds of the kernels (elementwise_avx2, softmax_avx2, normalization_avx2) against the
-baseline builds: the same source, so the same results up to libm's ulps (bit for bit elsewhere)."""
+"""The AVX2 builds of the kernels (elementwise_avx2, softmax_avx2, normalization_avx2, pooling_avx2)
+against the baseline builds: the same source, so the same results up to libm's ulps (bit for bit
+elsewhere)."""
 import importlib
 
 import numpy as np
@@ -94,3 +95,27 @@ def test_normalization_builds_agree(shape, dtype, seed):
         res.append((m, v, y, dx, sc, yl, dxl))
     for g, e_ in zip(res[1], res[0]):
         _close(g, e_, dtype, False)
+
+
+@given(hw=st.sampled_from([(7, 7), (13, 17), (56, 56)]), k=st.sampled_from([2, 3]), s=st.sampled_from([1, 2, 3]),
+       pad=st.sampled_from([0, 1]), dtype=DTYPES, seed=SEEDS)
+def test_pooling_builds_agree_bit_for_bit(hw, k, s, pad, dtype, seed):
+    base, avx = _pair("pooling")
+    from caffe.layers.pooling import pooled_size
+    H, W = hw
+    pad = min(pad, k - 1)
+    PH, PW = pooled_size(H, k, s, pad), pooled_size(W, k, s, pad)
+    planes = 3
+    x = np.random.default_rng(seed).integers(-3, 4, planes * H * W).astype(dtype)  # ties on purpose
+    dy = np.random.default_rng(seed + 1).standard_normal(planes * PH * PW).astype(dtype)
+    res = []
+    for mod in (base, avx):
+        y, m = np.empty(planes * PH * PW, dtype), np.empty(planes * PH * PW, np.int32)
+        ya, dx, dxa = np.empty_like(y), np.empty_like(x), np.empty_like(x)
+        mod.max_pool_forward(x, y, m, planes, H, W, PH, PW, k, k, s, s, pad, pad)
+        mod.max_pool_backward(dy, m, dx, planes, H * W, PH * PW)
+        mod.ave_pool_forward(x, ya, planes, H, W, PH, PW, k, k, s, s, pad, pad)
+        mod.ave_pool_backward(dy, dxa, planes, H, W, PH, PW, k, k, s, s, pad, pad)
+        res.append((y, m, dx, ya, dxa))
+    for g, e in zip(res[1], res[0]):
+        np.testing.assert_array_equal(g, e)

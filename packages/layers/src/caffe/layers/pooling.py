@@ -33,10 +33,8 @@ from caffe.layers.registry import register_layer
 
 # (OMP_WAIT_POLICY / OPENBLAS_THREAD_TIMEOUT are set in caffe/__init__.py, before any thread pool loads.)
 
-try:
-    from caffe.layers.kernels import pooling as _k
-except ImportError:  # pragma: no cover - a source tree without the build
-    _k = None
+# The kernels' AVX2 build where the CPU has it (caffe.layers._cpu); None in a source tree without the build.
+_k = _cpu._load("pooling")
 
 FLT_MAX = float(np.finfo(np.float32).max)
 FLT_MIN = float(np.finfo(np.float32).tiny)

@@ -77,20 +77,36 @@ cdef inline void _max_plane(const real* x, real* y, int* mask, Py_ssize_t H, Py_
             mask[ph * PW + pw] = idx
 
 
-cdef inline void _max_plane_s2(const real* x, real* y, int* mask, Py_ssize_t H, Py_ssize_t W,
-                               Py_ssize_t PH, Py_ssize_t PW, Py_ssize_t kh, Py_ssize_t kw,
-                               Py_ssize_t sh, Py_ssize_t pad_h, Py_ssize_t pad_w) noexcept nogil:
-    # Horizontal stride 2 (3x3/2 in ResNet, GoogLeNet, CaffeNet, SqueezeNet): a whole output row
-    # at a time. For each image row h of the window and kernel column j, every window pw of the
-    # row compares its pixel (h, 2 pw - pad_w + j): a window sees its pixels in row-major order
-    # and only a strictly greater value replaces the running max (from -FLT_MAX), so the first
-    # maximum wins, as in Caffe. The stride is a constant here, so the loop over pw vectorizes.
+cdef inline void _max_row(const real* src, real* yr, int* mr, Py_ssize_t lo, Py_ssize_t hi, int base,
+                          Py_ssize_t sw) noexcept nogil:
+    """Windows lo..hi of an output row against their pixel src[sw pw] (index base + sw pw)."""
+    cdef Py_ssize_t pw
+    cdef real v, m
+    cdef int old, sel
+    for pw in range(lo, hi):  # (no branch: selects by masks, so that it vectorizes)
+        v = src[sw * pw]
+        m = yr[pw]
+        old = mr[pw]
+        sel = -<int>(v > m)
+        mr[pw] = old ^ ((old ^ (base + <int>(sw * pw))) & sel)
+        yr[pw] = v if v > m else m
+
+
+cdef inline void _max_plane_rows(const real* x, real* y, int* mask, Py_ssize_t H, Py_ssize_t W,
+                                 Py_ssize_t PH, Py_ssize_t PW, Py_ssize_t kh, Py_ssize_t kw,
+                                 Py_ssize_t sh, Py_ssize_t pad_h, Py_ssize_t pad_w,
+                                 Py_ssize_t sw) noexcept nogil:
+    # Horizontal stride 1 or 2 (3x3/2 in ResNet, GoogLeNet, CaffeNet, SqueezeNet; 3x3/1 in
+    # GoogLeNet's inception modules), a whole output row at a time. For each image row h of the
+    # window and kernel column j, every window pw of the row compares its pixel (h, sw pw - pad_w
+    # + j): a window sees its pixels in row-major order and only a strictly greater value replaces
+    # the running max (from -FLT_MAX), so the first maximum wins, as in Caffe. _max_row is called
+    # with a literal stride, so that (inlined) its loop has a constant stride and vectorizes.
     cdef Py_ssize_t ph, pw, h, j, hs, he, lo, hi
     cdef real* yr
     cdef int* mr
     cdef const real* src
-    cdef real v, m
-    cdef int base, old, sel
+    cdef int base
     for ph in range(PH):
         yr = y + ph * PW
         mr = mask + ph * PW
@@ -105,16 +121,13 @@ cdef inline void _max_plane_s2(const real* x, real* y, int* mask, Py_ssize_t H, 
             hs = 0
         for h in range(hs, he):
             for j in range(kw):
-                _pw_range(j, W, 2, pad_w, PW, &lo, &hi)
-                src = x + h * W + j - pad_w  # window pw's pixel: src[2 pw]
+                _pw_range(j, W, sw, pad_w, PW, &lo, &hi)
+                src = x + h * W + j - pad_w
                 base = <int>(h * W + j - pad_w)
-                for pw in range(lo, hi):  # (no branch: selects by masks, so that it vectorizes)
-                    v = src[2 * pw]
-                    m = yr[pw]
-                    old = mr[pw]
-                    sel = -<int>(v > m)
-                    mr[pw] = old ^ ((old ^ (base + 2 * <int>pw)) & sel)
-                    yr[pw] = v if v > m else m
+                if sw == 1:
+                    _max_row(src, yr, mr, lo, hi, base, 1)
+                else:
+                    _max_row(src, yr, mr, lo, hi, base, 2)
 
 
 # AVE runs a whole output row at a time: for each image row h of the window and each kernel
@@ -282,8 +295,12 @@ def max_pool_forward(const real[::1] x, real[::1] y, int[::1] mask, Py_ssize_t p
                 _max_plane_2x2(xp + p * H * W, yp + p * PH * PW, mp + p * PH * PW, W, PH, PW)
         elif sw == 2:
             for p in prange(planes, schedule="dynamic", chunksize=g, num_threads=nt):
-                _max_plane_s2(xp + p * H * W, yp + p * PH * PW, mp + p * PH * PW, H, W, PH, PW,
-                              kh, kw, sh, pad_h, pad_w)
+                _max_plane_rows(xp + p * H * W, yp + p * PH * PW, mp + p * PH * PW, H, W, PH, PW,
+                                kh, kw, sh, pad_h, pad_w, 2)
+        elif sw == 1:
+            for p in prange(planes, schedule="dynamic", chunksize=g, num_threads=nt):
+                _max_plane_rows(xp + p * H * W, yp + p * PH * PW, mp + p * PH * PW, H, W, PH, PW,
+                                kh, kw, sh, pad_h, pad_w, 1)
         else:
             for p in prange(planes, schedule="dynamic", chunksize=g, num_threads=nt):
                 _max_plane(xp + p * H * W, yp + p * PH * PW, mp + p * PH * PW, H, W, PH, PW,
