@@ -154,11 +154,11 @@ def load_mean_file(path: str) -> np.ndarray:
     from caffe.proto import caffe_pb2
     from google.protobuf.message import DecodeError
     from caffe.blob.proto_io import blob_proto_to_array
+    from caffe.blob.fileio import FileInputError, read_regular_file
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as exc:
-        raise DataError(f"cannot read mean_file '{path}': {exc.strerror or exc}") from None
+        raw = read_regular_file(path, "mean_file", fmt="a BlobProto")  # a regular file, at most 2 GiB
+    except FileInputError as exc:
+        raise DataError(str(exc)) from None
     proto = caffe_pb2.BlobProto()
     try:
         proto.ParseFromString(raw)
