@@ -95,11 +95,17 @@ def read_image(path: str, height: int = 0, width: int = 0, is_color: bool = True
     (bilinear) to height x width when both are > 0."""
     from PIL import Image, UnidentifiedImageError
     where = where or f"image '{path}'"
+    from caffe.blob.fileio import FileInputError, open_regular_file
     try:
-        img = Image.open(path)
-        img.load()
-    except FileNotFoundError:
-        raise DataError(f"{where}: no such file '{path}'") from None
+        f, _ = open_regular_file(path, "image")  # a FIFO or device is refused, never read
+    except FileInputError as exc:
+        if not os.path.exists(path):
+            raise DataError(f"{where}: no such file '{path}'") from None
+        raise DataError(f"{where}: {exc}") from None
+    try:
+        with f:
+            img = Image.open(f)
+            img.load()
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
         raise DataError(f"{where}: cannot decode image '{path}': {exc}") from None
     img = _decode_mode(img, is_color, not is_color)

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from caffe.blob import context
 from caffe.blob.fileio import format_bytes
-from caffe.blob.memory import CHECK_THRESHOLD, BlobMemoryError, available_device_memory, available_memory
+from caffe.blob import memory as _memory
+from caffe.blob.memory import CHECK_THRESHOLD, BlobMemoryError
 from caffe.blob.syncedmem import UNINITIALIZED
 
 _HINT = "reduce the batch size or the input / num_output dimensions, or free memory"
@@ -21,8 +22,8 @@ _HINT = "reduce the batch size or the input / num_output dimensions, or free mem
 
 def _available() -> tuple[int | None, str]:
     if context.mode() == context.GPU and context.gpu_available():
-        return available_device_memory(), "GPU memory"
-    return available_memory(), "memory"
+        return _memory.available_device_memory(), "GPU memory"
+    return _memory.available_memory(), "memory"
 
 
 def _nbytes(blob) -> int:

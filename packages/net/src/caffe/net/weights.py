@@ -179,10 +179,10 @@ class WeightsMixin:
         if not missing:
             return
         names = ", ".join(f"'{self.layer_names[i]}'" for i in missing)
-        if not copied:
-            log.warning("No layer of the net got weights from '%s': none of its layers matches a layer of the "
-                        "net by name (is it a model of another net?); layers %s keep their initialization",
-                        source, names)
+        if not any(self.layers[i].blobs for i in copied):
+            log.warning("No layer of the net got weights from '%s': none of its layers with parameters matches a "
+                        "layer of the file by name (is it a model of another net?); layers %s keep their "
+                        "initialization", source, names)
         else:
             log.warning("%d layer(s) with parameters got no weights from '%s' and keep their initialization: "
                         "%s (the file has no layer of that name: a model of another net, or one cut short?)",

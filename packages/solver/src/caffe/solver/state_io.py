@@ -47,6 +47,15 @@ def check_state(path: str, iter_: int, learned_net, current_step: int) -> None:
                           f"named, so training cannot resume where it stopped")
 
 
+def _require_state_file(path: str) -> None:
+    if not os.path.exists(path):
+        raise SolverError(f"solver state file {path!r} not found")
+    try:
+        require_regular_file(path, "solver state file")  # /dev/zero or a FIFO: refused, never read
+    except FileInputError as exc:
+        raise SolverError(str(exc)) from None
+
+
 # -- binary ---------------------------------------------------------------------------
 
 def write_state_binary(path: str, iter_: int, learned_net: str, current_step: int, history) -> None:
@@ -63,6 +72,7 @@ def write_state_binary(path: str, iter_: int, learned_net: str, current_step: in
 def read_state_binary(path: str):
     from caffe.proto import caffe_pb2
     from google.protobuf.message import DecodeError
+    _require_state_file(path)
     try:
         data = read_regular_file(path, "solver state file", PROTO_LIMIT, "a SolverState")
     except FileInputError as exc:
@@ -163,10 +173,7 @@ def _load_string(f, name: str, path: str = "?"):
 def read_state_hdf5(path: str):
     """(iter, learned_net or None, current_step, [history arrays]) from an HDF5 solver state."""
     h5py = _h5py()
-    try:
-        require_regular_file(path, "solver state file")
-    except FileInputError as exc:
-        raise SolverError(str(exc)) from None
+    _require_state_file(path)
     try:
         f = h5py.File(path, "r")
     except OSError as exc:
