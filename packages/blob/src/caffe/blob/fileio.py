@@ -40,12 +40,13 @@ _CHUNK = 1 << 16
 class FileInputError(ValueError):
     """A file that cannot be used as input (missing, not a regular file, too big, unreadable); names it."""
 
-    def __init__(self, message: str, path: str | None = None):
+    def __init__(self, message: str, path: str | None = None, reason: str | None = None):
         super().__init__(message)
         self.path = path
+        self.reason = reason or message  # what is wrong, without the file's name (for callers' own wording)
 
     def __reduce__(self):
-        return type(self), (str(self), self.path)
+        return type(self), (str(self), self.path, self.reason)
 
 
 class WriteError(OSError):
@@ -96,14 +97,18 @@ def format_bytes(n: int) -> str:
     return text if text.endswith("bytes") else f"{text} ({int(n)} bytes)"
 
 
+def _error(verb: str, what: str, path: str, reason: str) -> FileInputError:
+    return FileInputError(f"{verb} {what} '{path}': {reason}", path, reason)
+
+
 def _open_error(exc: OSError, path: str, what: str) -> FileInputError:
     if isinstance(exc, FileNotFoundError):
-        return FileInputError(f"Cannot open {what} '{path}': no such file", path)
+        return _error("Cannot open", what, path, "no such file")
     if isinstance(exc, IsADirectoryError):
-        return FileInputError(f"Cannot open {what} '{path}': it is a directory, not a file", path)
+        return _error("Cannot open", what, path, "it is a directory, not a file")
     if isinstance(exc, PermissionError):
-        return FileInputError(f"Cannot open {what} '{path}': permission denied", path)
-    return FileInputError(f"Cannot read {what} '{path}': {exc.strerror or exc}", path)
+        return _error("Cannot open", what, path, "permission denied")
+    return _error("Cannot read", what, path, str(exc.strerror or exc))
 
 
 def open_regular_file(path, what: str = "file"):
@@ -118,9 +123,8 @@ def open_regular_file(path, what: str = "file"):
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise FileInputError(f"Cannot read {what} '{path}': it is {_kind(st.st_mode)}, not a regular file "
-                                 f"(only regular files are read, so an endless or blocking stream cannot hang "
-                                 f"or exhaust memory)", path)
+            raise _error("Cannot read", what, path, f"it is {_kind(st.st_mode)}, not a regular file (only regular "
+                         f"files are read, so an endless or blocking stream cannot hang or exhaust memory)")
         return os.fdopen(fd, "rb", buffering=0), int(st.st_size)
     except BaseException:
         os.close(fd)
@@ -138,11 +142,10 @@ def read_regular_file(path, what: str = "file", limit: int = PROTO_LIMIT, fmt: s
     """The bytes of a regular file, refused when it holds more than `limit` (what its format allows)."""
     path = os.fspath(path)
     f, size = open_regular_file(path, what)
-    too_big = (f"Cannot read {what} '{path}': it is {{}}, more than the {format_bytes(limit)} "
-               f"{fmt or 'this kind of file'} can hold")
+    too_big = f"it is {{}}, more than the {format_bytes(limit)} {fmt or 'this kind of file'} can hold"
     with f:
         if size > limit:
-            raise FileInputError(too_big.format(format_bytes(size)), path)
+            raise _error("Cannot read", what, path, too_big.format(format_bytes(size)))
         try:
             if size:
                 data = f.read(size)  # a file growing meanwhile is read up to the size seen
@@ -154,11 +157,11 @@ def read_regular_file(path, what: str = "file", limit: int = PROTO_LIMIT, fmt: s
                         break
                     total += len(chunk)
                     if total > limit:
-                        raise FileInputError(too_big.format(f"more than {format_bytes(limit)}"), path)
+                        raise _error("Cannot read", what, path, too_big.format(f"more than {format_bytes(limit)}"))
                     parts.append(chunk)
                 data = b"".join(parts)
         except OSError as exc:
-            raise FileInputError(f"Cannot read {what} '{path}': {exc.strerror or exc}", path) from None
+            raise _error("Cannot read", what, path, str(exc.strerror or exc)) from None
     return data
 
 
@@ -168,9 +171,8 @@ def read_text_file(path, what: str = "file", limit: int = PROTO_LIMIT, fmt: str 
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise FileInputError(f"Cannot read {what} '{path}': it is not a text file ({exc.reason} at byte "
-                             f"{exc.start}); was a binary file given where a text one belongs?",
-                             os.fspath(path)) from None
+        raise _error("Cannot read", what, os.fspath(path), f"it is not a text file ({exc.reason} at byte "
+                     f"{exc.start}); was a binary file given where a text one belongs?") from None
 
 
 # ----------------------------------------------------------------------------- writing

@@ -206,4 +206,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # under `python -m caffe.cli.main` this file runs as __main__, a second copy of the module: the commands
+    # raise caffe.cli.main.CliError, which only the canonical copy's handlers catch
+    from caffe.cli.main import main as _canonical_main
+    sys.exit(_canonical_main())

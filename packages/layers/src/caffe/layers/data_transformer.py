@@ -82,11 +82,24 @@ def decode_image_bytes(data: bytes, force_color: bool = False, force_gray: bool 
         raise DataError(f"{where}: cannot set both force_color and force_gray")
     try:
         img = Image.open(io.BytesIO(data))
+        w, h = img.size
+        if w * h > _MAX_PIXELS_PER_BYTE * len(data) + (1 << 20):  # checked before the pixels are allocated
+            raise _CorruptHeader(f"it declares {w}x{h} pixels, more than so few bytes can encode: its header "
+                                 f"is corrupt")
         img.load()  # decodes (Pillow releases the GIL here)
         img = _decode_mode(img, force_color, force_gray)
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
         raise DataError(f"{where}: cannot decode the encoded image ({len(data)} bytes): {exc}") from None
     return pil_to_chw(img)
+
+
+class _CorruptHeader(ValueError):
+    pass
+
+
+# The densest encodings: deflate expands a byte to at most 1032, at 1 bit per pixel (a 1-bit PNG): ~8256
+# pixels per byte. A header claiming more is corrupt; refusing it spares a huge allocation.
+_MAX_PIXELS_PER_BYTE = 8256
 
 
 def read_image(path: str, height: int = 0, width: int = 0, is_color: bool = True,
@@ -164,7 +177,7 @@ def load_mean_file(path: str) -> np.ndarray:
     try:
         raw = read_regular_file(path, "mean_file", fmt="a BlobProto")  # a regular file, at most 2 GiB
     except FileInputError as exc:
-        raise DataError(str(exc)) from None
+        raise DataError(f"cannot read mean_file '{path}': {exc.reason}") from None
     proto = caffe_pb2.BlobProto()
     try:
         proto.ParseFromString(raw)

@@ -28,7 +28,7 @@ def read_list_file(source: str, what: str = "list file") -> list[tuple[str, int,
     try:
         text = read_text_file(source, what)  # a regular file only: a FIFO or /dev/zero cannot hang the read
     except FileInputError as exc:
-        raise DataError(str(exc)) from None
+        raise DataError(f"cannot open {what} '{source}': {exc.reason}") from None
     entries = []
     for lineno, line in enumerate(text.splitlines(), start=1):
         line = line.rstrip("\r\n")

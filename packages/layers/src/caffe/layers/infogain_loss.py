@@ -22,7 +22,7 @@ def read_infogain_matrix(layer, path):
     try:
         raw = read_regular_file(path, "infogain_param.source", fmt="a BlobProto")
     except FileInputError as exc:
-        raise layer.error(str(exc)) from None
+        raise layer.error(f"cannot read infogain_param.source {path!r}: {exc.reason}") from None
     proto = caffe_pb2.BlobProto()
     try:
         proto.ParseFromString(raw)

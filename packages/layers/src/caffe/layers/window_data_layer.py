@@ -42,7 +42,7 @@ def parse_window_file(source: str, root_folder: str = ""):
     try:
         text = read_text_file(source, "window file")  # a regular file only (no FIFO, no endless stream)
     except FileInputError as exc:
-        raise DataError(str(exc)) from None
+        raise DataError(f"failed to open window file '{source}': {exc.reason}") from None
     tokens = []
     for lineno, line in enumerate(text.splitlines(), start=1):
         tokens.extend((tok, lineno) for tok in line.split())

@@ -86,10 +86,24 @@ def read_binary(path, msg):
         raise ProtoFileError(str(exc), path) from None
     try:
         msg.ParseFromString(data)
-    except (_message.DecodeError, RuntimeError, ValueError) as exc:
+        check_strings(msg)
+    except (_message.DecodeError, RuntimeError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
         raise ProtoFileError(f"Failed to parse {kind} file '{path}': the file is corrupt or not a "
                              f"binary {kind} ({len(data)} bytes; {shorten(str(exc))})", path) from None
     return msg
+
+
+def check_strings(msg) -> None:
+    """Refuse string fields that are not UTF-8: protobuf accepts them in proto2 messages and hands them out
+    as bytes, which fail far from the file (a bytes layer name). Blobs (numbers only) are not walked."""
+    for field, value in msg.ListFields():
+        if field.type == field.TYPE_STRING:
+            for item in (value if field.is_repeated else (value,)):
+                if not isinstance(item, str):
+                    raise ValueError(f"field {field.full_name} holds {bytes(item)[:40]!r}, not UTF-8 text")
+        elif field.message_type is not None and field.message_type.name != "BlobProto":
+            for item in (value if field.is_repeated else (value,)):
+                check_strings(item)
 
 
 def write_binary(path, msg) -> None:

@@ -21,6 +21,7 @@ import numpy as np
 
 from caffe.blob.fileio import FileInputError, PROTO_LIMIT, atomic_path, read_regular_file, require_regular_file
 from caffe.blob.fileio import atomic_write_bytes as _atomic_write_bytes
+from caffe.net.protofile import check_strings
 from caffe.solver.params import SolverError
 
 log = logging.getLogger("caffe.solver")
@@ -80,6 +81,7 @@ def read_state_binary(path: str):
     state = caffe_pb2.SolverState()
     try:
         state.ParseFromString(data)
+        check_strings(state)  # a learned_net that is not UTF-8
     except (DecodeError, RuntimeError, ValueError) as exc:
         raise SolverError(f"solver state file {path!r} is not a binary SolverState ({exc}); "
                           f"HDF5 states must end in .h5") from None
