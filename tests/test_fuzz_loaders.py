@@ -6,7 +6,6 @@ tracemalloc: NumPy arrays and Python objects; what protobuf's C parser allocates
 it parses). Examples are derandomized under CI; `ci` keeps the whole file to a few seconds, HYPOTHESIS_PROFILE
 =long runs thousands.
 """
-import os
 import time
 import tracemalloc
 
@@ -22,7 +21,8 @@ from caffe.blob.fileio import FileInputError  # noqa: E402
 from caffe.blob.memory import BlobMemoryError  # noqa: E402
 from caffe.blob.proto_io import array_to_blob_proto  # noqa: E402
 from caffe.layers import LayerError  # noqa: E402
-from caffe.layers.data_transformer import DataError, DataTransformer, array_to_datum, load_mean_file, parse_datum  # noqa: E402,E501
+from caffe.layers.data_transformer import (DataError, DataTransformer, array_to_datum, load_mean_file,  # noqa: E402
+                                           parse_datum)
 from caffe.net import Net, ProtoFileError, WeightsError  # noqa: E402
 from caffe.net.graph import FilterNet, InsertSplits, NetError  # noqa: E402
 from caffe.net.upgrade import ReadNetParamsFromTextFileOrDie, UpgradeError  # noqa: E402
@@ -37,7 +37,8 @@ NET = """name: "fuzz"
 layer { name: "data" type: "Input" top: "data" input_param { shape: { dim: 2 dim: 1 dim: 8 dim: 8 } } }
 layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
         convolution_param { num_output: 3 kernel_size: 3 weight_filler { type: "xavier" } } }
-layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1"
+        pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
 layer { name: "ip1" type: "InnerProduct" bottom: "pool1" top: "ip1" inner_product_param { num_output: 4 } }
 layer { name: "relu1" type: "ReLU" bottom: "ip1" top: "ip1" }
 layer { name: "prob" type: "Softmax" bottom: "ip1" top: "prob" }
@@ -222,7 +223,6 @@ def test_mutated_solverstates(state_seed, data):
     context.set_random_seed(1)
     solver = Solver(solver_param(least_squares_net(4, 3), type="Nesterov", base_lr=0.01, lr_policy="fixed",
                                  momentum=0.9, display=0, snapshot_prefix=str(d / "s")))
-    os.chdir(d)  # learned_net is relative: the seed names s_iter_1.caffemodel beside it
     load_checked(lambda: solver.Restore(path), len(raw), (path,))
 
 

@@ -20,10 +20,12 @@ LENET = """name: "LeNet"
 layer { name: "data" type: "Input" top: "data" input_param { shape: { dim: 64 dim: 1 dim: 28 dim: 28 } } }
 layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
         convolution_param { num_output: 20 kernel_size: 5 stride: 1 weight_filler { type: "xavier" } } }
-layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1"
+        pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
 layer { name: "conv2" type: "Convolution" bottom: "pool1" top: "conv2"
         convolution_param { num_output: 50 kernel_size: 5 stride: 1 weight_filler { type: "xavier" } } }
-layer { name: "pool2" type: "Pooling" bottom: "conv2" top: "pool2" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "pool2" type: "Pooling" bottom: "conv2" top: "pool2"
+        pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
 layer { name: "ip1" type: "InnerProduct" bottom: "pool2" top: "ip1"
         inner_product_param { num_output: 500 weight_filler { type: "xavier" } } }
 layer { name: "relu1" type: "ReLU" bottom: "ip1" top: "ip1" }
@@ -73,8 +75,8 @@ def test_fifo_as_model_or_weights_does_not_block(tmp_path):
 
 # -- clear errors ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("line", ['name: "' + "x" * 150_000, "name: " + "x" * 150_000, "layer { " + "a" * 150_000 + " }",
-                                  'name: "LeNet" ' + "9" * 150_000])
+@pytest.mark.parametrize("line", ['name: "' + "x" * 150_000, "name: " + "x" * 150_000,
+                                  "layer { " + "a" * 150_000 + " }", 'name: "LeNet" ' + "9" * 150_000])
 def test_a_150kb_line_is_not_echoed_whole(tmp_path, line):
     p = tmp_path / "long.prototxt"
     p.write_text(line + "\n" + SMALL)

@@ -200,7 +200,8 @@ def test_hdf5_snapshot_writes_one_temporary_file(tmp_path, monkeypatch):
     solver.step(1)
     solver.Snapshot()
     assert len(opened) == 2, opened  # the model and the state: one temporary file each, beside the target
-    assert opened[0].startswith(".h_iter_1.caffemodel.h5.tmp-") and opened[1].startswith(".h_iter_1.solverstate.h5.tmp-")
+    assert opened[0].startswith(".h_iter_1.caffemodel.h5.tmp-")
+    assert opened[1].startswith(".h_iter_1.solverstate.h5.tmp-")
     solver.release_snapshot_prefix()
     assert sorted(os.listdir(tmp_path)) == ["h_iter_1.caffemodel.h5", "h_iter_1.solverstate.h5"]
 

@@ -64,8 +64,12 @@ class HDF5DataLayer(Layer):
         if not os.path.exists(filename):
             raise self.error(f"HDF5 file '{filename}' (listed in '{self.layer_param.hdf5_data_param.source}') "
                              f"does not exist")
+        from caffe.blob.fileio import FileInputError, require_regular_file
         try:
+            require_regular_file(filename, "HDF5 file")  # a FIFO would block HDF5's open
             f = h5py.File(filename, "r")
+        except FileInputError as exc:
+            raise self.error(f"{exc} (listed in '{self.layer_param.hdf5_data_param.source}')") from None
         except OSError as exc:
             raise self.error(f"cannot open HDF5 file '{filename}': {exc}") from None
         with f:
