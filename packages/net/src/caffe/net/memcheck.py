@@ -114,8 +114,10 @@ def check_train_net(net) -> None:
         layer_id, index = net.param_layer_indices[net.learnable_param_ids.index(param_id)]  # the owner
         items.append((_nbytes(blob), f"param {index} of layer '{net.layer_names[layer_id]}' (diff)"))
     total = sum(n for n, _ in items)
-    if total < CHECK_THRESHOLD:
-        return
+    tally = net.__dict__.get("_memcheck_tally")
+    if total < CHECK_THRESHOLD or (tally is not None and tally.available is not None
+                                   and total <= tally.available // 2):
+        return  # far from the last reading: spare the /proc reads
     available, kind = _available()
     if available is None or total <= available:
         return
