@@ -37,6 +37,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                                  "upgrade a binary NetParameter (caffemodel) to the latest format"),
     "upgrade_solver_proto_text": ("caffe.cli.upgrade_solver_proto_text",
                                   "upgrade a text SolverParameter to the latest format"),
+    "export_onnx": ("caffe.cli.export_onnx", "export a trained net to ONNX (--model, --weights, --output; "
+                                             "needs caffe-onnx)"),
 }
 
 
