@@ -63,8 +63,9 @@ class LayerContext:
     """One Caffe layer as a converter sees it (see the module doc)."""
 
     def __init__(self, builder: GraphBuilder, layer, name: str, bottoms, bottom_shapes, tops, top_shapes,
-                 params):
+                 params=None, index: int = -1):
         self.b = builder
+        self.index = index  # the layer's index in the net
         self.layer = layer
         self.param = layer.layer_param
         self.name = name

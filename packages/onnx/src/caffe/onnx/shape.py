@@ -15,7 +15,7 @@ INT64_MAX = np.iinfo(np.int64).max
 
 @converter("Input")
 def input_layer(ctx):
-    pass  # its tops are the graph's inputs (see export.py)
+    pass  # its tops are the graph's inputs (see exporter.py)
 
 
 @converter("Silence")
