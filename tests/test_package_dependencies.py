@@ -12,10 +12,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 ORDER = ["proto", "blob", "layers", "net", "solver", "parallel", "cli"]
-DIST = {name: f"caffe-{name}" for name in ORDER}
+# packages beside the main line: each stands on the packages named (and may import only those and itself)
+BESIDE = {"onnx": ["proto", "blob", "layers", "net"]}
+PACKAGES = ORDER + list(BESIDE)
+DIST = {name: f"caffe-{name}" for name in PACKAGES}
 # what each package may import (itself and everything below it); cli sits on top of all
 ALLOWED = {name: set(ORDER[: i + 1]) for i, name in enumerate(ORDER)}
-ALLOWED["cli"] = set(ORDER)
+ALLOWED.update({name: set(deps) | {name} for name, deps in BESIDE.items()})
+ALLOWED["cli"] = set(PACKAGES)
+# imports a package may make only through an optional extra, never a hard dependency (cli's export_onnx)
+OPTIONAL = {"cli": {"onnx"}}
 
 
 def package_dir(name):
@@ -29,7 +35,7 @@ def caffe_imports(path: Path):
     text = path.read_text()
     if path.suffix == ".pyx":  # Cython is not Python syntax: scan its import lines
         for m in _PYX_IMPORT.finditer(text):
-            if m.group(1) in ORDER:
+            if m.group(1) in PACKAGES:
                 yield m.group(1), text.count("\n", 0, m.start()) + 1
         return
     tree = ast.parse(text, str(path))
@@ -47,11 +53,11 @@ def caffe_imports(path: Path):
                 mods = [arg.value]
         for m in mods:
             parts = m.split(".")
-            if parts[0] == "caffe" and len(parts) > 1 and parts[1] in ORDER:
+            if parts[0] == "caffe" and len(parts) > 1 and parts[1] in PACKAGES:
                 yield parts[1], node.lineno
 
 
-@pytest.mark.parametrize("name", [n for n in ORDER if package_dir(n).joinpath("pyproject.toml").exists()])
+@pytest.mark.parametrize("name", [n for n in PACKAGES if package_dir(n).joinpath("pyproject.toml").exists()])
 def test_imports_point_only_downward(name):
     src = package_dir(name) / "src"
     bad = []
@@ -64,11 +70,19 @@ def test_imports_point_only_downward(name):
     assert not bad, f"caffe-{name} must not import packages above it:\n" + "\n".join(bad)
 
 
-@pytest.mark.parametrize("name", [n for n in ORDER if package_dir(n).joinpath("pyproject.toml").exists()])
+def _names(requirements):
+    return {d.split("[")[0].split(">")[0].split("=")[0].split("<")[0].split(";")[0].strip() for d in requirements}
+
+
+@pytest.mark.parametrize("name", [n for n in PACKAGES if package_dir(n).joinpath("pyproject.toml").exists()])
 def test_declared_dependencies_cover_imports(name):
     meta = tomllib.loads((package_dir(name) / "pyproject.toml").read_text())
-    deps = {d.split("[")[0].split(">")[0].split("=")[0].split("<")[0].strip()
-            for d in meta["project"].get("dependencies", [])}
+    deps = _names(meta["project"].get("dependencies", []))
+    extras = set().union(*[_names(r) for r in meta["project"].get("optional-dependencies", {}).values()])
+    for optional in OPTIONAL.get(name, ()):
+        assert DIST[optional] not in deps, f"caffe-{name} must not hard-depend on {DIST[optional]} (an extra only)"
+        if DIST[optional] in extras:
+            deps.add(DIST[optional])
     used = set()
     for path in list((package_dir(name) / "src").rglob("*.py")) + list((package_dir(name) / "src").rglob("*.pyx")):
         if path.name == "__init__.py" and path.parent.name == "caffe":

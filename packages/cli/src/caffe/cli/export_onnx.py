@@ -56,7 +56,12 @@ def main(argv) -> int:
     for w in weights:
         require_file(w, "weights")
     from caffe.net import Net
-    net = Net(args.model, parse_phase(args.phase, 1), level=args.level, stages=parse_stages(args.stage))
+    from caffe.net.upgrade import ReadNetParamsFromTextFileOrDie
+    phase, stages = parse_phase(args.phase, 1), parse_stages(args.stage)
+    param = ReadNetParamsFromTextFileOrDie(args.model)
+    # refuse data/loss/Python layers before building the net (a train_val net's databases may be absent)
+    onnx_export.check_net_param(param, phase, args.level, stages)
+    net = Net(param, phase, level=args.level, stages=stages)
     for w in weights:
         net.CopyTrainedLayersFrom(w)
     out_dir = os.path.dirname(os.path.abspath(args.output))

@@ -8,8 +8,8 @@ Every layer type with an ONNX equivalent maps to it (`supported_layer_types()`);
 have none (data, loss, Python layers, ...) raises UnsupportedLayersError naming all of them at once.
 """
 from caffe.onnx.builder import ExportError
-from caffe.onnx.exporter import DEFAULT_OPSET, UnsupportedLayersError, export, save, to_onnx
+from caffe.onnx.exporter import DEFAULT_OPSET, UnsupportedLayersError, check_net_param, export, save, to_onnx
 from caffe.onnx.registry import supported_layer_types
 
-__all__ = ["export", "to_onnx", "save", "ExportError", "UnsupportedLayersError", "supported_layer_types",
-           "DEFAULT_OPSET"]
+__all__ = ["export", "to_onnx", "save", "check_net_param", "ExportError", "UnsupportedLayersError",
+           "supported_layer_types", "DEFAULT_OPSET"]

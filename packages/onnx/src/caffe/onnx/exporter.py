@@ -187,6 +187,23 @@ def _check_layers(net, contexts):
         raise UnsupportedLayersError(net.name, bad)
 
 
+def check_net_param(param, phase: int = 1, level: int = 0, stages=()) -> None:
+    """Refuse, before any Net is built, a NetParameter (a prototxt's, upgraded) whose layers in this phase
+    include types without an ONNX form; UnsupportedLayersError names all of them. (A train_val net's data
+    layers fail this way instead of on their missing databases.)"""
+    from caffe.net.graph import FilterNet
+
+    p = type(param)()
+    p.CopyFrom(param)
+    p.state.phase = phase
+    p.state.level = level
+    p.state.stage.extend(stages)
+    bad = [(layer.name, layer.type, why_unsupported(layer.type)) for layer in FilterNet(p).layer
+           if layer.type not in CONVERTERS]
+    if bad:
+        raise UnsupportedLayersError(param.name, bad)
+
+
 def _batch_symbols(net, dynamic: bool):
     """Per output blob, its dimensions with the batch-following ones as names (dynamic) or ints."""
     outputs = [net.blob_names[b] for b in net.output_blob_indices]
