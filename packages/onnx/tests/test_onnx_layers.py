@@ -60,6 +60,7 @@ def test_onnx_log(params):
     compare_with_onnxruntime(net_of(body), np.random.default_rng(0))
 
 
+@pytest.mark.filterwarnings("ignore:invalid value")
 def test_onnx_power_fractional_and_negative_base():
     """A fractional power of a negative base is NaN in both (C's pow)."""
     body = L("pow", "Power", "data", "y", "power_param { power: 0.5 shift: 0.2 }")
@@ -84,6 +85,21 @@ def test_onnx_lrn(params):
 def test_onnx_batch_norm(shape, stats):
     body = L("bn", "BatchNorm", "data", "x", stats) + L("sc", "Scale", "x", "x", "scale_param { bias_term: true }")
     compare_with_onnxruntime(net_of(body, {"data": shape}), np.random.default_rng(0))
+
+
+def test_onnx_batch_norm_scale_folding():
+    """BatchNorm + Scale is one node when only the Scale reads the BatchNorm's output; otherwise two."""
+    fold = L("bn", "BatchNorm", "data", "x") + L("sc", "Scale", "x", "x", "scale_param { bias_term: true }")
+    nofold = L("bn", "BatchNorm", "data", "x") + L("sc", "Scale", "x", "y") + L("relu", "ReLU", "x", "z")
+    shared = L("bn", "BatchNorm", "data", "x") + L("sc", "Scale", "x", "y", "scale_param { axis: 0 num_axes: 2 }")
+    for body, ops in [(fold, ["BatchNormalization"]), (nofold, ["BatchNormalization", "Identity", "Identity", "Mul", "Relu"]),
+                      (shared, ["BatchNormalization", "Mul"])]:
+        net = net_of(body)
+        model = to_onnx(net)
+        assert [n.op_type for n in model.graph.node] == ops
+        assert model.graph.node[0].name == "bn"
+        compare_with_onnxruntime(net, np.random.default_rng(0), model=model)
+    assert "Scale 'sc' folded in" in to_onnx(net_of(fold)).graph.node[0].doc_string
 
 
 def test_onnx_batch_norm_blobs2_scale_factor():

@@ -55,7 +55,9 @@ def _check_model(net, model):
     assert model.graph.name == net.name
     assert {p.key: p.value for p in model.metadata_props}["caffe_net_name"] == net.name
     node_names = {n.name for n in model.graph.node}
-    missing = [n for n, layer in zip(net.layer_names, net.layers) if layer.type != "Input" and n not in node_names]
+    folded = " ".join(n.doc_string for n in model.graph.node)  # "... Scale 'name' folded in"
+    missing = [n for n, layer in zip(net.layer_names, net.layers) if layer.type != "Input" and n not in node_names
+               and not (layer.type == "Scale" and f"Scale '{n}' folded in" in folded)]
     assert not missing, f"layers without a node of their name: {missing}"
     assert [o.name for o in model.graph.output] == net.outputs
     for o in model.graph.output:
@@ -87,9 +89,12 @@ def test_onnx_architecture_matches_caffe(arch):
 def test_onnx_resnet_like_has_every_layer_kind():
     net = _net(FIXTURES / "resnet_like.prototxt")
     model = to_onnx(net)
-    ops = {n.op_type for n in model.graph.node}
-    assert {"Conv", "BatchNormalization", "Mul", "Add", "Sum", "Relu", "MaxPool", "AveragePool", "Gemm",
-            "Softmax"} <= ops
+    ops = [n.op_type for n in model.graph.node]
+    assert {"Conv", "BatchNormalization", "Sum", "Relu", "MaxPool", "AveragePool", "Gemm", "Softmax"} <= set(ops)
+    # every BatchNorm + Scale pair is one BatchNormalization node, named after the BatchNorm
+    bn = [n for n, layer in zip(net.layer_names, net.layers) if layer.type == "BatchNorm"]
+    assert sorted(n.name for n in model.graph.node if n.op_type == "BatchNormalization") == sorted(bn)
+    assert "Mul" not in ops and len(bn) == 15
 
 
 def test_onnx_mobilenet_like_depthwise_groups():

@@ -53,10 +53,11 @@ class GraphBuilder:
         self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
         return name
 
-    def add_node(self, op: str, inputs, outputs, name: str, domain: str = "", **attrs) -> None:
+    def add_node(self, op: str, inputs, outputs, name: str, domain: str = "", doc_string: str | None = None,
+                 **attrs) -> None:
         attrs = {k: v for k, v in attrs.items() if v is not None}
         self.nodes.append(helper.make_node(op, list(inputs), list(outputs), name=self.node_name(name),
-                                           domain=domain or None, **attrs))
+                                           doc_string=doc_string, domain=domain or None, **attrs))
 
 
 class LayerContext:
@@ -75,6 +76,8 @@ class LayerContext:
         self.tops = list(tops)
         self.top_shapes = [tuple(s) for s in top_shapes]
         self.params = params  # the layer's parameter blobs as arrays (copies, net dtype)
+        self.fold = None  # a following layer folded into this one's node (BatchNorm + Scale)
+        self.folded_into = None
 
     # -- what converters read --------------------------------------------------------------------
     @property
@@ -104,7 +107,8 @@ class LayerContext:
     def ints(self, values, what: str) -> str:
         return self.const(np.asarray(values, dtype=np.int64).reshape(-1), what, np.int64)
 
-    def node(self, op: str, inputs, out=None, what: str | None = None, n_out: int = 1, **attrs):
+    def node(self, op: str, inputs, out=None, what: str | None = None, n_out: int = 1, doc: str | None = None,
+             **attrs):
         """Emit one node; returns its output name (or names, for n_out > 1). `out` names the outputs
         (a top); by default fresh tensors `layer/what` are made."""
         what = what or op.lower()
@@ -113,7 +117,7 @@ class LayerContext:
         else:
             outs = [out] if isinstance(out, str) else list(out)
         main = bool(self.tops) and self.tops[0] in outs
-        self.b.add_node(op, inputs, outs, self.name if main else f"{self.name}/{what}", **attrs)
+        self.b.add_node(op, inputs, outs, self.name if main else f"{self.name}/{what}", doc_string=doc, **attrs)
         return outs if (n_out > 1 or isinstance(out, (list, tuple))) else outs[0]
 
     # -- small compositions shared by converters ----------------------------------------------------

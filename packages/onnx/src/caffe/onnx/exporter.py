@@ -21,6 +21,7 @@ from onnx import helper
 
 from caffe.onnx import arith, conv, neuron, norm, pooling, shape  # noqa: F401  (they register converters)
 from caffe.onnx.builder import ExportError, GraphBuilder, LayerContext
+from caffe.onnx.norm import can_fold_scale
 from caffe.onnx.registry import CONVERTERS, why_unsupported
 
 DEFAULT_OPSET = 18
@@ -187,6 +188,23 @@ def _check_layers(net, contexts):
         raise UnsupportedLayersError(net.name, bad)
 
 
+def _fold_batch_norm_scale(steps, final_values) -> None:
+    """BatchNorm followed by its Scale becomes one BatchNormalization node (named after the BatchNorm),
+    when nothing else reads the BatchNorm's output."""
+    reads = {}
+    for s in steps:
+        for name in ([s.source] if isinstance(s, AliasStep) else s.bottoms):
+            reads[name] = reads.get(name, 0) + 1
+    for bn, sc in zip(steps, steps[1:]):
+        if not (isinstance(bn, LayerContext) and isinstance(sc, LayerContext) and bn.type == "BatchNorm"
+                and sc.type == "Scale" and bn.fold is None and bn.folded_into is None):
+            continue
+        out = bn.tops[0]
+        if reads.get(out, 0) == 1 and out not in final_values and can_fold_scale(bn, sc):
+            bn.fold, sc.folded_into = sc, bn
+            bn.tops = [sc.tops[0]]
+
+
 def check_net_param(param, phase: int = 1, level: int = 0, stages=()) -> None:
     """Refuse, before any Net is built, a NetParameter (a prototxt's, upgraded) whose layers in this phase
     include types without an ONNX form; UnsupportedLayersError names all of them. (A train_val net's data
@@ -250,11 +268,16 @@ def to_onnx(net, opset=None, *, batch=None, dynamic_batch: bool = False, doc_str
         steps, current = _steps(net, builder)
         _check_layers(net, [s for s in steps if isinstance(s, LayerContext)])
         out_dims = _batch_symbols(net, bool(dynamic_batch))
+        _fold_batch_norm_scale(steps, set(current.values()))
         for ctx in steps:
             if isinstance(ctx, AliasStep):
                 ctx.emit(builder)
                 continue
+            if ctx.folded_into is not None:
+                continue
             ctx.params = _layer_params(net, ctx.index)
+            if ctx.fold is not None:
+                ctx.fold.params = _layer_params(net, ctx.fold.index)
             try:
                 CONVERTERS[ctx.type].convert(ctx)
             except ExportError:

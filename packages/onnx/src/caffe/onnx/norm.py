@@ -34,20 +34,39 @@ def _batch_norm_stats(ctx):
     return mean * f, var * f
 
 
+def uses_global_stats(ctx) -> bool:
+    p = ctx.param.batch_norm_param
+    return p.use_global_stats if p.HasField("use_global_stats") else ctx.param.phase == 1
+
+
+def can_fold_scale(bn, sc) -> bool:
+    """A Scale right after a BatchNorm (global statistics) on its output, one learned factor per channel."""
+    p = sc.param.scale_param
+    shape = bn.top_shapes[0]
+    return (uses_global_stats(bn) and len(shape) >= 2 and len(sc.bottoms) == 1 and sc.bottoms[0] == bn.tops[0]
+            and len(sc.layer.blobs) == 1 + bool(p.bias_term) and tuple(sc.layer.blobs[0].shape) == (shape[1],)
+            and p.axis % len(shape) == 1)
+
+
 @converter("BatchNorm")
 def batch_norm(ctx):
     p = ctx.param.batch_norm_param
     x, top = ctx.bottoms[0], ctx.tops[0]
     shape = ctx.bottom_shapes[0]
     eps = float(p.eps)
-    use_global = p.use_global_stats if p.HasField("use_global_stats") else ctx.param.phase == 1
-    if use_global:
+    if uses_global_stats(ctx):
         mean, var = _batch_norm_stats(ctx)
         if len(shape) >= 2:
             c = shape[1]
-            ctx.node("BatchNormalization", [x, ctx.const(np.ones(c), "scale"), ctx.const(np.zeros(c), "bias"),
+            gamma, beta, doc = np.ones(c), np.zeros(c), None
+            if ctx.fold is not None:  # the Scale layer that follows, in the same node
+                sc = ctx.fold
+                gamma = sc.params[0].reshape(-1)
+                beta = sc.params[1].reshape(-1) if sc.param.scale_param.bias_term else beta
+                doc = f"Caffe BatchNorm '{ctx.name}' with Scale '{sc.name}' folded in"
+            ctx.node("BatchNormalization", [x, ctx.const(gamma, "scale"), ctx.const(beta, "bias"),
                                             ctx.const(mean, "mean"), ctx.const(var, "var")],
-                     out=top, epsilon=eps)
+                     out=top, epsilon=eps, doc=doc)
             return
         centered = ctx.node("Sub", [x, ctx.const(mean.reshape(()), "mean")], what="centered")
         ctx.node("Div", [centered, ctx.const(np.sqrt(var.reshape(()) + eps), "std")], out=top)
