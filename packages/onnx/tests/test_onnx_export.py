@@ -1,6 +1,5 @@
 """export(): unsupported layers (one error naming all), options (opset, batch, dynamic_batch), the file
 written (atomic, external data for large weights), and the model's metadata."""
-import logging
 
 import numpy as np
 import onnx
@@ -12,7 +11,6 @@ from caffe.onnx import ExportError, UnsupportedLayersError, export, to_onnx
 from caffe.onnx.testing import compare_with_onnxruntime, random_inputs, randomize, run_onnxruntime
 
 pytest.importorskip("onnxruntime")
-logging.getLogger("caffe").setLevel(logging.WARNING)
 
 
 def net_of(body, inputs=None, phase=caffe.TEST, name="t"):

@@ -1,5 +1,4 @@
 """Each supported layer type, with its parameters, against net.forward() (every blob compared)."""
-import logging
 
 import numpy as np
 import onnx
@@ -10,7 +9,6 @@ from caffe.onnx import to_onnx
 from caffe.onnx.testing import compare_with_onnxruntime, randomize
 
 pytest.importorskip("onnxruntime")
-logging.getLogger("caffe").setLevel(logging.WARNING)
 
 
 def net_of(body, inputs=None, phase=caffe.TEST, name="t", seed=0):

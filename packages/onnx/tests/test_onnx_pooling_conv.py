@@ -1,6 +1,5 @@
 """Pooling and convolution geometry, drawn at random: Caffe's ceil/floor rounding, its last-window rule,
 the AVE divisor over the padded extent, windows that start behind the image, groups, dilation, pads."""
-import logging
 
 import numpy as np
 import pytest
@@ -12,7 +11,6 @@ from caffe.onnx import to_onnx
 from caffe.onnx.testing import compare_with_onnxruntime, randomize
 
 pytest.importorskip("onnxruntime")
-logging.getLogger("caffe").setLevel(logging.WARNING)
 
 
 def build(body, shape, name="t", phase=caffe.TEST, seed=0):

@@ -2,7 +2,6 @@
 parameters on random small shapes, random weights; every blob of ONNX Runtime's run equals net.forward()
 within 1e-4 relative. In-place layers, blobs consumed twice (Caffe's Split) and several outputs arise
 naturally."""
-import logging
 
 import numpy as np
 import pytest
@@ -14,7 +13,6 @@ from caffe.layers.pooling import pooled_size
 from caffe.onnx.testing import compare_with_onnxruntime, randomize
 
 pytest.importorskip("onnxruntime")
-logging.getLogger("caffe").setLevel(logging.WARNING)
 
 NEURONS = ["ReLU", "relu_param { negative_slope: 0.2 }", "ELU", "Sigmoid", "TanH", "AbsVal", "BNLL", "Swish",
            "Dropout", "Clip", "Power", "Exp", "PReLU"]
