@@ -63,7 +63,8 @@ def test_export_onnx_batch_and_dynamic_batch(tmp_path, lenet_weights, capsys):
     import onnx
     net, weights = lenet_weights
     fixed, dynamic = tmp_path / "b3.onnx", tmp_path / "dyn.onnx"
-    assert main(["export_onnx", "-model", str(LENET), "-weights", str(weights), "-output", str(fixed), "-batch", "3"]) == 0
+    assert main(["export_onnx", "-model", str(LENET), "-weights", str(weights), "-output", str(fixed),
+                 "-batch", "3"]) == 0
     assert main(["export_onnx", f"--model={LENET}", f"--weights={weights}", f"--output={dynamic}",
                  "--dynamic_batch"]) == 0
     assert "prob ('batch', 10)" in capsys.readouterr().err

@@ -70,7 +70,8 @@ def test_onnx_opsets(opset):
                    'layer { name: "ss" type: "Reduction" bottom: "b" top: "s" reduction_param { operation: SUMSQ } }\n'
                    'layer { name: "bn" type: "BatchNorm" bottom: "b" top: "bn" batch_norm_param { use_global_stats: '
                    'false } }\n'
-                   'layer { name: "am" type: "ArgMax" bottom: "bn" top: "am" argmax_param { axis: 1 out_max_val: true } }\n')
+                   'layer { name: "am" type: "ArgMax" bottom: "bn" top: "am" '
+                   'argmax_param { axis: 1 out_max_val: true } }\n')
     net = net_of(body)
     model = to_onnx(net, opset)
     assert model.opset_import[0].version == (opset or caffe.onnx.DEFAULT_OPSET)
@@ -105,7 +106,8 @@ DYNAMIC = CONV + (
     'stride: 2 pad: 1 } }\n'
     'layer { name: "flat" type: "Flatten" bottom: "pool" top: "flat" }\n'
     'layer { name: "ip" type: "InnerProduct" bottom: "flat" top: "ip" inner_product_param { num_output: 6 } }\n'
-    'layer { name: "reshape" type: "Reshape" bottom: "ip" top: "r" reshape_param { shape { dim: 0 dim: 2 dim: -1 } } }\n'
+    'layer { name: "reshape" type: "Reshape" bottom: "ip" top: "r" '
+    'reshape_param { shape { dim: 0 dim: 2 dim: -1 } } }\n'
     'layer { name: "ip2" type: "InnerProduct" bottom: "r" top: "ip2" inner_product_param { num_output: 2 axis: 2 } }\n'
     'layer { name: "sm" type: "Softmax" bottom: "ip2" top: "prob" softmax_param { axis: 1 } }\n'
     'layer { name: "am" type: "ArgMax" bottom: "conv" top: "am" argmax_param { top_k: 2 out_max_val: true } }\n'

@@ -90,7 +90,8 @@ def test_onnx_batch_norm_scale_folding():
     fold = L("bn", "BatchNorm", "data", "x") + L("sc", "Scale", "x", "x", "scale_param { bias_term: true }")
     nofold = L("bn", "BatchNorm", "data", "x") + L("sc", "Scale", "x", "y") + L("relu", "ReLU", "x", "z")
     shared = L("bn", "BatchNorm", "data", "x") + L("sc", "Scale", "x", "y", "scale_param { axis: 0 num_axes: 2 }")
-    for body, ops in [(fold, ["BatchNormalization"]), (nofold, ["BatchNormalization", "Identity", "Identity", "Mul", "Relu"]),
+    for body, ops in [(fold, ["BatchNormalization"]),
+                      (nofold, ["BatchNormalization", "Identity", "Identity", "Mul", "Relu"]),
                       (shared, ["BatchNormalization", "Mul"])]:
         net = net_of(body)
         model = to_onnx(net)
@@ -175,7 +176,8 @@ def test_onnx_flatten(params):
 
 @pytest.mark.parametrize("params", [
     "shape { dim: 0 dim: -1 }", "shape { dim: 0 dim: 0 dim: 20 }", "shape { dim: -1 dim: 5 }",
-    "shape { dim: 2 dim: 3 dim: 2 dim: 2 dim: 5 }", "axis: 1 shape { dim: 60 }", "axis: 2 num_axes: 1 shape { dim: 2 dim: 2 }",
+    "shape { dim: 2 dim: 3 dim: 2 dim: 2 dim: 5 }", "axis: 1 shape { dim: 60 }",
+    "axis: 2 num_axes: 1 shape { dim: 2 dim: 2 }",
     "axis: -1 shape { dim: 1 dim: 1 }", "axis: 0 num_axes: 0 shape { dim: 1 }", "axis: 1 num_axes: 0 shape { dim: 1 }",
     "axis: 0 num_axes: 2 shape { dim: 0 dim: -1 }", "shape { dim: 0 dim: 3 dim: -1 }",
 ])
@@ -227,7 +229,8 @@ def test_onnx_embed_and_batch_reindex():
     body += L("embed_nb", "Embed", "idx", "e2", "embed_param { num_output: 3 input_dim: 7 bias_term: false }")
     body += L("reindex", "BatchReindex", ["data", "perm"], "r")
     net = net_of(body, {"idx": (2, 3), "data": (3, 2, 2), "perm": (4,)})
-    feeds = {"idx": np.array([[0, 6, 3], [2, 2, 5]], np.float32), "data": np.arange(12, dtype=np.float32).reshape(3, 2, 2),
+    feeds = {"idx": np.array([[0, 6, 3], [2, 2, 5]], np.float32),
+             "data": np.arange(12, dtype=np.float32).reshape(3, 2, 2),
              "perm": np.array([2, 0, 0, 1], np.float32)}
     compare_with_onnxruntime(net, np.random.default_rng(0), feeds=feeds)
 
@@ -260,7 +263,8 @@ def test_onnx_in_place_chain_and_renamed_blobs():
 def test_onnx_float64_net():
     """A float64 net exports as DOUBLE tensors (ONNX Runtime has no double Conv: an InnerProduct net here)."""
     net = caffe.Net('name: "d"\nlayer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 2 '
-                    'dim: 3 dim: 3 } } }\n' + L("ip", "InnerProduct", "data", "h", "inner_product_param { num_output: 4 }")
+                    'dim: 3 dim: 3 } } }\n'
+                    + L("ip", "InnerProduct", "data", "h", "inner_product_param { num_output: 4 }")
                     + L("relu", "ReLU", "h", "h") + L("prob", "Softmax", "h", "y"), caffe.TEST, dtype=np.float64)
     randomize(net, np.random.default_rng(0))
     model = to_onnx(net)

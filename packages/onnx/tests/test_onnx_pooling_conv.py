@@ -15,7 +15,8 @@ pytest.importorskip("onnxruntime")
 
 def build(body, shape, name="t", phase=caffe.TEST, seed=0):
     dims = " ".join(f"dim: {d}" for d in shape)
-    text = f'name: "{name}"\nlayer {{ name: "data" type: "Input" top: "data" input_param {{ shape {{ {dims} }} }} }}\n{body}'
+    text = (f'name: "{name}"\nlayer {{ name: "data" type: "Input" top: "data" '
+            f'input_param {{ shape {{ {dims} }} }} }}\n{body}')
     try:
         net = caffe.Net(text, phase)
     except Exception as exc:  # a configuration Caffe itself refuses

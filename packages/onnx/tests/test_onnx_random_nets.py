@@ -175,7 +175,8 @@ def add_shape(bld, draw):
         axis = draw(st.integers(1, nd - 1))
         bld.layer("Softmax", [x], [bld.top()], f"softmax_param {{ axis: {axis} }}", [shape])
     elif kind == "Tile" and nd >= 2:
-        bld.layer("Tile", [x], [bld.top()], "tile_param { axis: 1 tiles: 2 }", [shape[:1] + (2 * shape[1],) + shape[2:]])
+        bld.layer("Tile", [x], [bld.top()], "tile_param { axis: 1 tiles: 2 }",
+                  [shape[:1] + (2 * shape[1],) + shape[2:]])
     elif kind == "Reduction" and nd >= 2:
         op = draw(st.sampled_from(["SUM", "ASUM", "SUMSQ", "MEAN"]))
         axis = draw(st.integers(1, nd - 1))
