@@ -21,8 +21,10 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "
 
 def test_export_onnx_without_caffe_onnx_names_the_package(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "caffe.onnx", None)  # an import of it now fails, as when not installed
+    weights = tmp_path / "w.caffemodel"
+    weights.write_bytes(b"")
     out = tmp_path / "net.onnx"
-    code = main(["export_onnx", f"--model={LENET}", "--weights=w.caffemodel", f"--output={out}"])
+    code = main(["export_onnx", f"--model={LENET}", f"--weights={weights}", f"--output={out}"])
     err = capsys.readouterr().err
     assert code == 1 and "caffe-onnx" in err and 'pip install "caffe-cli[onnx]"' in err
     assert not out.exists()
@@ -101,7 +103,10 @@ def test_export_onnx_console_script(tmp_path, lenet_weights):
     ([f"--model={LENET}", "--weights=missing.caffemodel", "--output=o.onnx"], "--weights: file not found"),
     (["--model=missing.prototxt", "--weights=w", "--output=o.onnx"], "--model: file not found"),
 ])
-def test_export_onnx_flag_errors(args, match, capsys, lenet_weights):
+def test_export_onnx_flag_errors(args, match, capsys, tmp_path, monkeypatch):
+    """Flags and files are checked first (with or without caffe-onnx installed)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "w").write_bytes(b"")
     assert main(["export_onnx"] + args) == 1
     assert match in capsys.readouterr().err
 
@@ -117,8 +122,9 @@ def test_export_onnx_refuses_train_val_nets_before_opening_databases(tmp_path, l
     assert not out.exists()
 
 
-def test_export_onnx_bad_output_directory(tmp_path, lenet_weights, capsys):
-    _, weights = lenet_weights
+def test_export_onnx_bad_output_directory(tmp_path, capsys):
+    weights = tmp_path / "w.caffemodel"
+    weights.write_bytes(b"")
     out = tmp_path / "no" / "such" / "dir.onnx"
     assert main(["export_onnx", f"--model={LENET}", f"--weights={weights}", f"--output={out}"]) == 1
     assert "does not exist" in capsys.readouterr().err

@@ -50,11 +50,14 @@ def main(argv) -> int:
         raise CliError("--batch and --dynamic_batch exclude each other: give one")
     if args.batch < 0:
         raise CliError(f"--batch={args.batch}: must be a positive batch size")
-    onnx_export = _caffe_onnx()
     require_file(args.model, "model")
     weights = [w for w in args.weights.split(",") if w]
     for w in weights:
         require_file(w, "weights")
+    out_dir = os.path.dirname(os.path.abspath(args.output))
+    if not os.path.isdir(out_dir):
+        raise CliError(f"--output={args.output}: directory {out_dir} does not exist")
+    onnx_export = _caffe_onnx()
     from caffe.net import Net
     from caffe.net.upgrade import ReadNetParamsFromTextFileOrDie
     phase, stages = parse_phase(args.phase, 1), parse_stages(args.stage)
@@ -64,9 +67,6 @@ def main(argv) -> int:
     net = Net(param, phase, level=args.level, stages=stages)
     for w in weights:
         net.CopyTrainedLayersFrom(w)
-    out_dir = os.path.dirname(os.path.abspath(args.output))
-    if not os.path.isdir(out_dir):
-        raise CliError(f"--output={args.output}: directory {out_dir} does not exist")
     model = onnx_export.export(net, args.output, opset=args.opset or None, batch=args.batch or None,
                                dynamic_batch=args.dynamic_batch,
                                doc_string=f"exported by caffe-cli export_onnx from {os.path.basename(args.model)} "
