@@ -228,4 +228,6 @@ def main(argv: list[str] | None = None, program: str | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m caffe.cli.main`: run the imported module, so commands raise the same CliError class
+    from caffe.cli.main import main as _main
+    sys.exit(_main())
