@@ -20,12 +20,9 @@ GLOG_logtostderr=1 (GLOG_alsologtostderr=1 keeps both).
 from __future__ import annotations
 
 import datetime as _dt
-import getpass
 import logging
 import os
-import socket
 import sys
-import tempfile
 import threading
 
 LOGGER = "caffe"
@@ -88,6 +85,8 @@ class _StderrHandler(logging.StreamHandler):
 
 def log_file_name(program: str, start: _dt.datetime | None = None, severity: str = "INFO") -> str:
     """glog's file name: <program>.<host>.<user>.log.<SEVERITY>.<yyyymmdd-hhmmss>.<pid>."""
+    import getpass
+    import socket  # both only when a log file is named: `import caffe` stays light
     start = start or _dt.datetime.now()
     try:
         user = getpass.getuser()
@@ -152,6 +151,7 @@ def init_log(level: int | None = None, stderr: bool | None = None) -> str | None
         if to_stderr:
             logger.addHandler(_StderrHandler(defer_to_root=False))
             return None
+        import tempfile
         log_dir = os.environ.get("GLOG_log_dir") or tempfile.gettempdir()
         handler, path = open_log_file(log_dir, program_name())
         logger.addHandler(handler)
