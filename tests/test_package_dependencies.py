@@ -28,6 +28,19 @@ def package_dir(name):
     return ROOT / "proto" if name == "proto" else ROOT / "packages" / name
 
 
+def top_level_modules() -> dict:
+    """pycaffe's top-level modules (caffe/net_spec.py, caffe/draw.py, ...) -> the package that ships each."""
+    owners = {}
+    for name in PACKAGES:
+        for path in sorted((package_dir(name) / "src" / "caffe").glob("*.py")):
+            if path.name != "__init__.py":
+                owners.setdefault(path.stem, []).append(name)
+    return owners
+
+
+TOP_LEVEL = top_level_modules()
+
+
 _PYX_IMPORT = re.compile(r"^\s*(?:from|c?import)\s+caffe\.(\w+)", re.M)
 
 
@@ -35,8 +48,8 @@ def caffe_imports(path: Path):
     text = path.read_text()
     if path.suffix == ".pyx":  # Cython is not Python syntax: scan its import lines
         for m in _PYX_IMPORT.finditer(text):
-            if m.group(1) in PACKAGES:
-                yield m.group(1), text.count("\n", 0, m.start()) + 1
+            if m.group(1) in PACKAGES or m.group(1) in TOP_LEVEL:
+                yield _owner(m.group(1)), text.count("\n", 0, m.start()) + 1
         return
     tree = ast.parse(text, str(path))
     for node in ast.walk(tree):
@@ -53,8 +66,19 @@ def caffe_imports(path: Path):
                 mods = [arg.value]
         for m in mods:
             parts = m.split(".")
-            if parts[0] == "caffe" and len(parts) > 1 and parts[1] in PACKAGES:
-                yield parts[1], node.lineno
+            if parts[0] == "caffe" and len(parts) > 1 and (parts[1] in PACKAGES or parts[1] in TOP_LEVEL):
+                yield _owner(parts[1]), node.lineno
+
+
+def _owner(name: str) -> str:
+    """The package an import of caffe.<name> lands in: a subpackage, or the shipper of a top-level module."""
+    return name if name in PACKAGES else TOP_LEVEL[name][0]
+
+
+def test_top_level_modules_have_one_owner():
+    """Two distributions must not ship the same caffe/<module>.py, nor one named like a subpackage."""
+    clashes = {m: owners for m, owners in TOP_LEVEL.items() if len(owners) > 1 or m in PACKAGES}
+    assert not clashes, clashes
 
 
 @pytest.mark.parametrize("name", [n for n in PACKAGES if package_dir(n).joinpath("pyproject.toml").exists()])
