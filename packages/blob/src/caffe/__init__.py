@@ -17,6 +17,12 @@ _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 __path__ = extend_path(__path__, __name__)
 
+# Test support: CAFFE_CUPY_STANDIN=1 replaces CuPy by a NumPy stand-in (no GPU) before anything imports it,
+# in this process and in every rank it spawns (caffe.blob._standin; scripts/test.sh's GPU run).
+if _os.environ.get("CAFFE_CUPY_STANDIN"):
+    from caffe.blob._standin import install_from_env as _standin
+    _standin()
+
 from caffe.blob import Blob  # noqa: E402
 from caffe.blob.context import (  # noqa: E402
     set_mode_cpu, set_mode_gpu, set_device, set_random_seed, set_solver_count, solver_count,
