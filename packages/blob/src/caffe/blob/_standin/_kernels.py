@@ -37,8 +37,8 @@ class ReductionKernel:
 
 
 class RawKernel:
-    def __init__(self, code, name, options=(), backend="nvrtc", translate_cucomplex=False, *, enable_cooperative_groups=False,
-                 jitify=False):
+    def __init__(self, code, name, options=(), backend="nvrtc", translate_cucomplex=False, *,
+                 enable_cooperative_groups=False, jitify=False):
         self.code, self.name = code, name
 
     def __call__(self, grid, block, args, **kwargs):

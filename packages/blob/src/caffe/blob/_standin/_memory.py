@@ -28,8 +28,10 @@ class TransferCounter:
             net.ForwardBackward()
         assert delta["d2h"] == 0
 
-    With `trace=True` (or CAFFE_STANDIN_TRACE=1) each event also records the caller outside the
-    stand-in, in `events` (kind, nbytes, "file:line in function").
+    `counting(this_thread=True)` counts only the copies made by the calling thread (so a test can tell
+    a prefetch thread's uploads from the training loop's). With `trace=True` (or CAFFE_STANDIN_TRACE=1)
+    each event also records the caller outside the stand-in, in `events` (kind, nbytes, "file:line in
+    function", thread name).
     """
 
     KINDS = ("h2d", "d2h", "p2p")
@@ -37,30 +39,35 @@ class TransferCounter:
     def __init__(self):
         self._lock = threading.Lock()
         self._counts: Counter = Counter()
+        self._by_thread: dict[int, Counter] = {}
         self.trace = bool(os.environ.get("CAFFE_STANDIN_TRACE"))
-        self.events: list[tuple[str, int, str]] = []
+        self.events: list[tuple[str, int, str, str]] = []
 
     def record(self, kind: str, nbytes: int) -> None:
+        me = threading.get_ident()
         with self._lock:
-            self._counts[kind] += 1
-            self._counts[kind + "_bytes"] += int(nbytes)
+            mine = self._by_thread.setdefault(me, Counter())
+            for c in (self._counts, mine):
+                c[kind] += 1
+                c[kind + "_bytes"] += int(nbytes)
             if self.trace:
-                self.events.append((kind, int(nbytes), _caller()))
+                self.events.append((kind, int(nbytes), _caller(), threading.current_thread().name))
 
-    def snapshot(self) -> dict:
+    def snapshot(self, this_thread: bool = False) -> dict:
         with self._lock:
             out = {k: 0 for k in self.KINDS}
             out.update({k + "_bytes": 0 for k in self.KINDS})
-            out.update(self._counts)
+            out.update(self._by_thread.get(threading.get_ident(), {}) if this_thread else self._counts)
             return out
 
     def reset(self) -> None:
         with self._lock:
             self._counts.clear()
+            self._by_thread.clear()
             self.events.clear()
 
-    def counting(self):
-        return _Delta(self)
+    def counting(self, this_thread: bool = False):
+        return _Delta(self, this_thread)
 
     def __getitem__(self, kind: str) -> int:
         return self.snapshot()[kind]
@@ -73,17 +80,17 @@ class TransferCounter:
 class _Delta(dict):
     """The transfers made inside a `with counter.counting() as delta:` block (filled in at exit)."""
 
-    def __init__(self, counter: TransferCounter):
+    def __init__(self, counter: TransferCounter, this_thread: bool):
         super().__init__()
-        self._counter = counter
+        self._counter, self._this_thread = counter, this_thread
 
     def __enter__(self):
-        self._start = self._counter.snapshot()
+        self._start = self._counter.snapshot(self._this_thread)
         self._n_events = len(self._counter.events)
         return self
 
     def __exit__(self, *exc):
-        end = self._counter.snapshot()
+        end = self._counter.snapshot(self._this_thread)
         self.update({k: end[k] - self._start.get(k, 0) for k in end})
         self.events = self._counter.events[self._n_events:]
         return False
