@@ -86,6 +86,12 @@ def test_indexing_setitem_and_views_share_memory():
     w = cp.ndarray((5,), cp.float32, memptr=a.data + 5 * 4)  # an array over existing device memory
     w[...] = 3
     assert (a[1] == 3).all()
+    with transfers.counting() as d:
+        taken = a.take(np.array([1, 3]), axis=0)  # host indices are uploaded, as CuPy does
+        picked = a[a > 6]  # a mask's result size is read back, as CuPy does
+        cp.take_along_axis(a, cp.zeros((4, 1), cp.int64), axis=1)
+    assert taken.shape == (2, 5) and picked.get().tolist() == [7, 7, 7]
+    assert (d["h2d"], d["d2h"]) == (1, 1)
 
 
 @given(st.lists(st.floats(-10, 10, width=32), min_size=1, max_size=24),

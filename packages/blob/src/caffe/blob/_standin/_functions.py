@@ -12,8 +12,8 @@ import numpy as np
 
 from caffe.blob._standin import _state
 from caffe.blob._standin._memory import transfers
-from caffe.blob._standin._ndarray import (check_device, ndarray, unsupported, unwrap, unwrap_kernel_arg,
-                                          wrap, wrap_result)
+from caffe.blob._standin._ndarray import (check_device, index_arg, ndarray, unsupported, unwrap,
+                                          unwrap_kernel_arg, wrap, wrap_result)
 
 
 class ufunc:  # noqa: N801 (CuPy's name)
@@ -132,6 +132,34 @@ for _name in _ROUTINES:
         globals()[_name] = _routine(getattr(np, _name), _name)
 
 
+def take(a, indices, axis=None, out=None, mode="wrap"):
+    if not isinstance(a, ndarray):
+        raise unsupported(a)
+    return a.take(indices, axis=axis, out=out, mode=mode)
+
+
+def take_along_axis(a, indices, axis):
+    if not isinstance(a, ndarray):
+        raise unsupported(a)
+    check_device(a)
+    return wrap(np.take_along_axis(a._a, index_arg(indices), axis))
+
+
+def _synced(name):
+    """Routines whose output size depends on the data: CuPy reads a count back (one small d2h)."""
+    f = globals()[name]
+
+    def g(*args, **kwargs):
+        transfers.record("d2h", 8)
+        return f(*args, **kwargs)
+    g.__name__, g.__doc__ = name, f.__doc__
+    return g
+
+
+for _name in ("nonzero", "argwhere", "flatnonzero", "unique", "compress", "extract"):
+    globals()[_name] = _synced(_name)
+
+
 def where(condition, x=None, y=None):
     if x is None and y is None:
         return nonzero(condition)  # noqa: F821 (defined above)
@@ -152,9 +180,8 @@ def put(a, indices, values, mode="wrap"):
     if not isinstance(a, ndarray):
         raise unsupported(a)
     check_device(a)
-    idx = _upload(indices) if isinstance(indices, (np.ndarray, list)) else unwrap(indices)
     vals = _upload(values) if isinstance(values, (np.ndarray, list)) else unwrap(values)
-    np.put(a._a, idx, vals, mode=mode)
+    np.put(a._a, index_arg(indices), vals, mode=mode)
 
 
 def allclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):

@@ -78,6 +78,8 @@ def _index(key, what: str):
         return tuple(_index(k, what)[0] for k in key), any(_is_advanced(k) for k in key)
     if isinstance(key, ndarray):
         check_device(key)
+        if key.dtype == np.bool_:
+            transfers.record("d2h", 8)  # a mask's result size is read back (CuPy syncs here too)
         return key._a, True
     if isinstance(key, (np.ndarray, list)):
         arr = np.asarray(key)
@@ -398,8 +400,33 @@ def _method(name: str):
     return method
 
 
+def _take(self, indices, axis=None, out=None, mode="wrap"):
+    """take: host indices are uploaded (counted), as CuPy does."""
+    check_device(self)
+    idx = index_arg(indices)
+    r = self._a.take(idx, axis=axis, mode="wrap" if mode == "wrap" else mode)
+    if out is not None:
+        out[...] = wrap(r)
+        return out
+    return wrap(r)
+
+
+def index_arg(indices):
+    """Indices for take/take_along_axis/put: device arrays as they are, host ones uploaded (counted)."""
+    if isinstance(indices, ndarray):
+        check_device(indices)
+        return indices._a
+    if isinstance(indices, (np.ndarray, list, tuple)):
+        arr = np.asarray(indices)
+        transfers.record("h2d", arr.nbytes)
+        return arr
+    return indices
+
+
+ndarray.take = _take
+
 # methods that compute on the device and return device arrays (views stay on the array's device)
-for _name in ("reshape", "ravel", "flatten", "transpose", "swapaxes", "squeeze", "repeat", "take", "sum", "mean",
+for _name in ("reshape", "ravel", "flatten", "transpose", "swapaxes", "squeeze", "repeat", "sum", "mean",
               "var", "std", "prod", "max", "min", "argmax", "argmin", "cumsum", "cumprod", "any", "all", "clip",
               "round", "nonzero", "argsort", "diagonal", "trace", "conj", "conjugate", "ptp", "partition",
               "argpartition", "choose", "compress"):
