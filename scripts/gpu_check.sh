@@ -127,10 +127,11 @@ if [ ! -x "$PY" ]; then
 else
   # --- the device ------------------------------------------------------------------------------------
   stage device 30 "$PY" -m caffe.cli.main device_query --gpu=0
-  NGPU=$("$PY" -c "from caffe.blob import context; print(context.gpu_count())" 2>/dev/null || echo 0)
+  NGPU=$("$PY" -c "from caffe.blob import context; print(context.gpu_count())" 2>/dev/null | tail -n 1)
+  [[ "$NGPU" =~ ^[0-9]+$ ]] || NGPU=0
   say "" && say "visible GPUs: $NGPU (cuda extra: $EXTRA)"
 
-  if [ "${NGPU:-0}" -lt 1 ]; then
+  if [ "$NGPU" -lt 1 ]; then
     note gpu-tests "no usable GPU (see device)"
   else
     # --- every gpu-marked test and CPU/GPU parity property, with real numerics ----------------------
