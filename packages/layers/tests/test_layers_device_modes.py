@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import Phase, given, settings, strategies as st
 
 from caffe.blob import context
 from caffe.layers.registry import create_layer
@@ -228,13 +228,17 @@ def test_cpu_gpu_parity_on_random_shapes(case, shape):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
+# no shrinking: the xfail cases fail on every example, and shrinking them (no example database on a fresh CI
+# clone) would cost minutes
 @pytest.mark.parametrize("case", params(CASES, PHASE2))
-@settings(max_examples=8, report_multiple_bugs=False)
+@settings(max_examples=8, report_multiple_bugs=False, phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(shape=SHAPES, modes=st.sampled_from([(context.CPU, context.GPU), (context.GPU, context.CPU)]))
 def test_forward_and_backward_in_different_modes_equal_one_mode(case, shape, modes):
     arrays = draw_arrays(case, shape)
     fwd, bwd = modes
     ref_tops, ref = run(case, arrays, fwd, fwd, np.float64)
     tops, got = run(case, arrays, fwd, bwd, np.float64)
-    for a, b in zip(ref_tops + ref, tops + got):
-        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-9)
+    # one assertion site, so that a defect whose wrong values vary (an uninitialised buffer) always fails alike
+    bad = [i for i, (a, b) in enumerate(zip(ref_tops + ref, tops + got))
+           if a.shape != b.shape or not np.allclose(b, a, rtol=1e-6, atol=1e-9)]
+    assert not bad, f"outputs {bad} (tops first, then bottom and parameter diffs) differ from one mode's"
