@@ -2,11 +2,15 @@
 import os
 import re
 import tomllib
+from pathlib import Path
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGES = ["blob", "layers", "net", "solver", "parallel", "cli"]
+# every package that runs on the GPU offers both extras; a package found with either must follow the same rule
+GPU_PACKAGES = ["blob", "layers", "net", "solver", "parallel", "cli"]
+PACKAGES = sorted(set(GPU_PACKAGES) | {p.parent.name for p in Path(ROOT, "packages").glob("*/pyproject.toml")
+                                       if "cuda1" in p.read_text()})
 CUPY_MIN = "14"
 
 
