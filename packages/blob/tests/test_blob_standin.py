@@ -127,6 +127,9 @@ def test_arrays_remember_their_device_and_refuse_another():
             a + b
         assert b[1:].device.id == 1 and b.reshape(3, 1).device.id == 1
     assert cp.cuda.Device().id == 0
+    assert b.reshape(1, 3).device.id == 1  # a view needs no kernel: allowed from any current device
+    with pytest.raises(ValueError, match="array device = 1 while current = 0"):
+        b.sum()
     with pytest.raises(cp.cuda.runtime.CUDARuntimeError, match="invalid device ordinal"):
         cp.cuda.Device(7).use()
     seen = []

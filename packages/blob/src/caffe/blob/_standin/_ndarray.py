@@ -382,11 +382,15 @@ def _rebuild(host: np.ndarray, device: int):
     return wrap(np.array(host, copy=True), device)
 
 
+_VIEWS = ("reshape", "transpose", "swapaxes", "squeeze")  # no kernel: CuPy allows them on any device's array
+
+
 def _method(name: str):
     np_method = getattr(np.ndarray, name)
 
     def method(self, *args, **kwargs):
-        check_device(self)
+        if name not in _VIEWS:
+            check_device(self)
         out = kwargs.get("out")
         if isinstance(out, ndarray):
             kwargs["out"] = unwrap(out)
