@@ -3,7 +3,7 @@
 Usage:  python packages/layers/bench/bench_layers.py [--repeats N] [--nets lenet,cifar10_quick,caffenet]
                                                      [--threads N]
         python packages/layers/bench/bench_layers.py --memory [--compare-xp] [--only BatchNorm,Scale]
-                                                     [--shapes resnet,mobilenet]
+                                                     [--shapes resnet,mobilenet] [--malloc-default]
 
 --memory times the memory-bound layers instead (bench_memory.py: BatchNorm, Scale, Bias,
 Eltwise, the neuron layers, Dropout, Softmax, LRN, Concat/Slice/Split, Pooling) at ResNet-50 /
@@ -132,13 +132,15 @@ def main(argv=None):
                     help="with --memory: also time the generic NumPy path, interleaved")
     ap.add_argument("--only", default="", help="with --memory: comma-separated layer types or case names")
     ap.add_argument("--shapes", default="resnet,mobilenet", help="with --memory: resnet, mobilenet")
+    ap.add_argument("--malloc-default", action="store_true",
+                    help="with --memory: leave glibc's adaptive mmap threshold alone (see bench_memory.py)")
     args = ap.parse_args(argv)
     context.set_mode_cpu()
     if args.memory:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import bench_memory
         bench_memory.run(args.shapes.split(","), [o for o in args.only.split(",") if o], args.repeats,
-                         args.warmup, args.compare_xp)
+                         args.warmup, args.compare_xp, args.malloc_default)
         return
     threads = os.environ.get("OPENBLAS_NUM_THREADS", "default")
     threads += f" (OPENBLAS_THREAD_TIMEOUT {os.environ.get('OPENBLAS_THREAD_TIMEOUT') or 'unset'})"

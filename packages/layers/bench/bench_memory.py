@@ -97,7 +97,9 @@ def fix_malloc_threshold():
     arrays come from the heap at arbitrary 16-byte offsets; a layer's source and destination can
     then sit a few bytes apart modulo 4096, and the CPU's 4K-aliasing stalls made copies 3x slower
     here. Setting the threshold (M_MMAP_THRESHOLD, 128 KB) stops that adjustment, so figures do not
-    depend on what the benchmark allocated and freed before.
+    depend on what the benchmark allocated and freed before. (It also makes every large NumPy
+    temporary a fresh mmap, page faults included, which the NumPy path pays: --malloc-default
+    measures with glibc's own behaviour.)
     """
     try:
         ctypes.CDLL(None).mallopt(-3, 128 * 1024)
@@ -201,12 +203,14 @@ class Instance:
         return fwd * item, bwd * item
 
 
-def run(shape_names, only, repeats, warmup, compare_xp):
-    fix_malloc_threshold()
+def run(shape_names, only, repeats, warmup, compare_xp, malloc_default=False):
+    if not malloc_default:
+        fix_malloc_threshold()
     rng = np.random.default_rng(0)
     print(f"# {time.strftime('%Y-%m-%d %H:%M:%S')}  {os.cpu_count()} CPUs  load avg "
           f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}  numpy {np.__version__}  float32  "
-          f"OMP_NUM_THREADS {os.environ.get('OMP_NUM_THREADS', 'unset')}  median of {repeats} after {warmup} warm-up")
+          f"OMP_NUM_THREADS {os.environ.get('OMP_NUM_THREADS', 'unset')}  median of {repeats} after {warmup} warm-up  "
+          f"malloc {'default' if malloc_default else 'mmap threshold fixed'}")
     cases = [c for c in CASES if not only or c.type in only or c.name in only]
     for sname in shape_names:
         base = SHAPES[sname]
