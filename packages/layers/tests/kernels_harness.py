@@ -76,7 +76,7 @@ def assert_close(got, ref, dtype, rtol=None, what=""):
     for i, (g, e) in enumerate(zip(got, ref)):
         assert g.shape == e.shape, f"{what}[{i}]: shape {g.shape} vs {e.shape}"
         scale = max(1.0, float(np.abs(e).max())) if e.size else 1.0
-        np.testing.assert_allclose(g, e, rtol=r, atol=a * scale, err_msg=f"{what}[{i}]")
+        np.testing.assert_allclose(g, e, rtol=r, atol=a * scale, equal_nan=False, err_msg=f"{what}[{i}]")
 
 
 def check_paths(type_name, text, bottoms, top_diffs, dtype, rtol=None, mixed=True, **kw):

@@ -172,3 +172,17 @@ def test_the_cpu_path_runs_the_kernels(type_name, text, n_bottom):
         layer.Forward(bottom, top)
         top[0].diff[...] = 1
         layer.Backward(top, [True], bottom)
+
+
+@pytest.mark.parametrize("type_name, text, in_place", [
+    ("BatchNorm", "", False), ("BatchNorm", "", True), ("BatchNorm", "batch_norm_param { use_global_stats: true }", True),
+    ("Scale", "scale_param { bias_term: true }", True), ("Bias", "", False), ("PReLU", "", True),
+    ("LRN", "lrn_param { local_size: 5 alpha: 0.5 }", False), ("Softmax", "", False), ("ReLU", "", True),
+    ("Sigmoid", "", False), ("ELU", "", True), ("Dropout", "", True)])
+def test_big_blobs_use_every_thread_and_piece_and_still_match(type_name, text, in_place):
+    """A blob past PARALLEL_MIN_WORK and the piece sizes, with odd dimensions: both threads, remainders."""
+    shape = (3, 7, 67, 101)
+    setup = _bn_stats_setup(5) if type_name == "BatchNorm" else _fill_params(5)
+    ref = check_paths(type_name, text, [arrays(5, shape)], [arrays(6, shape)], np.float32, in_place=in_place,
+                      setup=setup, rtol=1e-4)
+    assert all(np.isfinite(a).all() for v in ref.values() for a in v)
