@@ -472,6 +472,23 @@ class Net(WeightsMixin, PycaffeNet):
             self.fold_units = build_units(self)
         self._fold_at = {u.first: u for u in self.fold_units} or None
 
+    def forward_steps(self) -> list:
+        """The forward as it runs now: (first layer, last layer, run) per step, run() -> loss; a folded
+        chain is one step (for per-layer timing: caffe-cli time, bench/bench_infer.py)."""
+        steps = []
+        fold_at = self._fold_at if context.mode() == context.CPU else None
+        i, n = 0, len(self.layers)
+        while i < n:
+            unit = fold_at.get(i) if fold_at else None
+            if unit is not None:
+                steps.append((i, unit.last, unit.forward))
+                i = unit.last + 1
+                continue
+            layer, bottom, top = self.layers[i], self.bottom_vecs[i], self.top_vecs[i]
+            steps.append((i, i, lambda layer=layer, bottom=bottom, top=top: layer.Forward(bottom, top)))
+            i += 1
+        return steps
+
     @property
     def folded(self) -> bool:
         """Whether folded chains run in this net's forward (in CPU mode)."""
