@@ -114,6 +114,21 @@ def _timed(fn) -> float:
     return time.perf_counter() - t
 
 
+def limit_threads(n: int) -> None:
+    """n BLAS/OpenMP threads in this process (the libraries are loaded already: threadpoolctl), and in the
+    subprocesses it starts (environment)."""
+    if not n:
+        return
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(n)
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        print("threadpoolctl is not installed: --threads only reaches subprocesses", file=sys.stderr)
+        return
+    threadpool_limits(n)
+
+
 def torch_runner(args):
     """A function (folder, mode) -> result dict, or None when PyTorch is not available."""
     if args.no_torch:
@@ -162,6 +177,7 @@ def main() -> int:
     if args.threads:
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
             os.environ[var] = str(args.threads)
+    limit_threads(args.threads)
     import caffe
     from caffe.net import Net
 
@@ -170,7 +186,7 @@ def main() -> int:
           f"{memory_bandwidth():.1f} GB/s (copy: read + write); PyTorch twin: "
           f"{'yes' if runner else 'no'}", flush=True)
     head = (f"{'net':14s} {'batch':>5s} {'GFLOP':>7s} {'folded ms':>10s} {'GFLOP/s':>8s} {'unfolded ms':>11s} "
-            f"{'torch ms':>9s} {'fold/torch':>10s} {'unf/torch':>9s} {'fold err':>9s} {'torch err':>9s}")
+            f"{'torch ms':>9s} {'fold/torch':>10s} {'unf/torch':>9s} {'fold err':>9s} {'torch err':>9s} {'load':>5s}")
     print(head, flush=True)
     for name in args.nets.split(","):
         path = MODELS / f"{name}_deploy.prototxt"
@@ -212,7 +228,8 @@ def main() -> int:
             print(f"{name:14s} {batch:5d} {gflop:7.2f} {ms['fold']:10.2f} {gflop / ms['fold'] * 1e3:8.1f} "
                   f"{f(ms.get('unfold'), 11)} {f(torch_ms)} {ratio(ms['fold'])} "
                   f"{ratio(ms.get('unfold'))[1:]} {fold_err:9.1e} "
-                  f"{f'{torch_err:9.1e}' if torch_err is not None else f'{chr(45):>9s}'}", flush=True)
+                  f"{f'{torch_err:9.1e}' if torch_err is not None else f'{chr(45):>9s}'} "
+                  f"{os.getloadavg()[0]:5.1f}", flush=True)
             if args.layers:
                 for key, net in nets:
                     types = sorted(per_type(net).items(), key=lambda kv: -kv[1])

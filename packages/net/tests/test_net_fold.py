@@ -176,6 +176,12 @@ def test_the_fold_is_cached_and_recomputed_on_every_kind_of_parameter_change(tmp
     check()
     check()
     assert unit.recomputes == 1  # nothing changed: the folded weights were kept
+    # the original layers, run unfolded, keep no view of their parameters (else every forward recomputes)
+    folded.fold(False)
+    folded.Forward()
+    folded.fold(True)
+    check()
+    assert unit.recomputes == 1
     # 1. pycaffe assignment to the weights, the bias, BatchNorm's statistics, Scale's gamma and beta
     for layer, i in (("prod", 0), ("prod", 1), ("bn", 0), ("bn", 1), ("bn", 2), ("scale", 0), ("scale", 1)):
         for net in (folded, plain):
