@@ -20,7 +20,7 @@ def close(a, b, tol=TOL):
 
 def chain_text(kind="Convolution", c_in=3, c_out=4, hw=(5, 6), batch=2, bias=True, kernel=3, stride=1, pad=1,
                group=1, bn=True, bn_inplace=True, scale=True, scale_bias=True, scale_inplace=True, act="ReLU",
-               act_inplace=True, tail=True, extra_net="", loss=False):
+               act_inplace=True, tail=True, extra_net="", loss=False, transpose=False):
     """data -> producer -> [BatchNorm] -> [Scale] -> [act] -> [tail InnerProduct]; returns (text, final top)."""
     shape = (batch, c_in) + tuple(hw) if kind == "Convolution" else (batch, c_in)
     dims = " ".join(f"dim: {d}" for d in shape)
@@ -33,7 +33,8 @@ def chain_text(kind="Convolution", c_in=3, c_out=4, hw=(5, 6), batch=2, bias=Tru
                      f'bias_filler {{ type: "gaussian" std: 0.5 }} }} }}')
     else:
         lines.append(f'layer {{ name: "prod" type: "InnerProduct" bottom: "data" top: "prod" inner_product_param {{ '
-                     f'num_output: {c_out} bias_term: {str(bias).lower()} weight_filler {{ type: "gaussian" '
+                     f'num_output: {c_out} bias_term: {str(bias).lower()} transpose: {str(transpose).lower()} '
+                     f'weight_filler {{ type: "gaussian" '
                      f'std: 0.5 }} bias_filler {{ type: "gaussian" std: 0.5 }} }} }}')
     cur = "prod"
 
@@ -123,7 +124,8 @@ def test_folded_forward_matches_unfolded_on_random_chains(data):
               scale_bias=data.draw(st.booleans(), "scale_bias"),
               scale_inplace=data.draw(st.booleans(), "scale_inplace"),
               act=data.draw(st.sampled_from([None, "ReLU", "LeakyReLU", "Clip"]), "act"),
-              act_inplace=data.draw(st.booleans(), "act_inplace"), tail=data.draw(st.booleans(), "tail"))
+              act_inplace=data.draw(st.booleans(), "act_inplace"), tail=data.draw(st.booleans(), "tail"),
+              transpose=kind == "InnerProduct" and data.draw(st.booleans(), "transpose"))
     if kind == "Convolution":
         kernel = data.draw(st.integers(1, 3), "kernel")
         kw.update(hw=(data.draw(st.integers(kernel, 7), "h"), data.draw(st.integers(kernel, 7), "w")),
@@ -156,8 +158,10 @@ def test_pending_blob_is_computed_on_read_and_warns_when_its_bottom_changed(capl
     np.testing.assert_array_equal(folded.blobs["prod"].data, plain.blobs["prod"].data)
     # memory accounting does not compute pending blobs
     folded.Forward()
-    folded.memory_report()
+    report = folded.memory_report()
     assert folded.blobs["prod"]._lazy_pending
+    clone = folded.fold_units[0].clone
+    assert report["folded_param_bytes"] == sum(b.count() * 4 for b in clone.blobs)  # data (no diff is used)
     # the next image arrives before the old intermediate is read: computed from it, with a warning
     folded.blobs["data"].data[...] = 0
     with caplog.at_level(logging.WARNING, logger="caffe.net"):

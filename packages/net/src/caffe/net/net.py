@@ -741,7 +741,8 @@ class Net(WeightsMixin, PycaffeNet):
 
     # -- memory ---------------------------------------------------------------------------------------
     def memory_report(self) -> dict:
-        """Bytes held by the net's blobs (allocated data and diff), counting shared memory once."""
+        """Bytes held by the net's blobs (allocated data and diff), counting shared memory once; the folded
+        weights of inference folding (made at the first folded forward) apart."""
         seen: set[int] = set()
 
         def held(blobs) -> int:
@@ -755,7 +756,9 @@ class Net(WeightsMixin, PycaffeNet):
 
         activations = held(self._blobs)
         params = held(self._params)
-        return {"activation_bytes": activations, "param_bytes": params, "total_bytes": activations + params,
+        folded = held(b for u in self.fold_units if u.clone is not None for b in u.clone.blobs)
+        return {"activation_bytes": activations, "param_bytes": params, "folded_param_bytes": folded,
+                "total_bytes": activations + params + folded,
                 "memory_required_for_data": self.memory_used * self.dtype.itemsize}
 
     def __repr__(self) -> str:
