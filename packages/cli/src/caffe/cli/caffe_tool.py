@@ -37,6 +37,8 @@ def caffe_flags(prog: str, usage: str, fold: bool = False) -> GflagsParser:
     p.add_flag("iterations", int, 50, "the number of iterations to run")
     p.add_flag("sigint_effect", str, "stop", "action to take on SIGINT: snapshot, stop or none")
     p.add_flag("sighup_effect", str, "snapshot", "action to take on SIGHUP: snapshot, stop or none")
+    p.add_flag("overwrite_snapshots", bool, False, "train even while another training holds the lock on the "
+               "same snapshot_prefix (their snapshots overwrite each other); by default that is refused")
     return p
 
 
@@ -70,8 +72,14 @@ def device_query_main(argv) -> int:
 # -- shared helpers -------------------------------------------------------------------
 
 def require_file(path: str, flag: str) -> str:
+    """A flag's file must exist and be a regular file: /dev/zero or a FIFO is refused before any read."""
+    from caffe.blob.fileio import FileInputError, require_regular_file
     if not os.path.exists(path):
         raise CliError(f"--{flag}: file not found: {path}")
+    try:
+        require_regular_file(path, f"--{flag} file")
+    except FileInputError as exc:
+        raise CliError(str(exc)) from None
     return path
 
 
@@ -136,6 +144,22 @@ def set_mode(gpus: list[int]) -> None:
 
 # -- train ------------------------------------------------------------------------------
 
+def training_gpus(param, gpu_flag: str, solver_path: str = "the solver") -> list[int]:
+    """The GPUs to train on: --gpu when given; else, as Caffe, the solver's solver_mode: GPU on its
+    device_id (GPU 0 when unset); CPU (a warning) when the solver asks for a GPU and none is usable."""
+    if gpu_flag or param.solver_mode != param.GPU:
+        return parse_gpus(gpu_flag)
+    from caffe.blob import context
+    if not context.gpu_available():
+        log.warning("The solver asks for solver_mode: GPU (device %d) but there is no usable GPU (%s); "
+                    "training on the CPU", param.device_id, context._probe_gpu()[1])
+        return []
+    try:
+        return parse_gpus(str(param.device_id))
+    except CliError as exc:
+        raise CliError(f"{solver_path}: solver_mode GPU, device_id {param.device_id}: {exc}") from None
+
+
 def train(args) -> int:
     import caffe
     from caffe.solver import read_solver_params, create_solver, SignalHandler
@@ -151,17 +175,14 @@ def train(args) -> int:
     param.train_state.level = args.level
     for s in parse_stages(args.stage):
         param.train_state.stage.append(s)
-    gpus = parse_gpus(args.gpu)
-    if not gpus and param.solver_mode == param.GPU and args.gpu == "" and param.HasField("device_id"):
-        from caffe.blob import context
-        if context.gpu_available():
-            gpus = [param.device_id]
+    gpus = training_gpus(param, args.gpu, args.solver)
     world = _mpi_world()
     if len(gpus) > 1 or world is not None:
         # data-parallel: one process per GPU (train.py's way) or one per MPI rank (mpiexec -n N caffe-cli ...)
         import functools
         from caffe.parallel import launch
-        on_solver = functools.partial(_install_signal_handling, args.sigint_effect, args.sighup_effect)
+        on_solver = functools.partial(_install_signal_handling, args.sigint_effect, args.sighup_effect,
+                                      overwrite_snapshots=args.overwrite_snapshots)
         if world is not None:
             launch.train_mpi(param, snapshot=args.snapshot or None, weights=args.weights or None,
                              gpus=gpus or None, on_solver=on_solver)
@@ -182,6 +203,7 @@ def train(args) -> int:
     log.info("Starting Optimization")
     with handler:
         solver = create_solver(param)
+        solver.overwrite_snapshots = args.overwrite_snapshots
         solver.SetActionFunction(handler.GetActionFunction())
         if args.snapshot:
             log.info("Resuming from %s", args.snapshot)
@@ -199,8 +221,13 @@ def train(args) -> int:
 
 
 def _final_summary(solver) -> None:
-    """The main job ends with the test accuracy and the snapshot path: say them plainly."""
+    """The main job ends with the test accuracy and the snapshot path: say them plainly. Test figures
+    only when the solver tested at the final iteration (as Caffe does when max_iter is a multiple of
+    test_interval); figures from an earlier test would describe other weights than the saved ones."""
+    tested_at = getattr(solver, "mean_scores_iter", [])
     for net_id, scores in enumerate(getattr(solver, "mean_scores", []) or []):
+        if net_id >= len(tested_at) or tested_at[net_id] != solver.iter:
+            continue
         names = solver.test_nets[net_id].output_blob_names if net_id < len(solver.test_nets) else []
         for name, value in zip(names, scores):
             log.info("Final test net #%d: %s = %g", net_id, name, value)
@@ -209,8 +236,10 @@ def _final_summary(solver) -> None:
         log.info("Final snapshot: %s (solver state %s)", model, state)
 
 
-def _install_signal_handling(sigint_effect: str, sighup_effect: str, solver) -> None:
+def _install_signal_handling(sigint_effect: str, sighup_effect: str, solver,
+                             overwrite_snapshots: bool = False) -> None:
     """on_solver hook for every rank: Caffe's SIGINT/SIGHUP effects (module level, so spawn can pickle it)."""
+    solver.overwrite_snapshots = overwrite_snapshots
     from caffe.solver import SignalHandler
     handler = SignalHandler(signal_effect(sigint_effect, "sigint_effect"),
                             signal_effect(sighup_effect, "sighup_effect")).install()
