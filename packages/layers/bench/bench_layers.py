@@ -120,7 +120,7 @@ def _conv_flops(layer, bottom_shape):
     return 2.0 * n * layer.num_output * layer.geom.col_count * layer.kernel_dim
 
 
-def bench_conv(families, repeats, warmup):
+def bench_conv(families, repeats, warmup, clock=time.perf_counter):
     from caffe.layers import conv_base
     rng = np.random.default_rng(0)
     modes = (("old", False), ("new", True))
@@ -138,11 +138,11 @@ def bench_conv(families, repeats, warmup):
         for it in range(warmup + repeats):
             for m, flag in (modes if it % 2 == 0 else modes[::-1]):
                 conv_base.CPU_PATHS = flag
-                t0 = time.perf_counter()
+                t0 = clock()
                 layer.Forward([bottom], [top])
-                t1 = time.perf_counter()
+                t1 = clock()
                 layer.Backward([top], [prop], [bottom])
-                t2 = time.perf_counter()
+                t2 = clock()
                 if it >= warmup:
                     times[m][0].append(t1 - t0)
                     times[m][1].append(t2 - t1)
@@ -201,6 +201,9 @@ def main(argv=None):
                     help="time the convolution cases (CONV_CASES) old vs new instead of the nets")
     ap.add_argument("--cases", default="cifar,lenet,caffenet,mobilenet,resnet",
                     help="with --conv: the families of CONV_CASES to run")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="with --conv: time by the process's CPU time (all threads), not the wall clock: "
+                         "the work done, less disturbed by other processes on a shared machine")
     args = ap.parse_args(argv)
     context.set_mode_cpu()
     threads = os.environ.get("OPENBLAS_NUM_THREADS", "default")
@@ -209,7 +212,8 @@ def main(argv=None):
           f"threads {threads}  load avg {os.getloadavg()[0]:.2f}  numpy {np.__version__}  float32  "
           f"median of {args.repeats} runs after {args.warmup} warm-up")
     if args.conv:
-        bench_conv(set(args.cases.split(",")), args.repeats, args.warmup)
+        bench_conv(set(args.cases.split(",")), args.repeats, args.warmup,
+                   time.process_time if args.cpu_time else time.perf_counter)
         return
     for name in args.nets.split(","):
         rows = bench_net(name, args.repeats, args.warmup)

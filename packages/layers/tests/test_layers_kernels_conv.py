@@ -188,6 +188,9 @@ def _run_layer(case, cpu_paths, monkeypatch):
     monkeypatch.setattr(conv_base, "CPU_PATHS", cpu_paths)
     monkeypatch.setattr(conv_cpu, "COL_BLOCK_BYTES", case["block_bytes"])
     monkeypatch.setattr(conv_cpu, "MIN_BLOCK_COLS", case["min_cols"])
+    monkeypatch.setattr(conv_cpu, "ONE_BY_ONE_VIEW_COLS", case["min_cols"])
+    monkeypatch.setattr(conv_cpu, "ONE_BY_ONE_COLS", case["min_cols"] * 2)
+    monkeypatch.setattr(conv_cpu, "ONE_BY_ONE_BYTES", case["block_bytes"])
     monkeypatch.setattr(conv_cpu, "DIRECT_MAX_PAIRS", 0 if case["plan"] == "blocked" else 16)  # grouped, blocked
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = case["k"], case["s"], case["p"], case["d"]
     text = (f"convolution_param {{ num_output: {case['num_output']} group: {case['group']} kernel_h: {kh} "
@@ -227,8 +230,9 @@ def test_cpu_plans_match_the_batched_path(case):
        min_cols=st.sampled_from([1, 7, 256]))
 def test_blocks_cover_every_output_once_in_order(num, OH, OW, rows, itemsize, lowered, block, min_cols):
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(conv_cpu, "COL_BLOCK_BYTES", block)
-        mp.setattr(conv_cpu, "MIN_BLOCK_COLS", min_cols)
+        for name, value in (("COL_BLOCK_BYTES", block), ("MIN_BLOCK_COLS", min_cols), ("ONE_BY_ONE_BYTES", block),
+                            ("ONE_BY_ONE_VIEW_COLS", min_cols), ("ONE_BY_ONE_COLS", 2 * min_cols)):
+            mp.setattr(conv_cpu, name, value)
         blocks = conv_cpu.plan_blocks(num, OH, OW, rows, itemsize, lowered)
     seen = []
     for n0, n1, oh0, oh1 in blocks:

@@ -372,7 +372,7 @@ class BaseConvolutionLayer(Layer):
 
     def cpu_blocks(self, num, dtype, exact):
         """The blocked plan's blocks for num images (cached until the next reshape)."""
-        key = (num, np.dtype(dtype).str, exact, conv_cpu.COL_BLOCK_BYTES, conv_cpu.MIN_BLOCK_COLS)
+        key = (num, np.dtype(dtype).str, exact, conv_cpu.tunables())
         b = self._blocks.get(key)
         if b is None:
             b = self._blocks[key] = conv_cpu.Blocks(self, num, dtype, exact)

@@ -37,16 +37,32 @@ try:  # the compiled CPU kernels (built by the package's hatch hook)
 except ImportError:  # pragma: no cover - a source tree without the build
     _dw = _k = None
 
-# A block's column buffer holds about this many bytes (this machine: 512 KiB L2 per core, 32 MiB L3),
-# but at least MIN_BLOCK_COLS columns: OpenBLAS's sgemm slows down on skinnier products.
-COL_BLOCK_BYTES = 1 << 20
-MIN_BLOCK_COLS = 256
+# A block's column buffer holds about this many bytes, but at least MIN_BLOCK_COLS columns. Measured on
+# the 2-core development machine (512 KiB L2 per core, 32 MiB L3): OpenBLAS's sgemm loses more on skinny
+# products (M = 32: 70 GFLOP/s per core at 2,560 columns, less below 512) than the column buffer costs
+# in L3, and every block is two or three hand-overs between the thread pools, so blocks are a few L2s,
+# not one: CIFAR10-quick's conv2 goes in blocks of 2 images instead of 82 MB at once.
+COL_BLOCK_BYTES = 2 << 20
+MIN_BLOCK_COLS = 512
+
+# 1x1 layers read images of at least ONE_BY_ONE_VIEW_COLS positions in place, one GEMM per image; smaller
+# images are copied side by side into blocks of about ONE_BY_ONE_COLS columns (at most ONE_BY_ONE_BYTES):
+# ResNet-50's 7x7 layers ran 25% slower one image at a time.
+ONE_BY_ONE_VIEW_COLS = 512
+ONE_BY_ONE_COLS = 1024
+ONE_BY_ONE_BYTES = 8 << 20
 
 # The direct kernel takes grouped layers whose groups have at most this many (output, input) channel
-# pairs (depthwise: 1); above it one GEMM per group is faster.
-DIRECT_MAX_PAIRS = 16
+# pairs (depthwise: 1); above it one GEMM per group is faster (measured: 4 pairs, direct 3x faster
+# forward and 2x backward; 16 pairs, forward even, backward 1.6x slower).
+DIRECT_MAX_PAIRS = 8
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def tunables():
+    """The block-size settings (a cache key: tests and benchmarks change them)."""
+    return (COL_BLOCK_BYTES, MIN_BLOCK_COLS, ONE_BY_ONE_VIEW_COLS, ONE_BY_ONE_COLS, ONE_BY_ONE_BYTES)
 
 
 def available() -> bool:
@@ -66,9 +82,9 @@ def plan_blocks(num: int, OH: int, OW: int, rows: int, itemsize: int, lowered: b
     P = OH * OW
     if num * P == 0:
         return []
-    if not lowered:
-        per = 1 if P >= MIN_BLOCK_COLS else min(num, -(-MIN_BLOCK_COLS // P))
-        per = max(1, min(per, COL_BLOCK_BYTES // max(1, rows * P * itemsize)) if per > 1 else 1)
+    if not lowered:  # whole images; small ones are copied side by side for a wider GEMM
+        per = 1 if P >= ONE_BY_ONE_VIEW_COLS else min(num, -(-ONE_BY_ONE_COLS // P),
+                                                      max(1, ONE_BY_ONE_BYTES // (rows * P * itemsize)))
         return [(n0, n1, 0, OH) for n0, n1 in _split(num, -(-num // per))]
     per_image = rows * P * itemsize
     if per_image <= COL_BLOCK_BYTES or P <= MIN_BLOCK_COLS:
@@ -83,7 +99,6 @@ class Blocks:
     """One layer's blocked (or 1x1) geometry for arrays of one shape and dtype."""
 
     def __init__(self, layer, num, dtype, exact):
-        self.layer = layer
         g = layer.geom
         self.one_by_one = layer.is_1x1
         if self.one_by_one:  # any number of spatial axes: the positions are one row of P
@@ -243,9 +258,24 @@ def direct_backward(layer, dout, weight, im=None, weight_diff=None, im_diff=None
     if weight_diff is not None:
         _dw.backward_weight(im.reshape(-1), dout.reshape(-1), weight_diff.reshape(-1), *args)
     if im_diff is not None:
-        _dw.backward_data(dout.reshape(-1), weight.reshape(-1), im_diff.reshape(-1), *args)
+        _direct_data(layer, dout, weight, im_diff, args)
     if fwd_out is not None:
         _dw.forward(im.reshape(-1), weight.reshape(-1), None, fwd_out.reshape(-1), *args)
+
+
+def _direct_data(layer, dout, weight, im_diff, args):
+    """im_diff = W^T * dout. At stride 1 that is a convolution of dout with the flipped filters (pad
+    dilation * (kernel - 1) - pad): the forward kernel's gather, faster than backward_data's scatter."""
+    N, C, H, W, Co, g, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW = args
+    qh, qw = dh * (kh - 1) - ph, dw * (kw - 1) - pw
+    if (sh, sw) != (1, 1) or qh < 0 or qw < 0:
+        _dw.backward_data(dout.reshape(-1), weight.reshape(-1), im_diff.reshape(-1), *args)
+        return
+    cg, og = C // g, Co // g
+    flipped = np.ascontiguousarray(
+        weight.reshape(g, og, cg, kh, kw)[:, :, :, ::-1, ::-1].transpose(0, 2, 1, 3, 4)).reshape(-1)
+    _dw.forward(dout.reshape(-1), flipped, None, im_diff.reshape(-1), N, Co, OH, OW, C, g, kh, kw, 1, 1, qh, qw,
+                dh, dw, H, W)
 
 
 def direct_fits(layer) -> bool:

@@ -61,11 +61,43 @@ cdef inline void _im2col_rows(const real* im, real_out* dst, Py_ssize_t n0, Py_s
                               Py_ssize_t oh0, Py_ssize_t oh1, Py_ssize_t OW) noexcept nogil:
     """Column-buffer row of kernel offset (i, j) for images n0..n1-1, output rows oh0..oh1-1
     (im: the channel plane of image 0)."""
-    cdef Py_ssize_t n, oh, ow, h, w0, lo, hi, base
+    cdef Py_ssize_t n, oh, ow, h, w0, lo, hi, base, a, b, k, k0, k1, r
     cdef const real* src
     cdef real_out* d
     w0 = j * dil_w - pad_w
     _col_range(w0, W, stride_w, OW, &lo, &hi)
+    if stride_h == 1 and stride_w == 1 and OW == W:
+        # "Same" padding at stride 1: the rows a..b-1 that read the image are one shifted copy of
+        # consecutive image rows; the few entries that wrap across a row edge are zeroed after.
+        a = pad_h - i * dil_h
+        b = H + a
+        if a < oh0:
+            a = oh0
+        if b > oh1:
+            b = oh1
+        if b < a:
+            b = a
+        for n in range(n0, n1):
+            d = dst + n * n_stride - oh0 * OW
+            for k in range(oh0 * OW, a * OW):
+                d[k] = 0
+            for k in range(b * OW, oh1 * OW):
+                d[k] = 0
+            if b == a:
+                continue
+            d = d + a * OW
+            src = im + n * plane_stride + (a - pad_h + i * dil_h) * W + w0
+            k0 = -w0 if w0 < 0 else 0
+            k1 = (b - a) * W - (w0 if w0 > 0 else 0)
+            for k in range(k0, k1):
+                d[k] = src[k]
+            if lo > 0 or hi < OW:
+                for r in range(b - a):
+                    for ow in range(lo):
+                        d[r * OW + ow] = 0
+                    for ow in range(hi, OW):
+                        d[r * OW + ow] = 0
+        return
     for n in range(n0, n1):
         src = im + n * plane_stride
         for oh in range(oh0, oh1):
