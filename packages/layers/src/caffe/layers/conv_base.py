@@ -383,12 +383,15 @@ class BaseConvolutionLayer(Layer):
         the batched path keeps its column buffer for conv_backward (one-chunk batches only)."""
         plan = self.plan(xp, out.dtype)
         if plan != "batched":
-            if keep is not None:
-                self._kept_col.pop((keep, xp.__name__), None)
+            key = (keep, xp.__name__)
+            self._kept_col.pop(key, None)
             if plan == "direct":
                 conv_cpu.direct_forward(self, im, out, weight, bias)
-            else:
-                conv_cpu.blocked_forward(self, im, out, weight, bias)
+                return
+            col = conv_cpu.blocked_forward(self, im, out, weight, bias,
+                                           keep=("col", keep) if keep is not None else None)
+            if col is not None:
+                self._kept_col[key] = (plan, col)
             return
         single = self.chunk >= self.num
         col = None
@@ -396,7 +399,7 @@ class BaseConvolutionLayer(Layer):
             col = self.lower(xp, im[n0:n1], ("col", keep) if single and keep is not None else "col")
             self.gemm_forward(xp, col, weight, out[n0:n1], bias)
         if single and keep is not None and col is not None:
-            self._kept_col[(keep, xp.__name__)] = col
+            self._kept_col[(keep, xp.__name__)] = (plan, col)
 
     def conv_backward(self, xp, dout, weight, im=None, weight_diff=None, im_diff=None, bias_diff=None,
                       fwd_out=None, kept=None):
@@ -405,10 +408,16 @@ class BaseConvolutionLayer(Layer):
         if weight_diff is None and im_diff is None and bias_diff is None and fwd_out is None:
             return
         plan = self.plan(xp, dout.dtype)
-        kept_col = self._kept_col.pop((kept, xp.__name__), None) if kept is not None else None
+        kept_plan, kept_col = self._kept_col.pop((kept, xp.__name__), (None, None)) if kept is not None \
+            else (None, None)
+        if kept_plan != plan:  # kept by another plan's forward (CPU_PATHS changed): not this layout
+            kept_col = None
+        if plan == "direct":
+            conv_cpu.direct_backward(self, dout, weight, im, weight_diff, im_diff, bias_diff, fwd_out)
+            return
         if plan != "batched":
-            run = conv_cpu.direct_backward if plan == "direct" else conv_cpu.blocked_backward
-            run(self, dout, weight, im, weight_diff, im_diff, bias_diff, fwd_out)
+            conv_cpu.blocked_backward(self, dout, weight, im, weight_diff, im_diff, bias_diff, fwd_out,
+                                      kept=kept_col)
             return
         for n0, n1 in self.chunks():
             rows = None

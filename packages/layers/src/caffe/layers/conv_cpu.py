@@ -38,12 +38,15 @@ except ImportError:  # pragma: no cover - a source tree without the build
     _dw = _k = None
 
 # A block's column buffer holds about this many bytes, but at least MIN_BLOCK_COLS columns. Measured on
-# the 2-core development machine (512 KiB L2 per core, 32 MiB L3): OpenBLAS's sgemm loses more on skinny
-# products (M = 32: 70 GFLOP/s per core at 2,560 columns, less below 512) than the column buffer costs
-# in L3, and every block is two or three hand-overs between the thread pools, so blocks are a few L2s,
-# not one: CIFAR10-quick's conv2 goes in blocks of 2 images instead of 82 MB at once.
-COL_BLOCK_BYTES = 2 << 20
-MIN_BLOCK_COLS = 512
+# the 2-core development machine (512 KiB L2 per core, 32 MiB L3): one thread's sgemm gains nothing from
+# blocks that fit L2 (the L3 holds a few MB as well) and loses on skinny products (M = 32: 70 GFLOP/s at
+# 2,560 columns, less below 512); and each block hands the cores over between the thread pools two or
+# three times, which costs far more than the L2 saves (CIFAR10-quick conv2, two threads: 1 MB blocks were
+# 2.6x slower than 8 MB ones on a busy machine). So blocks are L3-sized: a batch of small images goes in
+# a few blocks, and an image whose column buffer alone is larger (VGG's 224 x 224 layers: 115 MB) in
+# bands of output rows instead of through main memory.
+COL_BLOCK_BYTES = 8 << 20
+MIN_BLOCK_COLS = 1024
 
 # 1x1 layers read images of at least ONE_BY_ONE_VIEW_COLS positions in place, one GEMM per image; smaller
 # images are copied side by side into blocks of about ONE_BY_ONE_COLS columns (at most ONE_BY_ONE_BYTES):
@@ -153,20 +156,26 @@ def _gemm_out(layer, b: Blocks, w3, col, out, bias, n0, n1, oh0, oh1):
     store(res.reshape(-1), out[n0:n1].reshape(-1), bias, nb, Co, b.P, p0, Pb)
 
 
-def blocked_forward(layer, im, out, weight, bias):
-    """out (N, C_col, P) = conv(im) + bias, block by block (im: (N, C_im, *S_im), both contiguous)."""
+def blocked_forward(layer, im, out, weight, bias, keep=None):
+    """out (N, C_col, P) = conv(im) + bias, block by block (im: (N, C_im, *S_im), both contiguous).
+    With `keep` (a buffer name) and the batch in one lowered block, the block stays in the layer's
+    buffer of that name and is returned, for the backward's weight gradient (the batched path's rule)."""
     b = layer.cpu_blocks(im.shape[0], out.dtype, exact=_exact(layer, out.dtype))
     g, kd = layer.group, layer.kernel_dim
     w3 = weight.reshape(g, -1, kd).astype(b.cdtype, copy=False)
     bias = None if bias is None else bias.astype(b.cdtype, copy=False)
+    keep = keep if len(b.blocks) == 1 and not b.exact and not b.one_by_one else None
+    col = None
     for n0, n1, oh0, oh1 in b.blocks:
-        col = _lowered(layer, b, im, n0, n1, oh0, oh1, b.cdtype)
+        col = _lowered(layer, b, im, n0, n1, oh0, oh1, b.cdtype, keep or "col")
         _gemm_out(layer, b, w3, col, out, bias, n0, n1, oh0, oh1)
+    return col if keep is not None else None
 
 
 def blocked_backward(layer, dout, weight, im=None, weight_diff=None, im_diff=None, bias_diff=None,
-                     fwd_out=None):
-    """The backward products (module doc), block by block; dout is (N, C_col, P)."""
+                     fwd_out=None, kept=None):
+    """The backward products (module doc), block by block; dout is (N, C_col, P). `kept`: the forward's
+    column block of im (blocked_forward's keep), used instead of lowering im again."""
     N, Co, P = dout.shape
     g, kd = layer.group, layer.kernel_dim
     og = Co // g
@@ -192,7 +201,8 @@ def blocked_backward(layer, dout, weight, im=None, weight_diff=None, im_diff=Non
                               out=layer.buffer(np, "bgrad", (Co,), rows.dtype))
         col = None
         if weight_diff is not None or (fwd_out is not None and not exact_fwd):
-            col = _lowered(layer, b, im, n0, n1, oh0, oh1, dout.dtype)
+            one = len(b.blocks) == 1 and kept is not None and kept.dtype == dout.dtype
+            col = kept if one else _lowered(layer, b, im, n0, n1, oh0, oh1, dout.dtype)
         if weight_diff is not None:
             tmp = layer.buffer(np, "wgrad", (og, kd), weight_diff.dtype)
             for gi in range(g):
