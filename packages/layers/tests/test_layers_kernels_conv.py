@@ -215,6 +215,10 @@ def _run_layer(case, cpu_paths, monkeypatch):
 
 @given(case=layer_cases())
 def test_cpu_plans_match_the_batched_path(case):
+    _compare_plans(case)
+
+
+def _compare_plans(case):
     with pytest.MonkeyPatch.context() as mp:
         plan, new = _run_layer(case, True, mp)
     with pytest.MonkeyPatch.context() as mp:
@@ -223,6 +227,22 @@ def test_cpu_plans_match_the_batched_path(case):
     tol = 1e-11 if case["dtype"] == np.float64 else 1e-4
     for a, b in zip(new, old):
         np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("plan,geometry", [
+    ("1x1", dict(k=(1, 1), s=(1, 1), p=(0, 0), d=(1, 1), group=2)),
+    ("direct", dict(k=(3, 3), s=(2, 1), p=(1, 1), d=(1, 1), group=3)),
+    ("direct", dict(k=(3, 2), s=(1, 1), p=(1, 0), d=(2, 1), group=3)),
+    ("blocked", dict(k=(3, 3), s=(1, 1), p=(1, 1), d=(1, 1), group=1)),    # same padding: im2col's fast copy
+    ("blocked", dict(k=(2, 3), s=(2, 1), p=(1, 0), d=(1, 2), group=3)),
+])
+@pytest.mark.parametrize("deconv", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("block_bytes,min_cols", [(1 << 20, 256), (200, 4)])  # one block / bands and pieces
+def test_every_plan_matches_the_batched_path(plan, geometry, deconv, dtype, block_bytes, min_cols):
+    case = dict(plan=plan, deconv=deconv, N=3, C=2 * geometry["group"], num_output=2 * geometry["group"],
+                HW=(7, 6), bias=True, dtype=dtype, block_bytes=block_bytes, min_cols=min_cols, seed=17, **geometry)
+    _compare_plans(case)
 
 
 @given(num=st.integers(1, 9), OH=st.integers(1, 20), OW=st.integers(1, 20), rows=st.integers(1, 300),
