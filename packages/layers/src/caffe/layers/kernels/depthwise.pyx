@@ -91,9 +91,9 @@ cdef inline void _pad_plane(const real* src, double* dst, const Geom* g) noexcep
     cdef double* d
     memset(dst, 0, g.ph * row * sizeof(double))
     memset(dst + (g.ph + g.H) * row, 0, (g.Hp - g.ph - g.H) * row * sizeof(double))
-    for h in range(g.H):
-        for q in range(sw):
-            _phase_range(g, q, &lo, &hi)
+    for q in range(sw):  # phase by phase: the range is the same on every row
+        _phase_range(g, q, &lo, &hi)
+        for h in range(g.H):
             s = src + h * W + q - g.pw  # entry k of phase q is column k * sw + q - pw
             d = dst + (h + g.ph) * row + q * Wq
             for k in range(lo):
@@ -101,6 +101,9 @@ cdef inline void _pad_plane(const real* src, double* dst, const Geom* g) noexcep
             if sw == 1:
                 for k in range(lo, hi):
                     d[k] = s[k]
+            elif sw == 2:
+                for k in range(lo, hi):
+                    d[k] = s[2 * k]
             else:
                 for k in range(lo, hi):
                     d[k] = s[k * sw]
@@ -113,9 +116,9 @@ cdef inline void _unpad_plane(const double* src, real* dst, const Geom* g) noexc
     cdef Py_ssize_t h, q, k, lo, hi, sw = g.sw, Wq = g.Wq, row = g.row, W = g.W
     cdef const double* s
     cdef real* d
-    for h in range(g.H):
-        for q in range(sw):
-            _phase_range(g, q, &lo, &hi)
+    for q in range(sw):
+        _phase_range(g, q, &lo, &hi)
+        for h in range(g.H):
             s = src + (h + g.ph) * row + q * Wq
             d = dst + h * W + q - g.pw
             if sw == 1:
@@ -128,10 +131,43 @@ cdef inline void _unpad_plane(const double* src, real* dst, const Geom* g) noexc
 
 # -- forward ----------------------------------------------------------------------------------
 
+cdef enum:
+    FLAT_MAX = 4096  # a small plane's padded outputs (doubles) computed in one pass: L1-sized
+
+
+cdef inline bint _flat(const Geom* g) noexcept nogil:
+    """Depthwise 3x3 at stride 1 on a small plane: computed as one flat loop over the padded width."""
+    return (g.cg == 1 and g.kh == 3 and g.kw == 3 and g.sh == 1 and g.sw == 1
+            and g.OH * g.row <= FLAT_MAX)
+
+
+cdef inline void _forward_flat(const double* plane, const real* wg, const real* bias, real* y, double* acc,
+                               const Geom* g) noexcept nogil:
+    """Stride 1: output (oh, ow) reads padded entry (oh + i dh) * row + ow + j dw, so over the flat index
+    q = oh * row + ow all nine taps are constant offsets: one long loop instead of OH short ones (the
+    columns ow >= OW it also computes are dropped; the plane has a zeroed tail for their reads)."""
+    cdef Py_ssize_t o, q, oh, ow, n = g.OH * g.row, OW = g.OW, row = g.row
+    cdef Py_ssize_t a = g.dh * row, c = g.dw
+    cdef double w0, w1, w2, w3, w4, w5, w6, w7, w8, b
+    cdef const real* wk
+    cdef const double* p = plane
+    for o in range(g.og):
+        wk = wg + o * 9
+        w0, w1, w2, w3, w4, w5, w6, w7, w8 = wk[0], wk[1], wk[2], wk[3], wk[4], wk[5], wk[6], wk[7], wk[8]
+        b = bias[o] if bias != NULL else 0.0
+        for q in range(n):
+            acc[q] = (b + w0 * p[q] + w1 * p[q + c] + w2 * p[q + 2 * c]
+                      + w3 * p[q + a] + w4 * p[q + a + c] + w5 * p[q + a + 2 * c]
+                      + w6 * p[q + 2 * a] + w7 * p[q + 2 * a + c] + w8 * p[q + 2 * a + 2 * c])
+        for oh in range(g.OH):
+            for ow in range(OW):
+                y[(o * g.OH + oh) * OW + ow] = <real>acc[oh * row + ow]
+
+
 cdef inline void _forward_group(const double* planes, const real* wg, const real* bias, real* y,
                                 double* acc, const Geom* g) noexcept nogil:
     """The og output planes of one group from its cg padded input planes (wg: the group's filters)."""
-    cdef Py_ssize_t o, oh, ow, c, i, j, t, OW = g.OW, kh = g.kh, kw = g.kw, plane = g.Hp * g.row
+    cdef Py_ssize_t o, oh, ow, c, i, j, t, OW = g.OW, kh = g.kh, kw = g.kw, plane = g.Hp * g.row + 2 * (g.dw + 1)
     cdef Py_ssize_t t0, t1, t2
     cdef const double* r
     cdef const real* wk
@@ -141,6 +177,9 @@ cdef inline void _forward_group(const double* planes, const real* wg, const real
     cdef const double* r2
     cdef real* yrow
     t0, t1, t2 = _tap(g, 0), _tap(g, 1 if kw > 1 else 0), _tap(g, 2 if kw > 2 else 0)
+    if _flat(g):
+        _forward_flat(planes, wg, bias, y, acc, g)
+        return
     for o in range(g.og):
         b = bias[o] if bias != NULL else 0.0
         for oh in range(g.OH):
@@ -189,16 +228,19 @@ def forward(const real[::1] x, const real[::1] w, const real[::1] bias, real[::1
     cdef const real* ws = &w[0]
     cdef const real* bs = &bias[0] if bias is not None else NULL
     cdef real* ys = &y[0]
-    cdef Py_ssize_t t, n, grp, c, cg = g.cg, og = g.og, plane = g.Hp * g.row
+    # each padded plane has a zeroed tail of 2 (dw + 1) for the flat loop's reads past its last row
+    cdef Py_ssize_t t, n, grp, c, cg = g.cg, og = g.og, plane = g.Hp * g.row + 2 * (dw + 1)
+    cdef Py_ssize_t nacc = FLAT_MAX if _flat(&g) and FLAT_MAX > OW else OW
     cdef double* planes
     cdef double* acc
     cdef int nt = _threads(N * Co * OH * OW * cg * kh * kw)
     with nogil, parallel(num_threads=nt):
-        planes = <double*>malloc((cg * plane + OW) * sizeof(double))
+        planes = <double*>malloc((cg * plane + nacc) * sizeof(double))
         if planes == NULL:
             with gil:
                 raise MemoryError()
         else:
+            memset(planes, 0, cg * plane * sizeof(double))
             acc = planes + cg * plane
             for t in prange(N * group, schedule="dynamic"):
                 n = t // group
