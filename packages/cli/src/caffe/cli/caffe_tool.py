@@ -131,6 +131,22 @@ def set_mode(gpus: list[int]) -> None:
 
 # -- train ------------------------------------------------------------------------------
 
+def training_gpus(param, gpu_flag: str, solver_path: str = "the solver") -> list[int]:
+    """The GPUs to train on: --gpu when given; else, as Caffe, the solver's solver_mode: GPU on its
+    device_id (GPU 0 when unset); CPU (a warning) when the solver asks for a GPU and none is usable."""
+    if gpu_flag or param.solver_mode != param.GPU:
+        return parse_gpus(gpu_flag)
+    from caffe.blob import context
+    if not context.gpu_available():
+        log.warning("The solver asks for solver_mode: GPU (device %d) but there is no usable GPU (%s); "
+                    "training on the CPU", param.device_id, context._probe_gpu()[1])
+        return []
+    try:
+        return parse_gpus(str(param.device_id))
+    except CliError as exc:
+        raise CliError(f"{solver_path}: solver_mode GPU, device_id {param.device_id}: {exc}") from None
+
+
 def train(args) -> int:
     import caffe
     from caffe.solver import read_solver_params, create_solver, SignalHandler
@@ -146,11 +162,7 @@ def train(args) -> int:
     param.train_state.level = args.level
     for s in parse_stages(args.stage):
         param.train_state.stage.append(s)
-    gpus = parse_gpus(args.gpu)
-    if not gpus and param.solver_mode == param.GPU and args.gpu == "" and param.HasField("device_id"):
-        from caffe.blob import context
-        if context.gpu_available():
-            gpus = [param.device_id]
+    gpus = training_gpus(param, args.gpu, args.solver)
     world = _mpi_world()
     if len(gpus) > 1 or world is not None:
         # data-parallel: one process per GPU (train.py's way) or one per MPI rank (mpiexec -n N caffe-cli ...)
@@ -194,8 +206,13 @@ def train(args) -> int:
 
 
 def _final_summary(solver) -> None:
-    """The main job ends with the test accuracy and the snapshot path: say them plainly."""
+    """The main job ends with the test accuracy and the snapshot path: say them plainly. Test figures
+    only when the solver tested at the final iteration (as Caffe does when max_iter is a multiple of
+    test_interval); figures from an earlier test would describe other weights than the saved ones."""
+    tested_at = getattr(solver, "mean_scores_iter", [])
     for net_id, scores in enumerate(getattr(solver, "mean_scores", []) or []):
+        if net_id >= len(tested_at) or tested_at[net_id] != solver.iter:
+            continue
         names = solver.test_nets[net_id].output_blob_names if net_id < len(solver.test_nets) else []
         for name, value in zip(names, scores):
             log.info("Final test net #%d: %s = %g", net_id, name, value)

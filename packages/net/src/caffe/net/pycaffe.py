@@ -238,6 +238,10 @@ class PycaffeNet:
     def reshape(self) -> None:
         self.Reshape()
 
+    def clear_param_diffs(self) -> None:
+        """Zero every learnable parameter's diff (Caffe's ClearParamDiffs)."""
+        self.ClearParamDiffs()
+
     def copy_from(self, filename) -> None:
         self.CopyTrainedLayersFrom(filename)
 

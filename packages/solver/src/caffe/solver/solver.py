@@ -88,6 +88,7 @@ class Solver:
         self.losses: list[float] = []
         self.smoothed_loss = 0.0
         self.mean_scores: list[list[float]] = []
+        self.mean_scores_iter: list[int | None] = []  # the iteration each test net's mean_scores are from
         self.last_snapshot: tuple[str, str] | None = None
         self._iterations_last = 0
         self._output_cache = {}
@@ -201,6 +202,7 @@ class Solver:
                 self._load_weights(net, model_list)
             self.test_nets.append(net)
         self.mean_scores = [[] for _ in self.test_nets]
+        self.mean_scores_iter = [None for _ in self.test_nets]
 
     def _load_weights(self, net, model_list: str) -> None:
         for name in model_list.split(","):
@@ -410,6 +412,7 @@ class Solver:
                     log.info("    Test net output #%d: %s = %s%s", k, name, fmt(mean), extra)
                     k += 1
         self.mean_scores[test_net_id] = means
+        self.mean_scores_iter[test_net_id] = self.iter
 
     def _outputs(self, net):
         """[(blob, name, loss_weight)] for the net's outputs (fixed once the net is built)."""
