@@ -10,18 +10,20 @@ products, named from the convolution's side (Deconvolution swaps the roles):
              bottom diff, sharing the lowering of im with its weight gradient).
 
 "1x1" (Caffe's is_1x1: every kernel side 1, stride 1, no pad): im already is the column
-buffer, so each image's GEMM reads and writes the blobs directly, no lowering.
+buffer, so each image's GEMM reads and writes the blobs directly, no lowering (images of
+fewer than ONE_BY_ONE_VIEW_COLS positions are copied side by side into one wider GEMM).
 
-"direct" (group > 1 with few channels per group: depthwise, MobileNet): the kernels of
-caffe.layers.kernels.depthwise, one plane per OpenMP task.
+"direct" (group > 1 with at most DIRECT_MAX_PAIRS channel pairs per group: depthwise,
+MobileNet): the kernels of caffe.layers.kernels.depthwise, one (image, group) per OpenMP task.
 
 "blocked" (the rest, 2-D): the output positions are cut into blocks (several whole
 images, or a band of output rows of one image) whose column buffer is about
-COL_BLOCK_BYTES, so im2col writes it into the caches and the GEMMs read it from there
-(a whole-batch column buffer, CIFAR10-quick's conv2 82 MB, goes through main memory
-twice). Each block runs one GEMM per group on all cores (OpenBLAS); the lowering and
-layout changes between them are OpenMP kernels. The two pools run one after the other,
-never nested, so the cores are never oversubscribed.
+COL_BLOCK_BYTES, so im2col writes it into the (L3) cache and the GEMMs read it from
+there instead of main memory (a whole-batch column buffer, CIFAR10-quick's conv2, is
+82 MB; VGG's first layers need 115 MB per image). Each block runs one GEMM per group on
+all cores (OpenBLAS); the lowering and layout changes between them are OpenMP kernels.
+The two pools run one after the other, never nested, so the cores are never
+oversubscribed; each hand-over between them costs, which is why blocks are not smaller.
 
 Numerics: a float32 forward whose dot products are at most conv_base.EXACT_FORWARD_MAX_K
 long is taken in float64 and rounded once (the column block is lowered straight into float64);
