@@ -60,6 +60,9 @@ def test_policies_match_their_formulas(policy, base_lr, gamma, power, stepsize, 
         assert isinstance(rate, dtype)
         want = formula(policy, base_lr, gamma, power, stepsize, stepvalue, max_iter, it)
         tol = 2e-6 if dtype is np.float32 else 1e-12
+        if policy == "poly" and dtype is np.float32:
+            # Caffe computes 1 - it/max_iter in float: near the end it keeps fewer digits (cancellation)
+            tol += f32(power) * 2.0 ** -23 / (1 - it / max_iter)
         assert math.isclose(float(rate), want, rel_tol=tol, abs_tol=1e-30), (policy, it, float(rate), want)
 
 

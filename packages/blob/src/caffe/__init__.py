@@ -22,6 +22,12 @@ _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 __path__ = extend_path(__path__, __name__)
 
+# Test support: CAFFE_CUPY_STANDIN=1 replaces CuPy by a NumPy stand-in (no GPU) before anything imports it,
+# in this process and in every rank it spawns (caffe.blob._standin; scripts/test.sh's GPU run).
+if _os.environ.get("CAFFE_CUPY_STANDIN"):
+    from caffe.blob._standin import install_from_env as _standin
+    _standin()
+
 from caffe import proto  # noqa: E402  pycaffe's `import caffe` loads caffe.proto.caffe_pb2
 from caffe.proto import caffe_pb2 as _caffe_pb2  # noqa: E402
 from caffe.blob import Blob  # noqa: E402

@@ -17,6 +17,7 @@ Data is handed out as typed NumPy/CuPy views of the owned memory, never copies.
 import numpy as np
 
 from caffe.blob import context as _ctx
+from caffe.blob import memory as _memory
 
 cdef enum Head:
     _UNINITIALIZED = 0
@@ -32,7 +33,13 @@ HEAD_NAMES = {0: "UNINITIALIZED", 1: "HEAD_AT_CPU", 2: "HEAD_AT_GPU", 3: "SYNCED
 
 
 cdef object _alloc_host(Py_ssize_t size):
-    """Host bytes; pinned (page-locked) when the runtime is in GPU mode, as CaffeMallocHost does."""
+    """Host bytes; pinned (page-locked) when the runtime is in GPU mode, as CaffeMallocHost does.
+
+    A size that cannot fit in the available memory raises BlobMemoryError first: Linux would hand out
+    the pages and kill the process (no message) when they are touched.
+    """
+    if size >= _memory.CHECK_THRESHOLD:
+        _memory.check_host_allocation(size, "a blob's host memory")
     if _ctx.mode() == _ctx.GPU and _ctx.gpu_available():
         import cupy
         mem = cupy.cuda.alloc_pinned_memory(max(size, 1))

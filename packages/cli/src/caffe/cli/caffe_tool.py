@@ -33,6 +33,8 @@ def caffe_flags(prog: str, usage: str) -> GflagsParser:
     p.add_flag("iterations", int, 50, "the number of iterations to run")
     p.add_flag("sigint_effect", str, "stop", "action to take on SIGINT: snapshot, stop or none")
     p.add_flag("sighup_effect", str, "snapshot", "action to take on SIGHUP: snapshot, stop or none")
+    p.add_flag("overwrite_snapshots", bool, False, "train even while another training holds the lock on the "
+               "same snapshot_prefix (their snapshots overwrite each other); by default that is refused")
     return p
 
 
@@ -65,8 +67,14 @@ def device_query_main(argv) -> int:
 # -- shared helpers -------------------------------------------------------------------
 
 def require_file(path: str, flag: str) -> str:
+    """A flag's file must exist and be a regular file: /dev/zero or a FIFO is refused before any read."""
+    from caffe.blob.fileio import FileInputError, require_regular_file
     if not os.path.exists(path):
         raise CliError(f"--{flag}: file not found: {path}")
+    try:
+        require_regular_file(path, f"--{flag} file")
+    except FileInputError as exc:
+        raise CliError(str(exc)) from None
     return path
 
 
@@ -168,7 +176,8 @@ def train(args) -> int:
         # data-parallel: one process per GPU (train.py's way) or one per MPI rank (mpiexec -n N caffe-cli ...)
         import functools
         from caffe.parallel import launch
-        on_solver = functools.partial(_install_signal_handling, args.sigint_effect, args.sighup_effect)
+        on_solver = functools.partial(_install_signal_handling, args.sigint_effect, args.sighup_effect,
+                                      overwrite_snapshots=args.overwrite_snapshots)
         if world is not None:
             launch.train_mpi(param, snapshot=args.snapshot or None, weights=args.weights or None,
                              gpus=gpus or None, on_solver=on_solver)
@@ -189,6 +198,7 @@ def train(args) -> int:
     log.info("Starting Optimization")
     with handler:
         solver = create_solver(param)
+        solver.overwrite_snapshots = args.overwrite_snapshots
         solver.SetActionFunction(handler.GetActionFunction())
         if args.snapshot:
             log.info("Resuming from %s", args.snapshot)
@@ -221,8 +231,10 @@ def _final_summary(solver) -> None:
         log.info("Final snapshot: %s (solver state %s)", model, state)
 
 
-def _install_signal_handling(sigint_effect: str, sighup_effect: str, solver) -> None:
+def _install_signal_handling(sigint_effect: str, sighup_effect: str, solver,
+                             overwrite_snapshots: bool = False) -> None:
     """on_solver hook for every rank: Caffe's SIGINT/SIGHUP effects (module level, so spawn can pickle it)."""
+    solver.overwrite_snapshots = overwrite_snapshots
     from caffe.solver import SignalHandler
     handler = SignalHandler(signal_effect(sigint_effect, "sigint_effect"),
                             signal_effect(sighup_effect, "sighup_effect")).install()

@@ -38,14 +38,14 @@ You should gunzip them after downloading."""
 
 def read_batch(path: str) -> tuple[np.ndarray, np.ndarray]:
     """A CIFAR-10 binary batch as (labels (n,) uint8, images (n, 3072) uint8)."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
+    from caffe.blob.fileio import FileInputError, read_regular_file
+    if not os.path.exists(path):
         raise CliError(f"cannot open '{path}': no such file (the input folder must hold CIFAR-10's binary "
-                       f"version: data_batch_1.bin .. data_batch_5.bin, test_batch.bin)") from None
-    except OSError as exc:
-        raise CliError(f"cannot read '{path}': {exc.strerror}") from None
+                       f"version: data_batch_1.bin .. data_batch_5.bin, test_batch.bin)")
+    try:
+        raw = read_regular_file(path, "CIFAR-10 batch")  # a regular file only: no FIFO, no endless stream
+    except FileInputError as exc:
+        raise CliError(f"cannot read '{path}': {exc.reason}") from None
     if not raw or len(raw) % RECORD_BYTES:
         raise CliError(f"'{path}' is not a CIFAR-10 binary batch: {len(raw)} bytes is not a whole number of "
                        f"{RECORD_BYTES}-byte records (a label byte and a 3x32x32 image)")

@@ -18,11 +18,11 @@ from caffe.layers.softmax_loss import (_MultiTopLoss, get_normalizer, ignore_lab
 def read_infogain_matrix(layer, path):
     """The BlobProto at `path` as a Blob (Caffe's ReadProtoFromBinaryFile + FromProto)."""
     from caffe.proto import caffe_pb2
+    from caffe.blob.fileio import FileInputError, read_regular_file
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as exc:
-        raise layer.error(f"cannot read infogain_param.source {path!r}: {exc.strerror or exc}") from None
+        raw = read_regular_file(path, "infogain_param.source", fmt="a BlobProto")
+    except FileInputError as exc:
+        raise layer.error(f"cannot read infogain_param.source {path!r}: {exc.reason}") from None
     proto = caffe_pb2.BlobProto()
     try:
         proto.ParseFromString(raw)

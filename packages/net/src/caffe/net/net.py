@@ -24,6 +24,7 @@ from caffe.layers.layer import LayerError
 from caffe.layers.registry import UnknownLayerTypeError, create_layer
 from caffe.proto import caffe_pb2
 
+from caffe.net import memcheck
 from caffe.net.graph import FilterNet, InsertSplits, NetError, unknown_bottom_error
 from caffe.net.protofile import parse_text
 from caffe.net.pycaffe import PycaffeNet
@@ -184,6 +185,7 @@ class Net(WeightsMixin, PycaffeNet):
         self._prune_backward()
         if param.force_backward:
             self._force_backward()
+        memcheck.check_train_net(self)
         for name in sorted(available):  # what nobody consumed is the net's output (std::set order)
             log.info("This network produces output %s", name)
             self._outputs.append(blob_name_to_idx[name])
@@ -206,9 +208,18 @@ class Net(WeightsMixin, PycaffeNet):
             layer.SetUp(self.bottom_vecs[layer_id], self.top_vecs[layer_id])
         except LayerError:
             raise  # already names the layer
+        except MemoryError as exc:  # name the layer and blob (caffe.net.memcheck)
+            raise memcheck.layer_memory_error(self, layer_id, exc) from exc
+        except (OverflowError, ValueError) as exc:
+            if type(exc) not in (OverflowError, ValueError):  # a typed error (DataError, ...) says what is wrong
+                exc.add_note(f"while setting up layer '{layer.name}' ({layer.type}) of net '{self.name}'")
+                raise
+            # Blob.reshape & co. name no layer
+            raise LayerError(f"Layer '{layer.name}' ({layer.type}) of net '{self.name}': {exc}") from exc
         except Exception as exc:
             exc.add_note(f"while setting up layer '{layer.name}' ({layer.type}) of net '{self.name}'")
             raise
+        memcheck.check_after_setup(self, layer_id)  # the blobs so far must fit before any is allocated
 
     def _append_top(self, param, layer_id, top_id, available, name_to_idx, producer) -> None:
         layer_param = param.layer[layer_id]

@@ -11,6 +11,12 @@ One deliberate addition: a non-finite training loss stops training with a
 NonFiniteLossError naming the iteration, before the update touches the weights and
 without writing any snapshot, so the last good snapshot stays the newest.
 
+Two more: a training holds a lock on its snapshot_prefix (caffe.solver.snapshot_lock),
+so a second training on the same prefix fails with a clear error instead of silently
+overwriting the first one's snapshots (unless `overwrite_snapshots` is set); and
+snapshots are written atomically (caffe.blob.fileio), the weights streamed straight to
+one temporary file (Net.Save / Net.ToHDF5), a full disk reported with the file's name.
+
 Log lines keep glog's text (logger "caffe.solver", a child of "caffe") so log-parsing
 scripts written for Caffe keep working.
 """
@@ -92,6 +98,8 @@ class Solver:
         self.last_snapshot: tuple[str, str] | None = None
         self._iterations_last = 0
         self._output_cache = {}
+        self.overwrite_snapshots = False  # True: write snapshot_prefix even while another training holds it
+        self._prefix_locked: str | None = None
         self.Init(param)
 
     # -- construction ---------------------------------------------------------------
@@ -102,6 +110,9 @@ class Solver:
             raise SolverError(f"average_loss should be >= 1, got {param.average_loss}")
         if param.iter_size < 1:
             raise SolverError(f"iter_size should be >= 1, got {param.iter_size}")
+        if param.max_iter < 0:
+            raise SolverError(f"{self._where()}: max_iter is {param.max_iter}; it must be >= 0 (the number of "
+                              f"iterations to train)")
         self.check_param(param)
         self.CheckSnapshotWritePermissions()
         from caffe.blob import context
@@ -328,10 +339,21 @@ class Solver:
         log.info("Solving %s", getattr(self.net, "name", ""))
         log.info("Learning Rate Policy: %s", self.param.lr_policy)
         self.requested_early_exit = False
+        locked_here = self._lock_snapshot_prefix()
+        try:
+            self._solve(resume_file)
+        finally:
+            if locked_here:
+                self.release_snapshot_prefix()
+
+    def _solve(self, resume_file) -> None:
         if resume_file:
             log.info("Restoring previous solver status from %s", resume_file)
             self.Restore(resume_file)
         p = self.param
+        if self.iter > p.max_iter:
+            log.warning("The solver state is at iteration %d, past max_iter %d: nothing to train", self.iter,
+                        p.max_iter)
         start_iter = self.iter
         self.Step(p.max_iter - self.iter)
         # the after-training snapshot, unless the schedule has just written one
@@ -464,6 +486,36 @@ class Solver:
                 raise SolverError(f"Cannot write to snapshot prefix '{p.snapshot_prefix}'.  Make sure that the "
                                   f"directory exists and is writable.") from None
 
+    def _lock_snapshot_prefix(self) -> bool:
+        """Hold the lock of snapshot_prefix (root solver); True when this call took it."""
+        from caffe.blob import context
+        from caffe.solver import snapshot_lock
+        prefix = self.param.snapshot_prefix
+        if self._prefix_locked is not None or not prefix or not context.root_solver():
+            return False
+        if self.overwrite_snapshots:
+            other = snapshot_lock.held_by_other(prefix)
+            if other:
+                log.warning("snapshot_prefix %s is in use by another training (%s); writing there anyway "
+                            "(overwrite_snapshots)", prefix, other)
+            return False
+        snapshot_lock.acquire(prefix)
+        self._prefix_locked = prefix
+        return True
+
+    def release_snapshot_prefix(self) -> None:
+        """Let another training use this solver's snapshot_prefix (done at the end of Solve)."""
+        if self._prefix_locked is not None:
+            from caffe.solver import snapshot_lock
+            snapshot_lock.release(self._prefix_locked)
+            self._prefix_locked = None
+
+    def __del__(self):
+        try:
+            self.release_snapshot_prefix()
+        except Exception:
+            pass
+
     def SnapshotFilename(self, extension: str, iter_: int | None = None) -> str:
         it = self.iter if iter_ is None else iter_
         return f"{self.param.snapshot_prefix}_iter_{it}{extension}"
@@ -472,6 +524,7 @@ class Solver:
         from caffe.blob import context
         if not context.root_solver():
             raise SolverError("Snapshot must be called on the root solver")
+        self._lock_snapshot_prefix()  # a solver driven by step(): from its first snapshot on
         fmt_ = self.param.snapshot_format
         if fmt_ == caffe_pb2.SolverParameter.BINARYPROTO:
             model_filename = self.SnapshotToBinaryProto()
@@ -483,19 +536,15 @@ class Solver:
         self.last_snapshot = (model_filename, state_filename)
 
     def SnapshotToBinaryProto(self) -> str:
-        from caffe.solver.state_io import atomic_write_bytes
         model_filename = self.SnapshotFilename(".caffemodel")
         log.info("Snapshotting to binary proto file %s", model_filename)
-        net_param = self.net.ToProto(write_diff=self.param.snapshot_diff)
-        atomic_write_bytes(model_filename, net_param.SerializeToString())
+        self.net.Save(model_filename, write_diff=self.param.snapshot_diff)  # streamed, atomic
         return model_filename
 
     def SnapshotToHDF5(self) -> str:
-        from caffe.solver.state_io import atomic_path
         model_filename = self.SnapshotFilename(".caffemodel.h5")
         log.info("Snapshotting to HDF5 file %s", model_filename)
-        with atomic_path(model_filename) as tmp:
-            self.net.ToHDF5(tmp, write_diff=self.param.snapshot_diff)
+        self.net.ToHDF5(model_filename, write_diff=self.param.snapshot_diff)  # one temporary file, atomic
         return model_filename
 
     def Restore(self, state_file) -> None:
