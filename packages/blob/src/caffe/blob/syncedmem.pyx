@@ -67,6 +67,9 @@ cdef class SyncedMemory:
     cdef readonly bint own_cpu_data
     cdef readonly bint own_gpu_data
     cdef readonly int gpu_device
+    # Bumped whenever writable access is handed out (mutable_*, set_*): lets caches of values derived
+    # from this memory (the Net's inference folding) tell that it may have changed.
+    cdef readonly unsigned long long version
 
     def __cinit__(self, Py_ssize_t size=0):
         if size < 0:
@@ -131,6 +134,7 @@ cdef class SyncedMemory:
         """Writable typed view of the host copy; the host becomes the only current copy."""
         self._to_cpu()
         self._head = _HEAD_AT_CPU
+        self.version += 1
         return self._cpu.view(dtype)
 
     def set_cpu_data(self, data):
@@ -143,6 +147,7 @@ cdef class SyncedMemory:
         self._cpu = arr.reshape(-1).view(np.uint8)[:self.size]
         self.own_cpu_data = False
         self._head = _HEAD_AT_CPU
+        self.version += 1
 
     # -- device access -------------------------------------------------------
     def gpu_data(self, dtype=np.uint8):
@@ -154,6 +159,7 @@ cdef class SyncedMemory:
         """Typed CuPy view of the device copy; the device becomes the only current copy."""
         self._to_gpu()
         self._head = _HEAD_AT_GPU
+        self.version += 1
         return self._gpu.view(dtype)
 
     def set_gpu_data(self, data):
@@ -170,6 +176,7 @@ cdef class SyncedMemory:
         self.own_gpu_data = False
         self.gpu_device = data.device.id
         self._head = _HEAD_AT_GPU
+        self.version += 1
 
     def async_gpu_push(self, stream=None):
         """Start the host->device copy on `stream` (pinned host memory makes it asynchronous)."""

@@ -18,9 +18,13 @@ log = logging.getLogger("caffe")
 from caffe.cli.main import CliError, GflagsParser  # noqa: E402
 
 
-def caffe_flags(prog: str, usage: str) -> GflagsParser:
-    """The flags of Caffe's tool (tools/caffe.cpp), with Caffe's defaults."""
+def caffe_flags(prog: str, usage: str, fold: bool = False) -> GflagsParser:
+    """The flags of Caffe's tool (tools/caffe.cpp), with Caffe's defaults (and --fold for test/time)."""
     p = GflagsParser(prog, usage)
+    if fold:
+        p.add_flag("fold", bool, None, "inference folding of BatchNorm/Scale/ReLU into the Convolution or "
+                   "InnerProduct before them, TEST phase only; unset: the environment variable CAFFE_FOLD, "
+                   "else on")
     p.add_flag("gpu", str, "", "GPU device ids separated by ',' or 'all' (CPU when empty)")
     p.add_flag("solver", str, "", "the solver definition protocol buffer text file")
     p.add_flag("model", str, "", "the model definition protocol buffer text file")
@@ -38,8 +42,8 @@ def caffe_flags(prog: str, usage: str) -> GflagsParser:
     return p
 
 
-def _parsed(prog: str, usage: str, argv):
-    parser = caffe_flags(prog, usage)
+def _parsed(prog: str, usage: str, argv, fold: bool = False):
+    parser = caffe_flags(prog, usage, fold)
     args = parser.parse(argv)
     if args.args:
         raise CliError(f"unexpected arguments: {' '.join(args.args)}\n{parser.format_usage().strip()}")
@@ -52,12 +56,13 @@ def train_main(argv) -> int:
 
 
 def test_main(argv) -> int:
-    return test(_parsed("test", "score a model: caffe-cli test --model=M --weights=W [--iterations=50]", argv))
+    return test(_parsed("test", "score a model: caffe-cli test --model=M --weights=W [--iterations=50]", argv,
+                        fold=True))
 
 
 def time_main(argv) -> int:
     return time_net(_parsed("time", "benchmark model execution time: caffe-cli time --model=M "
-                            "[--iterations=50]", argv))
+                            "[--iterations=50]", argv, fold=True))
 
 
 def device_query_main(argv) -> int:
@@ -266,7 +271,7 @@ def _load_net(args, default_phase: int, purpose: str):
     set_mode(gpus[:1])
     log.info("Use %s.", f"GPU {gpus[0]}" if gpus else "CPU")
     net = Net(args.model, parse_phase(args.phase, default_phase), level=args.level,
-              stages=parse_stages(args.stage))
+              stages=parse_stages(args.stage), fold=getattr(args, "fold", None))
     if args.weights:
         copy_weights([net], args.weights)
     return net, gpus
@@ -315,16 +320,26 @@ def time_net(args) -> int:
     import caffe
     net, gpus = _load_net(args, caffe.TRAIN, "time")
     sync = _synchronizer(gpus)
+    folded = net.folded
+    if folded:  # the first pass unfolded, so every layer has its forward state for the timed backward
+        net.fold(False)
     log.info("Performing Forward")
     initial_loss = net.Forward()
     log.info("Initial loss: %g", initial_loss)
     log.info("Performing Backward")
     net.Backward()
+    if folded:
+        net.fold(True)
     layers = net.layers
     n = len(layers)
     fwd = np.zeros(n)
     bwd = np.zeros(n)
     bottom_need_backward = net.bottom_need_backward
+    steps = net.forward_steps()  # a folded chain is one step, timed as its first layer
+    for first, last, _ in steps:
+        if last > first:
+            log.info("Folded into %s: %s (their time is counted there)", layers[first].name,
+                     ", ".join(layer.name for layer in layers[first + 1:last + 1]))
     log.info("*** Benchmark begins ***")
     log.info("Testing for %d iterations.", args.iterations)
     total_start = time.perf_counter()
@@ -332,11 +347,11 @@ def time_net(args) -> int:
     for it in range(args.iterations):
         iter_start = time.perf_counter()
         t0 = time.perf_counter()
-        for i, layer in enumerate(layers):
+        for first, _, run in steps:
             s = time.perf_counter()
-            layer.Forward(net.bottom_vecs[i], net.top_vecs[i])
+            run()
             sync()
-            fwd[i] += time.perf_counter() - s
+            fwd[first] += time.perf_counter() - s
         forward_total += time.perf_counter() - t0
         t0 = time.perf_counter()
         for i in range(n - 1, -1, -1):

@@ -144,11 +144,13 @@ class Layer:
     def Forward(self, bottom, top) -> float:
         """Reshape, run forward on the current mode's device, and return the weighted loss."""
         self.reshape(bottom, top)
-        gpu = context.mode() == context.GPU
-        if gpu:
+        if context.mode() == context.GPU:
             self.forward_gpu(bottom, top)
-        else:
-            self.forward_cpu(bottom, top)
+            return self._weighted_loss(top, True) if self._loss else 0.0
+        self.forward_cpu(bottom, top)
+        return self._weighted_loss(top, False) if self._loss else 0.0  # only loss layers have loss weights
+
+    def _weighted_loss(self, top, gpu: bool) -> float:
         loss = 0.0
         for i, t in enumerate(top):
             if self.loss(i) == 0 or t.count() == 0:

@@ -1,6 +1,9 @@
 """caffe.layers.kernels: the compiled CPU kernels, one module per family of computation.
 
-  lowering   im2col / col2im (convolution's lowering to GEMM and its inverse)
+  lowering   im2col / col2im (convolution's lowering to GEMM and its inverse, by blocks of
+             output rows) and the batch <-> GEMM-rows layout changes
+  depthwise  direct grouped 2-D convolution, forward and both backward passes, for
+             depthwise / small-group layers (MobileNet)
   pooling    2-D MAX / AVE pooling forward and backward
   elementwise    the neuron layers, Eltwise, Dropout (its SplitMix64 mask), Split's sum, Concat/Slice copies
   channelwise    per-channel operands on (outer, dim, inner): Scale(+Bias), Bias, PReLU, BatchNorm global stats
