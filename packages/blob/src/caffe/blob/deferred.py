@@ -45,9 +45,9 @@ def check(site, flag, value, make_error) -> None:
     pend = _pending()
     old = pend.get(site)
     if old is not None:
-        import cupy
+        xp = _module_of(flag)
         old_flag, old_value, _ = old
-        value = cupy.where(old_flag, old_value.astype(cupy.float64), value.astype(cupy.float64))
+        value = xp.where(old_flag, xp.asarray(old_value).astype(np.float64), xp.asarray(value).astype(np.float64))
         flag = old_flag | flag
     pend[site] = (flag, value, make_error)
 
@@ -67,6 +67,17 @@ def discard() -> None:
     _pending().clear()
 
 
+def _is_host(a) -> bool:
+    return isinstance(a, (np.ndarray, np.generic, bool, int, float))
+
+
+def _module_of(a):
+    if _is_host(a):
+        return np
+    import cupy
+    return cupy
+
+
 def _device_of(a) -> int:
     dev = getattr(a, "device", None)
     return getattr(dev, "id", 0)
@@ -77,7 +88,7 @@ def _download(arrays) -> list[float]:
     out: list[float | None] = [None] * len(arrays)
     by_device: dict[int, list[int]] = {}
     for i, a in enumerate(arrays):
-        if isinstance(a, np.ndarray) or isinstance(a, np.generic):
+        if _is_host(a):
             out[i] = float(a)
         else:
             by_device.setdefault(_device_of(a), []).append(i)

@@ -138,7 +138,8 @@ cdef class SyncedMemory:
         return self._cpu.view(dtype)
 
     def set_cpu_data(self, data):
-        """Borrow an outside host buffer (C-contiguous, at least `size` bytes); it is not copied."""
+        """Borrow an outside host buffer (C-contiguous, at least `size` bytes); it is not copied. A device buffer
+        that was borrowed too is let go (the next upload goes to memory of our own)."""
         arr = np.asarray(data)
         if not arr.flags.c_contiguous:
             raise ValueError("set_cpu_data: the buffer must be C-contiguous")
@@ -146,6 +147,9 @@ cdef class SyncedMemory:
             raise ValueError(f"set_cpu_data: buffer holds {arr.nbytes} bytes, SyncedMemory needs {self.size}")
         self._cpu = arr.reshape(-1).view(np.uint8)[:self.size]
         self.own_cpu_data = False
+        if self._gpu is not None and not self.own_gpu_data:
+            # a borrowed device buffer (a prefetched batch's) must not receive this memory's next upload
+            self._gpu = None
         self._head = _HEAD_AT_CPU
         self.version += 1
 
@@ -163,7 +167,8 @@ cdef class SyncedMemory:
         return self._gpu.view(dtype)
 
     def set_gpu_data(self, data):
-        """Borrow an outside CuPy buffer (C-contiguous, at least `size` bytes); it is not copied."""
+        """Borrow an outside CuPy buffer (C-contiguous, at least `size` bytes); it is not copied. A host buffer
+        that was borrowed too is let go (the next download goes to memory of our own)."""
         _ctx.require_gpu("set_gpu_data")
         import cupy
         if not isinstance(data, cupy.ndarray):
@@ -175,6 +180,9 @@ cdef class SyncedMemory:
         self._gpu = data.reshape(-1).view(cupy.uint8)[:self.size]
         self.own_gpu_data = False
         self.gpu_device = data.device.id
+        if self._cpu is not None and not self.own_cpu_data:
+            # a borrowed host buffer (a prefetched batch's) must not receive this memory's next download
+            self._cpu = None
         self._head = _HEAD_AT_GPU
         self.version += 1
 

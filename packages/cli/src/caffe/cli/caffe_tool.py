@@ -12,6 +12,8 @@ import time
 
 import numpy as np
 
+from caffe.blob import deferred
+
 log = logging.getLogger("caffe")
 
 
@@ -288,7 +290,8 @@ def test(args) -> int:
     loss = 0.0
     names = net.output_blob_names
     for i in range(args.iterations):
-        iter_loss = net.Forward()
+        iter_loss = float(net.Forward())  # GPU mode: read from the device (its outputs are read below anyway)
+        deferred.flush()
         loss += iter_loss
         idx = 0
         for j, blob in enumerate(net.output_blobs):
@@ -324,7 +327,7 @@ def time_net(args) -> int:
     if folded:  # the first pass unfolded, so every layer has its forward state for the timed backward
         net.fold(False)
     log.info("Performing Forward")
-    initial_loss = net.Forward()
+    initial_loss = float(net.Forward())
     log.info("Initial loss: %g", initial_loss)
     log.info("Performing Backward")
     net.Backward()

@@ -10,7 +10,8 @@ backward in the other use the same mask. It is drawn from one 64-bit seed per fo
 from caffe.blob.context.rng() (so set_random_seed reproduces it), by the SplitMix64 counter
 generator: element i is kept when 16 bits of SplitMix64 output number i // 4 + 1 are >=
 round(ratio * 2^16), so P(keep) = 1 - ratio within 2^-17 (mask_reference below is the same in NumPy). The CPU draws and applies it in
-one kernel pass; the GPU path draws it on the host (the same bits) and applies it on the device.
+one kernel pass; the GPU path draws the same bits on the device (mask_reference with CuPy: nothing but
+the seed crosses to the device) and applies it there.
 """
 import numpy as np
 
@@ -28,14 +29,15 @@ def mask_threshold(ratio: float) -> int:
     return int(round(ratio * 2.0 ** 16))
 
 
-def mask_reference(seed: int, count: int, threshold: int) -> np.ndarray:
-    """The dropout mask (uint8 0/1) in NumPy: what kernels.elementwise.dropout_forward draws."""
+def mask_reference(seed: int, count: int, threshold: int, xp=np):
+    """The dropout mask (uint8 0/1) in NumPy (or CuPy: the same bits drawn on the device): what
+    kernels.elementwise.dropout_forward draws."""
     with np.errstate(over="ignore"):
-        z = np.uint64(seed) + (np.arange((count + 3) // 4, dtype=np.uint64) + np.uint64(1)) * _GAMMA
+        z = np.uint64(seed) + (xp.arange((count + 3) // 4, dtype=np.uint64) + np.uint64(1)) * _GAMMA
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         z = z ^ (z >> np.uint64(31))
-    bits = (z[:, None] >> (np.arange(4, dtype=np.uint64) * np.uint64(16))) & np.uint64(0xFFFF)
+    bits = (z[:, None] >> (xp.arange(4, dtype=np.uint64) * np.uint64(16))) & np.uint64(0xFFFF)
     return (bits.reshape(-1)[:count] >= np.uint64(threshold)).astype(np.uint8)
 
 
@@ -112,7 +114,12 @@ class DropoutLayer(NeuronLayer):
         x = bottom[0].data_xp(xp)
         y = top[0].mutable_data_xp(xp)
         if self.train:
-            self._draw_mask(bottom[0])
+            if xp is np:
+                self._draw_mask(bottom[0])
+            else:  # the same bits, drawn where they are used
+                mask = _cpu.state_blob(self, "rand_vec_", bottom[0], np.uint8)
+                m = mask.mutable_data_xp(xp)
+                m[...] = mask_reference(self._new_seed(), m.size, self.threshold, xp).reshape(m.shape)
             self._apply(xp, bottom, top)
         elif self.scale_train:
             y[...] = x

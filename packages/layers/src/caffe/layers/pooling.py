@@ -104,13 +104,25 @@ def _positions(xp, spec, i, j, H, W, PH, PW, pad=True):
     return xp.where(inside, h[:, None] * W + w[None, :], -1).astype(xp.int32)
 
 
+_DIVISORS: dict = {}  # (module, device, window, H, W, PH, PW, dtype) -> divisor array (kept: no upload per call)
+
+
 def ave_pool_sizes(xp, spec, H, W, PH, PW, dtype):
-    """Caffe's AVE divisor per window: the window clipped to the padded extent (H + pad)."""
-    hs = np.arange(PH) * spec.sh - spec.ph
-    ws = np.arange(PW) * spec.sw - spec.pw
-    hh = np.minimum(hs + spec.kh, H + spec.ph) - hs
-    ww = np.minimum(ws + spec.kw, W + spec.pw) - ws
-    return xp.asarray(np.outer(hh, ww).astype(dtype))
+    """Caffe's AVE divisor per window: the window clipped to the padded extent (H + pad). Built with xp (on
+    the device in GPU mode) once per geometry and kept, so a call moves nothing between host and device."""
+    device = xp.cuda.Device().id if xp is not np else -1
+    key = (xp.__name__, device, spec.window_args(), H, W, PH, PW, np.dtype(dtype).str)
+    sizes = _DIVISORS.get(key)
+    if sizes is None:
+        hs = xp.arange(PH) * spec.sh - spec.ph
+        ws = xp.arange(PW) * spec.sw - spec.pw
+        hh = xp.minimum(hs + spec.kh, H + spec.ph) - hs
+        ww = xp.minimum(ws + spec.kw, W + spec.pw) - ws
+        sizes = (hh[:, None] * ww[None, :]).astype(dtype)
+        if len(_DIVISORS) > 256:
+            _DIVISORS.clear()
+        _DIVISORS[key] = sizes
+    return sizes
 
 
 def _scatter_back(xp, spec, dy, index, dx, pad=True):
