@@ -22,8 +22,13 @@ Plans (BaseConvolutionLayer.plan picks one per call):
 CPU_PATHS = False sends every call down the batched path (the benchmarks compare).
 Scratch buffers are reused across iterations and shared by the layers of a thread.
 
-GPU: the batched path runs with xp = cupy (CuPy matmul, the generic lowering). It has
-not been run on a GPU here (the development machine has none); its tests skip.
+GPU: the batched path runs with xp = cupy. The lowering is conv_device's (one gather for
+im2col, one scatter-add for col2im, whatever the kernel size), and the groups of a layer go
+in ONE batched matmul (depthwise included: no GEMM per channel). The exact short-K forward
+(EXACT_FORWARD_MAX_K) stays float64 on the device too: the lowering gathers straight from a
+float64 copy of the image, and with K <= 32 the GEMM reads each column entry once for C_out
+multiply-adds, so it is bound by memory (twice float32's bytes), not by the GPU's float64 rate.
+Checked against the CuPy stand-in only (no GPU here): figures on a GPU are gpu_check.sh's.
 """
 from __future__ import annotations
 
@@ -40,7 +45,7 @@ from caffe.layers.layer import Layer, dtype_of
 
 # (OMP_WAIT_POLICY / OPENBLAS_THREAD_TIMEOUT are set in caffe/__init__.py, before any thread pool loads.)
 
-from caffe.layers import conv_cpu
+from caffe.layers import conv_cpu, conv_device
 
 try:  # the compiled CPU kernels (built by the package's hatch hook)
     from caffe.layers.kernels import lowering as _k
@@ -194,6 +199,9 @@ def _slices(geom, offsets):
 
 def im2col(xp, im, col, geom: ConvGeometry, layout: str = "batch", force_nd: bool = False) -> None:
     """Lower im (nb, C, *im_shape) into col: (C*K, nb*P) for "batch", (nb, C*K, P) for "image"."""
+    if xp is not np:  # the device: one gather, not one launch per kernel offset (conv_device)
+        conv_device.im2col(xp, im, col, geom, layout)
+        return
     nb, C = im.shape[0], im.shape[1]
     K, P = geom.kernel_count, geom.col_count
     if _fast_2d(xp, geom, im, force_nd) and im.flags.c_contiguous and col.flags.c_contiguous:
@@ -202,8 +210,8 @@ def im2col(xp, im, col, geom: ConvGeometry, layout: str = "batch", force_nd: boo
         _k.im2col_2d(im.reshape(-1), col.reshape(-1), nb, C, geom.im_shape[0], geom.im_shape[1],
                      kh, kw, ph, pw, sh, sw, dh, dw, geom.col_shape[0], geom.col_shape[1], rs, ns)
         return
-    # Generic N-d path (NumPy or CuPy): one strided slice of the zero-padded input per
-    # kernel offset. Kept simple: it is the reference for the GPU and for N-d kernels.
+    # Generic N-d path (NumPy): one strided slice of the zero-padded input per kernel offset.
+    # Kept simple: it is the reference for the device lowering and the path for N-d kernels.
     padded_shape = (nb, C) + tuple(n + 2 * p for n, p in zip(geom.im_shape, geom.pad))
     if any(geom.pad):
         padded = xp.zeros(padded_shape, dtype=im.dtype)
@@ -225,6 +233,9 @@ def im2col(xp, im, col, geom: ConvGeometry, layout: str = "batch", force_nd: boo
 
 def col2im(xp, col, im, geom: ConvGeometry, layout: str = "batch", force_nd: bool = False) -> None:
     """Overwrite im (nb, C, *im_shape) with the sum of every column entry that reads each pixel."""
+    if xp is not np:  # the device: one scatter-add (conv_device)
+        conv_device.col2im(xp, col, im, geom, layout)
+        return
     nb, C = im.shape[0], im.shape[1]
     K, P = geom.kernel_count, geom.col_count
     if _fast_2d(xp, geom, im, force_nd) and im.flags.c_contiguous and col.flags.c_contiguous:
@@ -395,8 +406,13 @@ class BaseConvolutionLayer(Layer):
             return
         single = self.chunk >= self.num
         col = None
+        if xp is not np and self.exact_forward(out.dtype):
+            # the device's exact forward lowers straight into float64 (the cast rides on the gather's copy);
+            # that buffer is not kept: the backward lowers again in the blob's dtype
+            single = False
         for n0, n1 in self.chunks():
-            col = self.lower(xp, im[n0:n1], ("col", keep) if single and keep is not None else "col")
+            col = self.lower(xp, im[n0:n1], ("col", keep) if single and keep is not None else "col",
+                             exact=xp is not np and self.exact_forward(out.dtype))
             self.gemm_forward(xp, col, weight, out[n0:n1], bias)
         if single and keep is not None and col is not None:
             self._kept_col[(keep, xp.__name__)] = (plan, col)
@@ -460,10 +476,12 @@ class BaseConvolutionLayer(Layer):
         return buf[:n]
 
     # -- the batched primitives (chunk of nb images) ----------------------------------------------
-    def lower(self, xp, im, name="col"):
-        """im2col of the image-side chunk im (nb, C_in, *S_im) -> (C_in * K, nb * P) column buffer."""
+    def lower(self, xp, im, name="col", exact=False):
+        """im2col of the image-side chunk im (nb, C_in, *S_im) -> (C_in * K, nb * P) column buffer
+        (float64 with exact: the device's exact forward)."""
         nb = im.shape[0]
-        col = self.buffer(xp, name, (self.kernel_dim * self.group, nb * self.geom.col_count), im.dtype)
+        dtype, name = (np.float64, name + "64" if isinstance(name, str) else name) if exact else (im.dtype, name)
+        col = self.buffer(xp, name, (self.kernel_dim * self.group, nb * self.geom.col_count), dtype)
         im2col(xp, im, col, self.geom, "batch", self.force_nd_im2col)
         return col
 
@@ -484,6 +502,9 @@ class BaseConvolutionLayer(Layer):
         nb, c_out, P = out.shape
         g, og, kd = self.group, c_out // self.group, self.kernel_dim
         w3 = weight.reshape(g, og, kd)
+        if xp is not np:
+            self._gemm_forward_device(xp, col, w3, out, bias)
+            return
         if self.exact_forward(out.dtype):
             # Short dot products are cheap to take in float64 (bias included) and round once: the outputs
             # are then the correctly rounded values, so max pooling's near-ties fall as in exact arithmetic
@@ -515,12 +536,42 @@ class BaseConvolutionLayer(Layer):
         else:
             out[...] = src
 
+    def _gemm_forward_device(self, xp, col, w3, out, bias):
+        """gemm_forward on the device: every group in ONE batched matmul (a depthwise layer too); the exact
+        forward (col already float64, see lower) in float64 with the bias, rounded once into out."""
+        nb, c_out, P = out.shape
+        g, og, kd = w3.shape
+        if self.exact_forward(out.dtype):
+            col64 = col if col.dtype == np.float64 else col.astype(np.float64)  # (Deconvolution's backward)
+            res = self.buffer(xp, "gemm64", (g, og, nb * P), np.float64)
+            xp.matmul(w3.astype(np.float64), col64.reshape(g, kd, nb * P), out=res)
+            src = res.reshape(c_out, nb, P).transpose(1, 0, 2)
+            if bias is None:
+                out[...] = src
+            else:  # the bias added in float64, the sum rounded once into out
+                xp.add(src, bias.astype(np.float64).reshape(1, c_out, 1), out=out)
+            return
+        res = out[0].reshape(g, og, P) if nb == 1 else self.buffer(xp, "gemm", (g, og, nb * P), out.dtype)
+        xp.matmul(w3, col.reshape(g, kd, nb * P), out=res)
+        if nb == 1:
+            if bias is not None:
+                out[0] += bias.reshape(c_out, 1)
+            return
+        src = res.reshape(c_out, nb, P).transpose(1, 0, 2)
+        if bias is not None:
+            xp.add(src, bias.reshape(1, c_out, 1), out=out)
+        else:
+            out[...] = src
+
     def gemm_backward(self, xp, rows, weight):
         """The column buffer W_g^T @ rows_g per group: the gradient (or deconvolution) before col2im."""
         g, kd = self.group, self.kernel_dim
         og = rows.shape[0] // g
         w3 = weight.reshape(g, og, kd)
         dcol = self.buffer(xp, "dcol", (kd * g, rows.shape[1]), rows.dtype)
+        if xp is not np:  # one batched matmul over the groups
+            xp.matmul(w3.transpose(0, 2, 1), rows.reshape(g, og, -1), out=dcol.reshape(g, kd, -1))
+            return dcol
         for gi in range(g):
             xp.matmul(w3[gi].T, rows[gi * og:(gi + 1) * og], out=dcol[gi * kd:(gi + 1) * kd])
         return dcol
@@ -530,6 +581,11 @@ class BaseConvolutionLayer(Layer):
         g, kd = self.group, self.kernel_dim
         og = rows.shape[0] // g
         wd3 = weight_diff.reshape(g, og, kd)
+        if xp is not np:  # one batched matmul over the groups
+            tmp = self.buffer(xp, "wgrad", (g, og, kd), weight_diff.dtype)
+            xp.matmul(rows.reshape(g, og, -1), col.reshape(g, kd, -1).transpose(0, 2, 1), out=tmp)
+            wd3 += tmp
+            return
         tmp = self.buffer(xp, "wgrad", (og, kd), weight_diff.dtype)
         for gi in range(g):
             xp.matmul(rows[gi * og:(gi + 1) * og], col[gi * kd:(gi + 1) * kd].T, out=tmp)

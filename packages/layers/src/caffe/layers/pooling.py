@@ -15,9 +15,10 @@ the window sum, against the running sum); in TEST the output is the
 activation-weighted average sum(x^2) / (FLT_MIN + sum(x)).
 
 The CPU runs MAX/AVE through the Cython/OpenMP kernels (caffe.layers.kernels.pooling); the
-array-module-generic code below (one strided slice per kernel offset) serves
-STOCHASTIC, the GPU (CuPy) and any other dtype. GPU: written for CuPy but not run
-on a GPU here (the development machine has none); its tests skip.
+NumPy code below (one strided slice per kernel offset) serves STOCHASTIC and any other
+dtype, and is the reference for the device. The device (CuPy) runs caffe.layers.pool_device:
+one gather of every window and one reduction, a constant number of launches. Checked against
+the CuPy stand-in only (no GPU here).
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from itertools import product
 import numpy as np
 
 from caffe.blob import context
-from caffe.layers import _cpu
+from caffe.layers import _cpu, device, pool_device
 from caffe.layers.layer import Layer
 from caffe.layers.registry import register_layer
 
@@ -104,29 +105,23 @@ def _positions(xp, spec, i, j, H, W, PH, PW, pad=True):
     return xp.where(inside, h[:, None] * W + w[None, :], -1).astype(xp.int32)
 
 
-_DIVISORS: dict = {}  # (module, device, window, H, W, PH, PW, dtype) -> divisor array (kept: no upload per call)
-
-
 def ave_pool_sizes(xp, spec, H, W, PH, PW, dtype):
     """Caffe's AVE divisor per window: the window clipped to the padded extent (H + pad). Built with xp (on
     the device in GPU mode) once per geometry and kept, so a call moves nothing between host and device."""
-    device = xp.cuda.Device().id if xp is not np else -1
-    key = (xp.__name__, device, spec.window_args(), H, W, PH, PW, np.dtype(dtype).str)
-    sizes = _DIVISORS.get(key)
-    if sizes is None:
+    def build():
         hs = xp.arange(PH) * spec.sh - spec.ph
         ws = xp.arange(PW) * spec.sw - spec.pw
         hh = xp.minimum(hs + spec.kh, H + spec.ph) - hs
         ww = xp.minimum(ws + spec.kw, W + spec.pw) - ws
-        sizes = (hh[:, None] * ww[None, :]).astype(dtype)
-        if len(_DIVISORS) > 256:
-            _DIVISORS.clear()
-        _DIVISORS[key] = sizes
-    return sizes
+        return (hh[:, None] * ww[None, :]).astype(dtype)
+    return device.cached(xp, ("ave_divisor", spec.window_args(), H, W, PH, PW, np.dtype(dtype).str), build)
 
 
 def _scatter_back(xp, spec, dy, index, dx, pad=True):
     """dx = 0, then dx[index] += dy per plane (index = h * W + w, -1 = nowhere)."""
+    if xp is not np:
+        pool_device.scatter_back(xp, spec, dy, index, dx, pad)
+        return
     N, C, H, W = dx.shape
     PH, PW = dy.shape[2:]
     padded = _padded(xp, xp.zeros_like(dx), spec, PH, PW, 0, pad)
@@ -145,6 +140,9 @@ def max_forward(xp, spec, x, y, mask):
     if _fast(xp, x, y, mask):
         _k.max_pool_forward(x.reshape(-1), y.reshape(-1), mask.reshape(-1), N * C, H, W, PH, PW,
                             *spec.window_args())
+        return
+    if xp is not np:
+        pool_device.max_forward(xp, spec, x, y, mask)
         return
     padded = _padded(xp, x, spec, PH, PW, -np.inf)
     best = xp.full(y.shape, -FLT_MAX, dtype=x.dtype)
@@ -173,6 +171,9 @@ def ave_forward(xp, spec, x, y):
     if _fast(xp, x, y):
         _k.ave_pool_forward(x.reshape(-1), y.reshape(-1), N * C, H, W, PH, PW, *spec.window_args())
         return
+    if xp is not np:
+        pool_device.ave_forward(xp, spec, x, y, ave_pool_sizes(xp, spec, H, W, PH, PW, x.dtype))
+        return
     padded = _padded(xp, x, spec, PH, PW, 0)
     acc = xp.zeros(y.shape, dtype=x.dtype)
     for i, j in _offsets(spec):
@@ -187,6 +188,9 @@ def ave_backward(xp, spec, dy, dx):
     if _fast(xp, dx, dy):
         _k.ave_pool_backward(dy.reshape(-1), dx.reshape(-1), N * C, H, W, PH, PW, *spec.window_args())
         return
+    if xp is not np:
+        pool_device.ave_backward(xp, spec, dy, dx, ave_pool_sizes(xp, spec, H, W, PH, PW, dy.dtype))
+        return
     with np.errstate(divide="ignore", invalid="ignore"):  # Caffe's x/0 past the edge, silently
         g = dy / ave_pool_sizes(xp, spec, H, W, PH, PW, dy.dtype)
         padded = _padded(xp, xp.zeros_like(dx), spec, PH, PW, 0)
@@ -197,6 +201,8 @@ def ave_backward(xp, spec, dy, dx):
 
 def _stochastic_windows(xp, spec, x, PH, PW):
     """Window values (K, N, C, PH, PW) in row-major window order (0 outside the image), positions."""
+    if xp is not np:
+        return pool_device.stochastic_windows(xp, spec, x, PH, PW)
     N, C, H, W = x.shape
     padded = _padded(xp, x, spec, PH, PW, 0, pad=False)
     vals = xp.stack([padded[_window_slices(spec, i, j, PH, PW)] for i, j in _offsets(spec)])
