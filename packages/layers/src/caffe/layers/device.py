@@ -5,7 +5,7 @@ code would take many passes over memory (or one launch per kernel offset), a han
 (cupy.RawKernel / ElementwiseKernel) may replace it; such a kernel runs only where `kernels(xp)` is true: a
 real GPU (caffe.blob.context.device_kernels_available()), never the CuPy stand-in (which cannot run CUDA)
 and never NumPy. The array-API formulation it replaces stays the path everywhere else, and each kernel has a
-parity property against it (marked gpu: it runs wherever a real GPU is; tests/test_layers_device_kernels.py).
+parity property against it (marked gpu: it runs wherever a real GPU is; packages/layers/tests/test_layers_device_kernels.py).
 
 CAFFE_DEVICE_KERNELS=0 turns the hand-written kernels off (the array-API paths run on the GPU too).
 """
