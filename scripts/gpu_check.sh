@@ -8,7 +8,9 @@
 #   install      scripts/install.sh, then the cuda extra (cuda12/cuda13 from nvidia-smi, or CUDA_EXTRA) and NCCL;
 #                GPU_CHECK_WHEELS=DIR installs from a folder of wheels (offline machines)
 #   device       caffe-cli device_query
-#   gpu-tests    every gpu-marked test and CPU/GPU parity property, with real numerics (pytest -m gpu)
+#   gpu-tests    every gpu-marked test and CPU/GPU parity property, with real numerics (pytest -m gpu), the
+#                hand-written CUDA kernels' parity properties included (they run only on a real GPU)
+#   device-paths bench/bench_device_paths.py: im2col/col2im and pooling on the device, kernels on and off
 #   train-time   caffe-cli time --gpu=0 on LeNet, CIFAR10-quick and CaffeNet (bench/bench_nets.py's DummyData nets)
 #   two-gpus     the 2-GPU NCCL equivalence test, and 1- vs 2-GPU training throughput (CIFAR10-quick,
 #                GPU_CHECK_TRAIN_ITERS iterations, default 200, displayed every 20)
@@ -136,6 +138,8 @@ else
   else
     # --- every gpu-marked test and CPU/GPU parity property, with real numerics ----------------------
     stage gpu-tests 180 "$PY" -m pytest -q -m gpu -p no:randomly -rfEs
+    # --- the device paths of issue 14 item 4 (lowering, pooling), hand-written kernels on and off ---
+    stage device-paths 60 "$PY" bench/bench_device_paths.py
 
     # --- training speed -----------------------------------------------------------------------------
     stage prepare-nets 60 "$PY" scripts/gpu_check.py prepare "$WORK/nets"
