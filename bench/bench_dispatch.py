@@ -18,6 +18,9 @@ import sys
 import time
 from pathlib import Path
 
+# Net construction logs Caffe's glog lines to stderr by default; the figures are what this prints.
+os.environ.setdefault("GLOG_minloglevel", "1")
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

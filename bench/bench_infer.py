@@ -29,6 +29,9 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+# Net construction logs Caffe's glog lines to stderr by default; the figures are what this prints.
+os.environ.setdefault("GLOG_minloglevel", "1")
+
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -34,6 +34,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+# Net construction logs Caffe's glog lines to stderr by default; the figures are what this prints.
+os.environ.setdefault("GLOG_minloglevel", "1")
+
 from google.protobuf import text_format
 
 ROOT = Path(__file__).resolve().parents[1]

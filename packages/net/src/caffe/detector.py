@@ -16,6 +16,7 @@ import os
 import numpy as np
 
 from caffe.net import io as caffe_io
+from caffe.net.classifier import input_transformer
 from caffe.net.net import TEST, Net
 
 
@@ -26,17 +27,7 @@ class Detector(Net):
     def __init__(self, model_file, pretrained_file, mean=None, input_scale=None, raw_scale=None,
                  channel_swap=None, context_pad=None):
         super().__init__(model_file, TEST, weights=pretrained_file)
-        in_ = self.inputs[0]
-        self.transformer = caffe_io.Transformer({in_: self.blobs[in_].data.shape})
-        self.transformer.set_transpose(in_, (2, 0, 1))
-        if mean is not None:
-            self.transformer.set_mean(in_, mean)
-        if input_scale is not None:
-            self.transformer.set_input_scale(in_, input_scale)
-        if raw_scale is not None:
-            self.transformer.set_raw_scale(in_, raw_scale)
-        if channel_swap is not None:
-            self.transformer.set_channel_swap(in_, channel_swap)
+        self.transformer = input_transformer(self, mean, input_scale, raw_scale, channel_swap)
         self.configure_crop(context_pad)
 
     def detect_windows(self, images_windows):
