@@ -1,12 +1,25 @@
-"""Whole-net speed: `caffe-cli time` on LeNet (batch 64), CIFAR10-quick (100) and CaffeNet (8x3x227x227).
+"""Whole-net training speed: LeNet (batch 64, and batch 1), CIFAR10-quick (100), CaffeNet (8x3x227x227).
 
-Each net's data layers are replaced by DummyData of the real shapes (gaussian data, constant labels), the
-net is timed by `caffe-cli time` in a fresh process (Caffe's own output: "Average Forward-Backward: X ms."),
-and the arithmetic of its convolution and inner-product layers gives GFLOP/s. Run from the repo root:
+Each net's data layers are replaced by DummyData of the real shapes (gaussian data, constant labels). Per net:
 
-    python bench/bench_nets.py [--iterations 20] [--nets lenet,cifar10_quick,caffenet] [--threads N]
+- `caffe-cli time` in a fresh process (Caffe's own timing loop and output: "Average Forward-Backward"),
+  unless --no-cli;
+- in this process, `Net.ForwardBackward()` (the framework's own loop, without time's per-layer timers):
+  median of --repeats after --warmup; this is the figure the batch-1 row is about (per-layer overhead);
+- when PyTorch is available (importable, or --torch-python PYTHON running bench/torch_twin.py in a
+  subprocess) a PyTorch twin of the same net with the same weights and data, in train mode, forward + loss
+  + backward, checked first against ours (loss, and every parameter gradient when the net has no Dropout;
+  with Dropout the check runs both in eval mode) and timed the same way; the ratio is ours / PyTorch.
 
-Prints one line per net; `--layers` also prints the slowest layers of each. Figures go in bench/README.md.
+GFLOP/s counts the multiply-adds of the convolution and inner-product layers (forward, weight and bottom
+gradients). Run from the repo root:
+
+    python bench/bench_nets.py [--nets lenet,lenet_b1,cifar10_quick,caffenet] [--iterations 20]
+        [--repeats 10] [--warmup 3] [--torch-python /work/torchvenv/bin/python] [--no-torch] [--no-cli]
+        [--threads N] [--layers]
+
+Prints one line per net; `--layers` also prints the slowest layers of each (from caffe-cli time). Figures go
+in bench/README.md.
 """
 from __future__ import annotations
 
@@ -14,10 +27,15 @@ import argparse
 import math
 import os
 import re
+import statistics
 import subprocess
+import time
 import sys
 import tempfile
 from pathlib import Path
+
+# Net construction logs Caffe's glog lines to stderr by default; the figures are what this prints.
+os.environ.setdefault("GLOG_minloglevel", "1")
 
 from google.protobuf import text_format
 
@@ -25,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NETS = {
     # name: (prototxt, data shape, label shape, BVLC Caffe ms, PyTorch 2.13 CPU ms, target ms)
     "lenet": (ROOT / "examples/mnist/lenet_train_test.prototxt", (64, 1, 28, 28), (64,), "45-60", "12-14", 11),
+    "lenet_b1": (ROOT / "examples/mnist/lenet_train_test.prototxt", (1, 1, 28, 28), (1,), "-", "-", 0),
     "cifar10_quick": (ROOT / "bench/models/cifar10_quick_train_test.prototxt", (100, 3, 32, 32), (100,),
                       "340", "60", 48),
     "caffenet": (ROOT / "bench/models/caffenet_train_val.prototxt", (8, 3, 227, 227), (8,), "1090", "400", 320),
@@ -96,32 +115,86 @@ def time_net(prototxt: Path, iterations: int, env) -> tuple[float, list[tuple[st
     return float(m.group(1)), [(k, v[0], v[1]) for k, v in layers.items()], proc.stderr
 
 
+def in_process(net_param, repeats: int, warmup: int) -> tuple[float, object]:
+    """(median ms of Net.ForwardBackward(), the net)."""
+    import caffe
+    from caffe.net import Net
+    net = Net(net_param, caffe.TRAIN)
+    times = []
+    for r in range(warmup + repeats):
+        t = time.perf_counter()
+        net.ForwardBackward()
+        if r >= warmup:
+            times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times), net
+
+
+def torch_twin_ms(net, net_param, runner, tmp: Path):
+    """(median ms of the PyTorch twin's forward + backward, max relative error of the check)."""
+    import caffe
+    from caffe.net import Net
+    from torch_twin import spec_of
+    losses = [n for n in net.outputs if net.blob_loss_weights[n]]
+    if any(layer.type == "Dropout" for layer in net.layers):
+        ref = Net(net_param, caffe.TEST, fold=False)  # Dropout is the identity: a deterministic check
+        ref.share_with(net)
+        ref.Forward()
+        spec_of(ref, tmp, losses, grads=False)
+    else:
+        net.ClearParamDiffs()
+        net.ForwardBackward()
+        spec_of(net, tmp, losses, grads=True)
+    res = runner(tmp, "train")
+    worst = max(res["max_rel_err"], key=res["max_rel_err"].get)
+    if res["max_rel_err"][worst] > 1e-4:
+        print(f"    twin check: largest relative difference {res['max_rel_err'][worst]:.1e} at {worst}")
+    return statistics.median(res["ms"]), res["max_rel_err"][worst]
+
+
 def main() -> int:
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bench_infer import limit_threads, torch_runner
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--iterations", type=int, default=20)
+    ap.add_argument("--iterations", type=int, default=20, help="caffe-cli time iterations")
     ap.add_argument("--nets", default=",".join(NETS))
+    ap.add_argument("--repeats", type=int, default=10, help="timed ForwardBackward calls in process")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--torch-python", default=None, help="a Python with torch: the twin runs there")
+    ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--no-cli", action="store_true", help="skip caffe-cli time (in-process figures only)")
     ap.add_argument("--threads", type=int, default=0, help="BLAS/OpenMP threads (0: the libraries' default)")
     ap.add_argument("--layers", action="store_true", help="also print the slowest layers")
     args = ap.parse_args()
+    limit_threads(args.threads)
     env = dict(os.environ)
-    if args.threads:
-        env.update(OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads))
-    print(f"{'net':14s} {'batch':>6s} {'ms/iter':>9s} {'GFLOP/iter':>11s} {'GFLOP/s':>8s} "
-          f"{'target ms':>9s} {'Caffe ms':>9s} {'PyTorch ms':>10s}")
+    runner = torch_runner(args)
+    print(f"load average {os.getloadavg()[0]:.1f} ({os.cpu_count()} CPUs); PyTorch twin: "
+          f"{'yes' if runner else 'no'}")
+    print(f"{'net':14s} {'batch':>6s} {'cli ms':>8s} {'fwd+bwd ms':>10s} {'GFLOP/iter':>11s} {'GFLOP/s':>8s} "
+          f"{'torch ms':>9s} {'ours/torch':>10s} {'twin err':>9s} {'target ms':>9s} {'Caffe ms':>9s} {'load':>5s}")
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.nets.split(","):
-            path, dshape, lshape, caffe_ms, torch_ms, target = NETS[name]
+            path, dshape, lshape, caffe_ms, torch_ms_issue, target = NETS[name]
             net_param = dummy_data_net(path, dshape, lshape)
             proto = Path(tmp) / f"{name}.prototxt"
             proto.write_text(text_format.MessageToString(net_param))
             fwd, bwd = flops(net_param)
-            ms, layers, _ = time_net(proto, args.iterations, env)
             gflop = (fwd + bwd) / 1e9
-            print(f"{name:14s} {dshape[0]:6d} {ms:9.2f} {gflop:11.3f} {gflop / (ms / 1e3):8.1f} "
-                  f"{target:9d} {caffe_ms:>9s} {torch_ms:>10s}", flush=True)
+            cli_ms, layers = (None, [])
+            if not args.no_cli:
+                cli_ms, layers, _ = time_net(proto, args.iterations, env)
+            ms, net = in_process(net_param, args.repeats, args.warmup)
+            t_ms = err = None
+            if runner is not None:
+                t_ms, err = torch_twin_ms(net, net_param, runner, Path(tmp) / f"{name}_twin")
+            cli = f"{cli_ms:8.2f}" if cli_ms is not None else f"{'-':>8s}"
+            tcol = f"{t_ms:9.2f} {ms / t_ms:10.2f} {err:9.1e}" if t_ms else f"{'-':>9s} {'-':>10s} {'-':>9s}"
+            print(f"{name:14s} {dshape[0]:6d} {cli} {ms:10.2f} {gflop:11.3f} {gflop / (ms / 1e3):8.1f} "
+                  f"{tcol} {target or '-':>9} {caffe_ms:>9s} {os.getloadavg()[0]:5.1f}", flush=True)
             if args.layers:
                 for lname, f, b in sorted(layers, key=lambda x: -(x[1] + x[2]))[:6]:
                     print(f"    {lname:12s} forward {f:8.2f} ms  backward {b:8.2f} ms")
+            del net
     return 0
 
 

@@ -7,16 +7,23 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 PY=${PYTHON:-python3}
 order=(blob layers net solver parallel cli)
-want=("${@:-${order[@]}}")
+# packages beside the main line, and what each stands on
+declare -A below=([onnx]="blob layers net")
+if [ $# -eq 0 ]; then want=("${order[@]}" "${!below[@]}"); else want=("$@"); fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 status=0
 for pkg in "${want[@]}"; do
   chain=("$ROOT/proto")
-  for p in "${order[@]}"; do
-    if [ "$p" = "$pkg" ]; then chain+=("$ROOT/packages/$p[test]"); break; fi
-    chain+=("$ROOT/packages/$p")
-  done
+  if [ -n "${below[$pkg]:-}" ]; then
+    for p in ${below[$pkg]}; do chain+=("$ROOT/packages/$p"); done
+    chain+=("$ROOT/packages/$pkg[test]")
+  else
+    for p in "${order[@]}"; do
+      if [ "$p" = "$pkg" ]; then chain+=("$ROOT/packages/$p[test]"); break; fi
+      chain+=("$ROOT/packages/$p")
+    done
+  fi
   venv="$work/$pkg"
   "$PY" -m venv "$venv"
   "$venv/bin/python" -m pip install -q --upgrade pip >/dev/null

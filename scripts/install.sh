@@ -9,7 +9,7 @@ PY=${PYTHON:-python3}
 python -m pip install -q --upgrade pip
 python -m pip install -q -r requirements-dev.txt
 pkgs=(-e proto)
-for p in blob layers net solver parallel cli; do
+for p in blob layers net solver parallel cli onnx; do
   [ -f "packages/$p/pyproject.toml" ] && pkgs+=(-e "packages/$p[test]")
 done
 # editable installs compile the Cython extensions in place, so nothing runs against a stale build

@@ -12,14 +12,33 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 ORDER = ["proto", "blob", "layers", "net", "solver", "parallel", "cli"]
-DIST = {name: f"caffe-{name}" for name in ORDER}
+# packages beside the main line: each stands on the packages named (and may import only those and itself)
+BESIDE = {"onnx": ["proto", "blob", "layers", "net"]}
+PACKAGES = ORDER + list(BESIDE)
+DIST = {name: f"caffe-{name}" for name in PACKAGES}
 # what each package may import (itself and everything below it); cli sits on top of all
 ALLOWED = {name: set(ORDER[: i + 1]) for i, name in enumerate(ORDER)}
-ALLOWED["cli"] = set(ORDER)
+ALLOWED.update({name: set(deps) | {name} for name, deps in BESIDE.items()})
+ALLOWED["cli"] = set(PACKAGES)
+# imports a package may make only through an optional extra, never a hard dependency (cli's export_onnx)
+OPTIONAL = {"cli": {"onnx"}}
 
 
 def package_dir(name):
     return ROOT / "proto" if name == "proto" else ROOT / "packages" / name
+
+
+def top_level_modules() -> dict:
+    """pycaffe's top-level modules (caffe/net_spec.py, caffe/draw.py, ...) -> the package that ships each."""
+    owners = {}
+    for name in PACKAGES:
+        for path in sorted((package_dir(name) / "src" / "caffe").glob("*.py")):
+            if path.name != "__init__.py":
+                owners.setdefault(path.stem, []).append(name)
+    return owners
+
+
+TOP_LEVEL = top_level_modules()
 
 
 _PYX_IMPORT = re.compile(r"^\s*(?:from|c?import)\s+caffe\.(\w+)", re.M)
@@ -29,8 +48,8 @@ def caffe_imports(path: Path):
     text = path.read_text()
     if path.suffix == ".pyx":  # Cython is not Python syntax: scan its import lines
         for m in _PYX_IMPORT.finditer(text):
-            if m.group(1) in ORDER:
-                yield m.group(1), text.count("\n", 0, m.start()) + 1
+            if m.group(1) in PACKAGES or m.group(1) in TOP_LEVEL:
+                yield _owner(m.group(1)), text.count("\n", 0, m.start()) + 1
         return
     tree = ast.parse(text, str(path))
     for node in ast.walk(tree):
@@ -47,11 +66,22 @@ def caffe_imports(path: Path):
                 mods = [arg.value]
         for m in mods:
             parts = m.split(".")
-            if parts[0] == "caffe" and len(parts) > 1 and parts[1] in ORDER:
-                yield parts[1], node.lineno
+            if parts[0] == "caffe" and len(parts) > 1 and (parts[1] in PACKAGES or parts[1] in TOP_LEVEL):
+                yield _owner(parts[1]), node.lineno
 
 
-@pytest.mark.parametrize("name", [n for n in ORDER if package_dir(n).joinpath("pyproject.toml").exists()])
+def _owner(name: str) -> str:
+    """The package an import of caffe.<name> lands in: a subpackage, or the shipper of a top-level module."""
+    return name if name in PACKAGES else TOP_LEVEL[name][0]
+
+
+def test_top_level_modules_have_one_owner():
+    """Two distributions must not ship the same caffe/<module>.py, nor one named like a subpackage."""
+    clashes = {m: owners for m, owners in TOP_LEVEL.items() if len(owners) > 1 or m in PACKAGES}
+    assert not clashes, clashes
+
+
+@pytest.mark.parametrize("name", [n for n in PACKAGES if package_dir(n).joinpath("pyproject.toml").exists()])
 def test_imports_point_only_downward(name):
     src = package_dir(name) / "src"
     bad = []
@@ -64,11 +94,19 @@ def test_imports_point_only_downward(name):
     assert not bad, f"caffe-{name} must not import packages above it:\n" + "\n".join(bad)
 
 
-@pytest.mark.parametrize("name", [n for n in ORDER if package_dir(n).joinpath("pyproject.toml").exists()])
+def _names(requirements):
+    return {d.split("[")[0].split(">")[0].split("=")[0].split("<")[0].split(";")[0].strip() for d in requirements}
+
+
+@pytest.mark.parametrize("name", [n for n in PACKAGES if package_dir(n).joinpath("pyproject.toml").exists()])
 def test_declared_dependencies_cover_imports(name):
     meta = tomllib.loads((package_dir(name) / "pyproject.toml").read_text())
-    deps = {d.split("[")[0].split(">")[0].split("=")[0].split("<")[0].strip()
-            for d in meta["project"].get("dependencies", [])}
+    deps = _names(meta["project"].get("dependencies", []))
+    extras = set().union(*[_names(r) for r in meta["project"].get("optional-dependencies", {}).values()])
+    for optional in OPTIONAL.get(name, ()):
+        assert DIST[optional] not in deps, f"caffe-{name} must not hard-depend on {DIST[optional]} (an extra only)"
+        if DIST[optional] in extras:
+            deps.add(DIST[optional])
     used = set()
     for path in list((package_dir(name) / "src").rglob("*.py")) + list((package_dir(name) / "src").rglob("*.pyx")):
         if path.name == "__init__.py" and path.parent.name == "caffe":

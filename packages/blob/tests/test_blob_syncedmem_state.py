@@ -105,9 +105,11 @@ class SyncedMemoryMachine(RuleBasedStateMachine):
 
 _GPU_RULES_RAN: list[int] = []
 
-TestSyncedMemoryMachine = SyncedMemoryMachine.TestCase
+# gpu-marked: it also runs where a device is present (a real GPU or the CuPy stand-in), with its GPU rules
+TestSyncedMemoryMachine = pytest.mark.gpu(SyncedMemoryMachine.TestCase)
 
 
+@pytest.mark.gpu
 def test_gpu_rules_ran_on_gpu():
     if not HAS_GPU:
         pytest.skip("no usable GPU here: the state machine's GPU rules were not generated")

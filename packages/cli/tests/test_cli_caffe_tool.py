@@ -6,6 +6,7 @@ subprocesses exactly as a user types it.
 import os
 import pathlib
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -40,11 +41,11 @@ def workdir(tmp_path_factory):
     return d
 
 
-def write_solver(workdir, name, max_iter, snapshot=0, test_interval=100, extra=""):
+def write_solver(workdir, name, max_iter, snapshot=0, test_interval=100, extra="", test_iter=10):
     path = workdir / "examples" / "mnist" / f"{name}.prototxt"
     path.write_text(f"""
 net: "examples/mnist/lenet_train_test.prototxt"
-test_iter: 10
+test_iter: {test_iter}
 test_interval: {test_interval}
 base_lr: 0.01
 momentum: 0.9
@@ -214,3 +215,111 @@ def test_mpiexec_trains_on_two_ranks(workdir):
     assert "Training on 2 MPI ranks" in proc.stderr
     assert (workdir / "examples" / "mnist" / "lenet_mpi_iter_20.caffemodel").exists()
     assert proc.stderr.count("Snapshotting to binary proto file") == 1  # only rank 0 snapshots
+
+
+def caffe_command():
+    """The `caffe` console script installed beside this interpreter (pip install caffe-cli)."""
+    exe = pathlib.Path(sys.executable).parent / "caffe"
+    if not exe.exists():
+        pytest.skip(f"the caffe console script is not installed beside {sys.executable}")
+    return str(exe)
+
+
+def test_final_test_net_only_from_a_test_at_the_last_iteration(workdir, tmp_path):
+    # Caffe tests at the end when max_iter is a multiple of test_interval; here it is not: the only test
+    # ran at iteration 0, and its figures would describe other weights than the saved ones
+    stale = write_solver(workdir, "lenet_stale", max_iter=10, test_interval=500, test_iter=2)
+    out = cli("train", f"--solver={stale}", cwd=workdir, check=True)
+    assert "Iteration 0, Testing net (#0)" in out.stderr and "Final test net" not in out.stderr
+    assert "Final snapshot: examples/mnist/lenet_stale_iter_10.caffemodel" in out.stderr
+    # the same program as `caffe`, as users' scripts call it; its glog files are named for it
+    fresh = write_solver(workdir, "lenet_fresh", max_iter=10, test_interval=5, test_iter=2)
+    proc = subprocess.run([caffe_command(), "train", "-solver", str(fresh), f"-log_dir={tmp_path}"], cwd=workdir,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    last = re.findall(r"Test net output #0: accuracy = ([\d.]+)", proc.stderr)[-1]
+    assert re.search(rf"Final test net #0: accuracy = {re.escape(last)}\n", proc.stderr)
+    assert "Iteration 10, Testing net (#0)" in proc.stderr
+    logs = [p.name for p in tmp_path.iterdir() if ".log.INFO." in p.name]
+    assert len(logs) == 1 and logs[0].startswith("caffe.") and (tmp_path / "caffe.INFO").is_symlink()
+    assert "Final test net #0" in (tmp_path / logs[0]).read_text()
+
+
+def test_caffe_command_usage():
+    proc = subprocess.run([caffe_command()], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and proc.stderr.startswith("usage: caffe <command>")
+    proc = subprocess.run([caffe_command(), "nope"], capture_output=True, text=True, timeout=120)
+    assert "caffe: unknown command 'nope'" in proc.stderr
+
+
+def test_solver_mode_gpu_picks_device_id_or_gpu_0(monkeypatch, caplog):
+    from caffe.blob import context
+    from caffe.cli.caffe_tool import training_gpus
+    from caffe.cli.main import CliError
+    from caffe.proto import caffe_pb2
+    gpu = caffe_pb2.SolverParameter(solver_mode=caffe_pb2.SolverParameter.GPU)
+    cpu = caffe_pb2.SolverParameter(solver_mode=caffe_pb2.SolverParameter.CPU)
+    monkeypatch.setattr(context, "gpu_available", lambda: True)
+    monkeypatch.setattr(context, "gpu_count", lambda: 2)
+    assert training_gpus(gpu, "") == [0]  # no device_id: GPU 0, as Caffe
+    assert training_gpus(caffe_pb2.SolverParameter(solver_mode=gpu.GPU, device_id=1), "") == [1]
+    assert training_gpus(cpu, "") == [] and training_gpus(gpu, "1") == [1]  # --gpu decides when given
+    with pytest.raises(CliError, match="s.prototxt: solver_mode GPU, device_id 5: .*GPU 5 does not exist"):
+        training_gpus(caffe_pb2.SolverParameter(solver_mode=gpu.GPU, device_id=5), "", "s.prototxt")
+    monkeypatch.setattr(context, "gpu_available", lambda: False)
+    with caplog.at_level("WARNING", logger="caffe"):
+        assert training_gpus(gpu, "") == []
+    assert "solver_mode: GPU (device 0) but there is no usable GPU" in caplog.text
+
+
+def test_progress_bar_keeps_log_lines_whole(monkeypatch):
+    import io
+    import logging
+    from caffe.cli.glog import setup_logging
+    from caffe.cli.progress import Progress
+    stream = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stream)
+    root = logging.getLogger()
+    saved = list(root.handlers), root.level
+    try:
+        setup_logging()  # the tools' console handler, on sys.stderr
+
+        class Solver:
+            iter = 3
+            callbacks = []
+
+            def add_callback(self, on_start, on_gradients_ready):
+                self.callbacks.append(on_gradients_ready)
+
+        solver = Solver()
+        bar = Progress.attach(solver, total=10, force=True)
+        for i in range(4):
+            solver.callbacks[0]()
+            logging.getLogger("caffe.solver").info("Iteration %d, loss = 0.5", 4 + i)
+        bar.close()
+        logging.getLogger("caffe.solver").info("after the bar")
+    finally:
+        root.handlers[:], root.level = saved
+    segments = [s for s in re.split(r"[\r\n]", stream.getvalue()) if s.strip()]
+    lines = [s for s in segments if "] " in s]
+    assert [s.split("] ", 1)[1] for s in lines] == [f"Iteration {i}, loss = 0.5" for i in range(4, 8)] + \
+        ["after the bar"]
+    assert all(re.fullmatch(r"I\d{4} \d\d:\d\d:\d\d\.\d{6} +\d+ \S+:\d+\] .*", s) for s in lines)  # whole lines
+    assert any("7/10" in s for s in segments)  # the bar counted from the solver's iteration 3
+    assert bar.done == 7
+
+
+def test_draw_labels_and_images(tmp_path):
+    pytest.importorskip("pydot", reason="pydot (caffe-cli's 'draw' extra) is not installed")
+    out = cli("draw", EXAMPLE_NET, tmp_path / "net.dot", "--phase=TEST", "--display_lrm", check=True)
+    dot = (tmp_path / "net.dot").read_text()
+    assert r'"conv1\n(Convolution)\nkernel size: 5\nstride: 1\npad: 0\nlr mult: 1.0, 2.0"' in dot
+    assert "\\\\n" not in dot and "Batch 100" in dot and "Batch 64" not in dot  # the TEST data layer only
+    cli("draw", EXAMPLE_NET, tmp_path / "tb.dot", "-rankdir", "TB", check=True)
+    assert '"conv1 (Convolution) kernel size: 5 stride: 1 pad: 0"' in (tmp_path / "tb.dot").read_text()
+    bad = cli("draw", EXAMPLE_NET, tmp_path / "x.dot", "--phase=VAL")
+    assert bad.returncode == 1 and "--phase=VAL" in bad.stderr
+    if shutil.which("dot") is None:
+        pytest.skip("graphviz's dot program is not installed: PNG drawing not exercised")
+    cli("draw", EXAMPLE_NET, tmp_path / "net.png", check=True)
+    assert (tmp_path / "net.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

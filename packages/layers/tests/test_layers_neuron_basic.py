@@ -171,9 +171,9 @@ def test_gradient_check_catches_a_slightly_wrong_elu_backward():
     base = type(make_layer("ELU"))
 
     class Wrong(base):
-        def backward_xp(self, xp, top, propagate_down, bottom):
-            super().backward_xp(xp, top, propagate_down, bottom)
-            bottom[0].mutable_diff_xp(xp)[...] *= 1.001  # 0.1 % off
+        def Backward(self, top, propagate_down, bottom):
+            super().Backward(top, propagate_down, bottom)
+            bottom[0].diff[...] *= 1.001  # 0.1 % off
 
     layer = Wrong(make_layer("ELU", "elu_param { alpha: 0.5 }").layer_param)
     with pytest.raises(GradientCheckError):

@@ -291,9 +291,9 @@ def test_dropout_gradient_check_fails_if_the_mask_were_redrawn():
     from caffe.layers.dropout import DropoutLayer
 
     class Redraws(DropoutLayer):
-        def backward_xp(self, xp, top, propagate_down, bottom):
-            self._mask = xp.asarray(context.rng().random(self._mask.shape) < 0.5) * self.scale
-            super().backward_xp(xp, top, propagate_down, bottom)
+        def Backward(self, top, propagate_down, bottom):
+            self._draw_mask(bottom[0])  # a fresh rand_vec_
+            super().Backward(top, propagate_down, bottom)
 
     x = np.random.default_rng(0).uniform(0.5, 1.5, (4, 5))
     with pytest.raises(GradientCheckError):

@@ -136,6 +136,73 @@ def test_cython_im2col_col2im_parallel_shapes(shape, kernel, stride, pad, dil, l
     np.testing.assert_allclose(back_fast, back_generic, rtol=1e-5, atol=1e-5)
 
 
+@given(g=geometry(max_nd=2).filter(lambda g: len(g["kernel"]) == 2), dtype=st.sampled_from([np.float32, np.float64]),
+       data=st.data())
+def test_cython_lowering_of_a_block_of_output_rows(g, dtype, data):
+    """im2col_2d / col2im_2d on a band of output rows (convolution's cache blocks) against the full lowering."""
+    x = random_array(g["seed"], g["shape"]).astype(dtype)
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = g["kernel"], g["stride"], g["pad"], g["dil"]
+    N, C, H, W = g["shape"]
+    OH, OW = ((s + 2 * p - (d * (k - 1) + 1)) // st_ + 1
+              for s, k, st_, p, d in zip(g["shape"][2:], g["kernel"], g["stride"], g["pad"], g["dil"]))
+    oh0 = data.draw(st.integers(0, OH - 1))
+    oh1 = data.draw(st.integers(oh0 + 1, OH))
+    rows, P, Pb = C * kh * kw, OH * OW, (oh1 - oh0) * OW
+    geo = (N, C, H, W, kh, kw, ph, pw, sh, sw, dh, dw, OH, OW)
+    full = np.empty((rows, N * P), dtype)
+    _kernels_im2col.im2col_2d(x.ravel(), full.ravel(), *geo, N * P, P)
+    block = np.full((rows, N * Pb), np.nan, dtype)
+    _kernels_im2col.im2col_2d(x.ravel(), block.ravel(), *geo, N * Pb, Pb, oh0, oh1)
+    expect = full.reshape(rows, N, P)[:, :, oh0 * OW:oh1 * OW].reshape(rows, N * Pb)
+    np.testing.assert_array_equal(block, expect)
+    if dtype == np.float32:  # the exact short-K forward lowers straight into float64
+        wide = np.empty((rows, N * Pb), np.float64)
+        _kernels_im2col.im2col_2d_f64(x.ravel(), wide.ravel(), *geo, N * Pb, Pb, oh0, oh1)
+        np.testing.assert_array_equal(wide, expect.astype(np.float64))
+    c = random_array(g["seed"] + 3, (rows, N * Pb)).astype(dtype)
+    start = random_array(g["seed"] + 4, x.shape).astype(dtype)
+    im = start.copy()
+    _kernels_im2col.col2im_2d(c.ravel(), im.ravel(), *geo, N * Pb, Pb, oh0, oh1, True)
+    padded = np.zeros((rows, N, P), dtype)  # the band's columns in a full buffer, zero elsewhere
+    padded[:, :, oh0 * OW:oh1 * OW] = c.reshape(rows, N, Pb)
+    ref = np.empty_like(x)
+    _kernels_im2col.col2im_2d(padded.ravel(), ref.ravel(), *geo, N * P, P)
+    tol = 1e-12 if dtype == np.float64 else 1e-5
+    np.testing.assert_allclose(im, start + ref, rtol=tol, atol=tol)
+    over = start.copy()
+    _kernels_im2col.col2im_2d(c.ravel(), over.ravel(), *geo, N * Pb, Pb, oh0, oh1)  # overwrite
+    np.testing.assert_allclose(over, ref, rtol=tol, atol=tol)
+
+
+@given(nb=st.integers(1, 4), C=st.integers(1, 5), P=st.integers(1, 40), data=st.data(), bias=st.booleans(),
+       dtype=st.sampled_from([np.float32, np.float64]))
+def test_cython_layout_changes_of_a_block_of_positions(nb, C, P, data, bias, dtype):
+    p0 = data.draw(st.integers(0, P - 1))
+    Pb = data.draw(st.integers(1, P - p0))
+    rng = np.random.default_rng(nb * 1000 + C * 100 + P)
+    batch = rng.normal(size=(nb, C, P)).astype(dtype)
+    rows = np.full((C, nb * Pb), np.nan, dtype)
+    _kernels_im2col.batch_to_rows(batch.ravel(), rows.ravel(), nb, C, P, p0, Pb)
+    np.testing.assert_array_equal(rows, batch[:, :, p0:p0 + Pb].transpose(1, 0, 2).reshape(C, nb * Pb))
+    b = rng.normal(size=C).astype(dtype) if bias else None
+    out = batch.copy()
+    _kernels_im2col.rows_to_batch(rows.ravel(), out.ravel(), b, nb, C, P, p0, Pb)
+    np.testing.assert_array_equal(out[:, :, :p0], batch[:, :, :p0])  # outside the block: untouched
+    np.testing.assert_array_equal(out[:, :, p0 + Pb:], batch[:, :, p0 + Pb:])
+    expect = batch[:, :, p0:p0 + Pb] + (b.reshape(1, C, 1) if bias else 0)
+    np.testing.assert_array_equal(out[:, :, p0:p0 + Pb], expect)
+    if dtype == np.float32:  # the exact forward's conversions: widen, then round float64 sums once
+        wide = np.empty((C, nb * Pb), np.float64)
+        _kernels_im2col.batch_to_rows_f64(batch.ravel(), wide.ravel(), nb, C, P, p0, Pb)
+        np.testing.assert_array_equal(wide, rows.astype(np.float64))
+        sums = wide + rng.normal(size=wide.shape) * 1e-9
+        b64 = rng.normal(size=C) if bias else None
+        out32 = batch.copy()
+        _kernels_im2col.rows_to_batch_f32(sums.ravel(), out32.ravel(), b64, nb, C, P, p0, Pb)
+        ref = sums.reshape(C, nb, Pb).transpose(1, 0, 2) + (b64.reshape(1, C, 1) if bias else 0)
+        np.testing.assert_array_equal(out32[:, :, p0:p0 + Pb], ref.astype(np.float32))
+
+
 def test_kernels_refuse_mixed_dtypes_and_short_buffers():
     x = np.zeros(2 * 3 * 4 * 4, np.float32)
     with pytest.raises((TypeError, ValueError), match="dtype mismatch|No matching signature"):
@@ -145,6 +212,13 @@ def test_kernels_refuse_mixed_dtypes_and_short_buffers():
     with pytest.raises(ValueError, match="image buffer too small"):
         _kernels_im2col.col2im_2d(np.zeros(12 * 18, np.float32), np.zeros(5, np.float32), 2, 3, 4, 4, 2, 2, 0, 0,
                                   1, 1, 1, 1, 3, 3, 18, 9)
+    with pytest.raises(ValueError, match="bad output row range"):
+        _kernels_im2col.im2col_2d(x, np.zeros(400, np.float32), 2, 3, 4, 4, 2, 2, 0, 0, 1, 1, 1, 1, 3, 3, 18, 9, 2, 4)
+    with pytest.raises((TypeError, ValueError), match="dtype mismatch|No matching signature"):
+        _kernels_im2col.im2col_2d_f64(x.astype(np.float64), np.zeros(400), 2, 3, 4, 4, 2, 2, 0, 0, 1, 1, 1, 1, 3, 3,
+                                      18, 9)
+    with pytest.raises(ValueError, match="bad position block"):
+        _kernels_im2col.batch_to_rows(x, np.zeros(96, np.float32), 2, 3, 16, 10, 7)
     with pytest.raises(ValueError, match="top buffer holds"):
         _kernels_pool.ave_pool_forward(x, np.zeros(3, np.float32), 6, 4, 4, 2, 2, 2, 2, 2, 2, 0, 0)
 

@@ -70,7 +70,7 @@ def test_transformer_checks():
     with pytest.raises(ValueError, match="Mean channels incompatible"):
         t.set_mean("data", np.zeros(4))
     with pytest.raises(ValueError, match="Mean shape incompatible"):
-        t.set_mean("data", np.zeros((3, 4, 4)))
+        t.set_mean("data", np.zeros((2, 4, 5)))  # channels must match; height and width are resized
     with pytest.raises(ValueError, match="Mean shape incompatible"):
         t.set_mean("data", np.zeros((4, 5)))  # as pycaffe: an H x W mean only for one channel
     t.set_mean("data", np.zeros((3, 4, 5)))

@@ -229,6 +229,39 @@ def test_recurrent_cpu_gpu_parity(type_name):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
+def _fwd_bwd(type_name, arrays, fwd, bwd, dtop_seed=5):
+    try:
+        context.set_mode(fwd)
+        context.set_random_seed(1701)
+        layer = recurrent(type_name, 2)
+        bottom, top = blobs_from_arrays(arrays, np.float64), empty_tops(1, np.float64)
+        layer.SetUp(bottom, top)
+        layer.Forward(bottom, top)
+        out = top[0].data.copy()
+        top[0].diff[...] = np.random.default_rng(dtop_seed).normal(size=top[0].shape)
+        for p in layer.blobs:
+            p.diff[...] = 0
+        context.set_mode(bwd)
+        layer.Backward(top, [True, False, True], bottom)
+        return [out, bottom[0].diff.copy(), bottom[2].diff.copy()] + [p.diff.copy() for p in layer.blobs]
+    finally:
+        context.set_mode_cpu()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not context.gpu_available(), reason="no GPU (CuPy with a CUDA device, or the CuPy stand-in)")
+@pytest.mark.parametrize("type_name", ["RNN", "LSTM"])
+@pytest.mark.parametrize("modes", [(context.CPU, context.GPU), (context.GPU, context.CPU)], ids=["cpu-gpu", "gpu-cpu"])
+def test_recurrent_forward_and_backward_in_different_modes_equal_one_mode(type_name, modes):
+    # the unrolled net keeps every state its Backward needs in its own blobs (issue 14, item 2)
+    rng = np.random.default_rng(4)
+    arrays = [rng.normal(size=(3, 2, 3)), np.array([[0.0, 0.0], [1.0, 1.0], [1.0, 0.0]]), rng.normal(size=(2, 2))]
+    one = _fwd_bwd(type_name, arrays, modes[0], modes[0])
+    mixed = _fwd_bwd(type_name, arrays, *modes)
+    for a, b in zip(one, mixed):
+        np.testing.assert_allclose(b, a, rtol=1e-9, atol=1e-12)
+
+
 NET = """
 layer { name: "in" type: "Input" top: "x" top: "cont" top: "target"
         input_param { shape { dim: 3 dim: 2 dim: 4 } shape { dim: 3 dim: 2 } shape { dim: 3 dim: 2 dim: 1 } } }

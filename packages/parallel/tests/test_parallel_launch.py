@@ -46,6 +46,7 @@ def test_gpu_flags_without_a_gpu():
         launch.train_multi_gpu("no-such-solver.prototxt", "0,1")
 
 
+@pytest.mark.gpu  # also under the CuPy stand-in, where cupy.cuda.nccl is already imported when cupy is hidden
 def test_nccl_without_the_extra(monkeypatch):
     import caffe
     import caffe.parallel

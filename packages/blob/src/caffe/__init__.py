@@ -5,6 +5,11 @@ caffe-layers, caffe-net, caffe-solver, caffe-parallel, caffe-cli); this file,
 owned by caffe-blob, extends the package path over all of them and exposes
 pycaffe's top-level names lazily, from whichever packages are installed. A name
 from a package that is not installed raises AttributeError naming the package.
+
+pycaffe's modules keep their names: caffe.net_spec, caffe.coord_map (caffe-blob),
+caffe.io, caffe.draw, caffe.classifier, caffe.detector (caffe-net), each loaded on
+first use (`import caffe.io` or the attribute). As pycaffe's `import caffe` does,
+this loads caffe.proto and sends Caffe's log lines to stderr (caffe.blob.glog).
 """
 import os as _os
 from pkgutil import extend_path
@@ -17,22 +22,44 @@ _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 __path__ = extend_path(__path__, __name__)
 
+# Test support: CAFFE_CUPY_STANDIN=1 replaces CuPy by a NumPy stand-in (no GPU) before anything imports it,
+# in this process and in every rank it spawns (caffe.blob._standin; scripts/test.sh's GPU run).
+if _os.environ.get("CAFFE_CUPY_STANDIN"):
+    from caffe.blob._standin import install_from_env as _standin
+    _standin()
+
+from caffe import proto  # noqa: E402  pycaffe's `import caffe` loads caffe.proto.caffe_pb2
+from caffe.proto import caffe_pb2 as _caffe_pb2  # noqa: E402
 from caffe.blob import Blob  # noqa: E402
 from caffe.blob.context import (  # noqa: E402
     set_mode_cpu, set_mode_gpu, set_device, set_random_seed, set_solver_count, solver_count,
     set_solver_rank, solver_rank, set_multiprocess, multiprocess, root_solver, device_query,
 )
+from caffe.blob.glog import init_log, log, install_default as _install_default_log  # noqa: E402
+from caffe.blob.timer import Timer  # noqa: E402
+from caffe.net_spec import NetSpec, to_proto, params  # noqa: E402
 
-TRAIN = 0
-TEST = 1
+TRAIN = _caffe_pb2.TRAIN
+TEST = _caffe_pb2.TEST
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("caffe-blob")
+    except Exception:  # running from a source tree without metadata
+        return "0+unknown"
+
+
+__version__ = _version()
+_install_default_log()
 
 # pycaffe name -> (module that defines it, distribution that ships it)
 _LAZY = {
     "Layer": ("caffe.layers", "caffe-layers"),
-    "layer_type_list": ("caffe.layers", "caffe-layers"),
     "Net": ("caffe.net", "caffe-net"),
     "Classifier": ("caffe.net", "caffe-net"),
-    "io": ("caffe.net.io", "caffe-net"),
+    "Detector": ("caffe.detector", "caffe-net"),
     "get_solver": ("caffe.solver", "caffe-solver"),
     "Solver": ("caffe.solver", "caffe-solver"),
     "SGDSolver": ("caffe.solver", "caffe-solver"),
@@ -44,24 +71,54 @@ _LAZY = {
     "NCCL": ("caffe.parallel", "caffe-parallel"),
     "has_nccl": ("caffe.parallel", "caffe-parallel"),
 }
+# pycaffe modules (and this project's subpackages) that `caffe.<name>` loads on first use
+_MODULES = {
+    "io": "caffe-net", "draw": "caffe-net", "classifier": "caffe-net", "detector": "caffe-net",
+    "coord_map": "caffe-blob", "net_spec": "caffe-blob", "blob": "caffe-blob", "layers": "caffe-layers",
+    "net": "caffe-net", "solver": "caffe-solver", "parallel": "caffe-parallel", "cli": "caffe-cli",
+}
 
 
-def __getattr__(name):
-    entry = _LAZY.get(name)
-    if entry is None:
-        raise AttributeError(f"module 'caffe' has no attribute {name!r}")
-    module_name, dist = entry
+def layer_type_list() -> list:
+    """Every registered layer type, sorted (RNN and LSTM too, which caffe-net registers)."""
+    from caffe.layers import layer_type_list as _registered
+    try:
+        import caffe.net  # noqa: F401  registers RNN and LSTM
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("caffe.net",):
+            raise
+    return _registered()
+
+
+def _import(module_name: str, name: str, dist: str):
     import importlib
     try:
-        module = importlib.import_module(module_name)
+        return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name and (exc.name == module_name or module_name.startswith(exc.name + ".")):
             raise AttributeError(f"caffe.{name} needs the {dist} package: pip install {dist}") from None
         raise
-    value = module if name == "io" and module_name.endswith(".io") else getattr(module, name)
+
+
+def __getattr__(name):
+    if name in _MODULES:
+        if name == "layers":
+            # pycaffe's `from caffe import layers as L`: the layer package answers L.<Type> with
+            # NetSpec builders; with only caffe-blob installed, NetSpec's own builder object does
+            try:
+                value = _import("caffe.layers", name, _MODULES[name])
+            except AttributeError:
+                from caffe.net_spec import layers as value
+        else:
+            value = _import(f"caffe.{name}", name, _MODULES[name])
+    elif name in _LAZY:
+        module_name, dist = _LAZY[name]
+        value = getattr(_import(module_name, name, dist), name)
+    else:
+        raise AttributeError(f"module 'caffe' has no attribute {name!r}")
     globals()[name] = value
     return value
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | set(_MODULES))

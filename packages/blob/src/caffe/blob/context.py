@@ -101,6 +101,8 @@ def _probe_gpu() -> tuple[bool, str]:
                 try:
                     n = cupy.cuda.runtime.getDeviceCount()
                     _gpu_probe = (n > 0, f"{n} CUDA device(s)" if n else "no CUDA device found")
+                    if cupy_standin():
+                        _gpu_probe = (n > 0, f"{n} fake device(s) of the CuPy stand-in (NumPy on the host, no GPU)")
                 except Exception as exc:  # CUDARuntimeError without a driver
                     _gpu_probe = (False, f"no usable CUDA device ({exc})")
     return _gpu_probe
@@ -115,6 +117,18 @@ def gpu_count() -> int:
         return 0
     import cupy
     return cupy.cuda.runtime.getDeviceCount()
+
+
+def cupy_standin() -> bool:
+    """True when `cupy` is the test stand-in (caffe.blob._standin: NumPy on the host, not a GPU)."""
+    import sys
+    return bool(getattr(sys.modules.get("cupy"), "__caffe_standin__", False))
+
+
+def device_kernels_available() -> bool:
+    """True where hand-written CUDA kernels (ElementwiseKernel, RawKernel) can run: a real GPU. Code that
+    has one keeps the array-API path it replaces for the other case (the stand-in, or no GPU)."""
+    return gpu_available() and not cupy_standin()
 
 
 def require_gpu(what: str) -> None:

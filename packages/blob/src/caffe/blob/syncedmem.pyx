@@ -17,6 +17,7 @@ Data is handed out as typed NumPy/CuPy views of the owned memory, never copies.
 import numpy as np
 
 from caffe.blob import context as _ctx
+from caffe.blob import memory as _memory
 
 cdef enum Head:
     _UNINITIALIZED = 0
@@ -32,7 +33,13 @@ HEAD_NAMES = {0: "UNINITIALIZED", 1: "HEAD_AT_CPU", 2: "HEAD_AT_GPU", 3: "SYNCED
 
 
 cdef object _alloc_host(Py_ssize_t size):
-    """Host bytes; pinned (page-locked) when the runtime is in GPU mode, as CaffeMallocHost does."""
+    """Host bytes; pinned (page-locked) when the runtime is in GPU mode, as CaffeMallocHost does.
+
+    A size that cannot fit in the available memory raises BlobMemoryError first: Linux would hand out
+    the pages and kill the process (no message) when they are touched.
+    """
+    if size >= _memory.CHECK_THRESHOLD:
+        _memory.check_host_allocation(size, "a blob's host memory")
     if _ctx.mode() == _ctx.GPU and _ctx.gpu_available():
         import cupy
         mem = cupy.cuda.alloc_pinned_memory(max(size, 1))
@@ -60,6 +67,9 @@ cdef class SyncedMemory:
     cdef readonly bint own_cpu_data
     cdef readonly bint own_gpu_data
     cdef readonly int gpu_device
+    # Bumped whenever writable access is handed out (mutable_*, set_*): lets caches of values derived
+    # from this memory (the Net's inference folding) tell that it may have changed.
+    cdef readonly unsigned long long version
 
     def __cinit__(self, Py_ssize_t size=0):
         if size < 0:
@@ -124,10 +134,12 @@ cdef class SyncedMemory:
         """Writable typed view of the host copy; the host becomes the only current copy."""
         self._to_cpu()
         self._head = _HEAD_AT_CPU
+        self.version += 1
         return self._cpu.view(dtype)
 
     def set_cpu_data(self, data):
-        """Borrow an outside host buffer (C-contiguous, at least `size` bytes); it is not copied."""
+        """Borrow an outside host buffer (C-contiguous, at least `size` bytes); it is not copied. A device buffer
+        that was borrowed too is let go (the next upload goes to memory of our own)."""
         arr = np.asarray(data)
         if not arr.flags.c_contiguous:
             raise ValueError("set_cpu_data: the buffer must be C-contiguous")
@@ -135,7 +147,11 @@ cdef class SyncedMemory:
             raise ValueError(f"set_cpu_data: buffer holds {arr.nbytes} bytes, SyncedMemory needs {self.size}")
         self._cpu = arr.reshape(-1).view(np.uint8)[:self.size]
         self.own_cpu_data = False
+        if self._gpu is not None and not self.own_gpu_data:
+            # a borrowed device buffer (a prefetched batch's) must not receive this memory's next upload
+            self._gpu = None
         self._head = _HEAD_AT_CPU
+        self.version += 1
 
     # -- device access -------------------------------------------------------
     def gpu_data(self, dtype=np.uint8):
@@ -147,10 +163,12 @@ cdef class SyncedMemory:
         """Typed CuPy view of the device copy; the device becomes the only current copy."""
         self._to_gpu()
         self._head = _HEAD_AT_GPU
+        self.version += 1
         return self._gpu.view(dtype)
 
     def set_gpu_data(self, data):
-        """Borrow an outside CuPy buffer (C-contiguous, at least `size` bytes); it is not copied."""
+        """Borrow an outside CuPy buffer (C-contiguous, at least `size` bytes); it is not copied. A host buffer
+        that was borrowed too is let go (the next download goes to memory of our own)."""
         _ctx.require_gpu("set_gpu_data")
         import cupy
         if not isinstance(data, cupy.ndarray):
@@ -162,7 +180,11 @@ cdef class SyncedMemory:
         self._gpu = data.reshape(-1).view(cupy.uint8)[:self.size]
         self.own_gpu_data = False
         self.gpu_device = data.device.id
+        if self._cpu is not None and not self.own_cpu_data:
+            # a borrowed host buffer (a prefetched batch's) must not receive this memory's next download
+            self._cpu = None
         self._head = _HEAD_AT_GPU
+        self.version += 1
 
     def async_gpu_push(self, stream=None):
         """Start the host->device copy on `stream` (pinned host memory makes it asynchronous)."""

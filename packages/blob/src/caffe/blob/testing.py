@@ -21,3 +21,46 @@ def register_hypothesis_profiles() -> None:
     settings.register_profile("dev", max_examples=50, **common)
     settings.register_profile("long", max_examples=500, **common)
     settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+# --- GPU runs: real CuPy, the CuPy stand-in, or none --------------------------------------------------
+
+def gpu_run_kind() -> str:
+    """"standin" (CAFFE_CUPY_STANDIN: NumPy behind CuPy's API, no GPU), "gpu" (a usable CUDA device) or "none"."""
+    from caffe.blob import context
+    if context.cupy_standin():
+        return "standin"
+    return "gpu" if context.gpu_available() else "none"
+
+
+def gpu_report_header() -> str:
+    """One line for pytest's header saying what GPU-marked tests run on."""
+    from caffe.blob import context
+    kind = gpu_run_kind()
+    if kind == "standin":
+        from caffe.blob import _standin
+        return "GPU: " + _standin.notice() + " Only gpu-marked tests run."
+    if kind == "gpu":
+        import cupy
+        return f"GPU: real CuPy {cupy.__version__}, {context.gpu_count()} CUDA device(s): gpu-marked tests run on it"
+    return f"GPU: none ({context._probe_gpu()[1]}): gpu-marked tests skip"
+
+
+def standin_deselect(config, items) -> None:
+    """Under the stand-in only gpu-marked tests run (the rest assume the machine's real GPU or none)."""
+    if gpu_run_kind() != "standin":
+        return
+    keep = [it for it in items if it.get_closest_marker("gpu") is not None]
+    dropped = [it for it in items if it.get_closest_marker("gpu") is None]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+
+
+def standin_summary(terminalreporter) -> None:
+    if gpu_run_kind() != "standin":
+        return
+    from caffe.blob import _standin
+    terminalreporter.write_sep("=", "CuPy STAND-IN: NO REAL GPU RAN", yellow=True, bold=True)
+    terminalreporter.write_line(_standin.notice())
+    terminalreporter.write_line(f"host<->device transfers in this run: {_standin.transfers!r}")

@@ -35,39 +35,31 @@ def upgrade_solver(param, source: str) -> tuple[bool, bool]:
 
 
 def read_text(path: str, message):
-    from google.protobuf import text_format
+    """A prototxt (caffe.net.protofile: a regular file, UTF-8; a binary file gets a clear error)."""
+    from caffe.net.protofile import ProtoFileError, read_text as _read_text
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as exc:
-        raise CliError(f"cannot open '{path}': {exc.strerror or exc}") from None
-    try:
-        text_format.Parse(text, message)
-    except text_format.ParseError as exc:
-        raise CliError(f"failed to parse input text file as {type(message).__name__}: {path}: {exc}") from None
-    return message
+        return _read_text(path, message)
+    except ProtoFileError as exc:
+        binary_net = "not a text file" in str(exc) and type(message).DESCRIPTOR.name == "NetParameter"
+        hint = " (a binary caffemodel is upgraded with upgrade_net_proto_binary)" if binary_net else ""
+        raise CliError(f"failed to parse input text file as {type(message).__name__}: {exc}{hint}") from None
 
 
 def read_binary(path: str, message):
-    from google.protobuf.message import DecodeError
+    from caffe.net.protofile import ProtoFileError, read_binary as _read_binary
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as exc:
-        raise CliError(f"cannot open '{path}': {exc.strerror or exc}") from None
-    try:
-        message.ParseFromString(raw)
-    except (DecodeError, RuntimeError) as exc:
-        raise CliError(f"failed to parse input binary file as {type(message).__name__}: {path}: {exc}") from None
-    return message
+        return _read_binary(path, message)
+    except ProtoFileError as exc:
+        raise CliError(f"failed to parse input binary file as {type(message).__name__}: {exc}") from None
 
 
 def write(path: str, payload: bytes) -> None:
-    from caffe.cli.compute_image_mean import write_binary_atomically
+    """The output, atomically and with the mode any new file gets (caffe.blob.fileio)."""
+    from caffe.blob.fileio import atomic_write_bytes
     try:
-        write_binary_atomically(path, payload)
-    except OSError as exc:
-        raise CliError(f"cannot write '{path}': {exc.strerror or exc}") from None
+        atomic_write_bytes(path, payload, "output file")
+    except OSError as exc:  # a WriteError: names the file and the reason
+        raise CliError(str(exc)) from None
 
 
 def run(argv: list[str], tool: str, kind: str, binary: bool) -> int:

@@ -12,15 +12,21 @@ import time
 
 import numpy as np
 
+from caffe.blob import deferred
+
 log = logging.getLogger("caffe")
 
 
 from caffe.cli.main import CliError, GflagsParser  # noqa: E402
 
 
-def caffe_flags(prog: str, usage: str) -> GflagsParser:
-    """The flags of Caffe's tool (tools/caffe.cpp), with Caffe's defaults."""
+def caffe_flags(prog: str, usage: str, fold: bool = False) -> GflagsParser:
+    """The flags of Caffe's tool (tools/caffe.cpp), with Caffe's defaults (and --fold for test/time)."""
     p = GflagsParser(prog, usage)
+    if fold:
+        p.add_flag("fold", bool, None, "inference folding of BatchNorm/Scale/ReLU into the Convolution or "
+                   "InnerProduct before them, TEST phase only; unset: the environment variable CAFFE_FOLD, "
+                   "else on")
     p.add_flag("gpu", str, "", "GPU device ids separated by ',' or 'all' (CPU when empty)")
     p.add_flag("solver", str, "", "the solver definition protocol buffer text file")
     p.add_flag("model", str, "", "the model definition protocol buffer text file")
@@ -33,11 +39,13 @@ def caffe_flags(prog: str, usage: str) -> GflagsParser:
     p.add_flag("iterations", int, 50, "the number of iterations to run")
     p.add_flag("sigint_effect", str, "stop", "action to take on SIGINT: snapshot, stop or none")
     p.add_flag("sighup_effect", str, "snapshot", "action to take on SIGHUP: snapshot, stop or none")
+    p.add_flag("overwrite_snapshots", bool, False, "train even while another training holds the lock on the "
+               "same snapshot_prefix (their snapshots overwrite each other); by default that is refused")
     return p
 
 
-def _parsed(prog: str, usage: str, argv):
-    parser = caffe_flags(prog, usage)
+def _parsed(prog: str, usage: str, argv, fold: bool = False):
+    parser = caffe_flags(prog, usage, fold)
     args = parser.parse(argv)
     if args.args:
         raise CliError(f"unexpected arguments: {' '.join(args.args)}\n{parser.format_usage().strip()}")
@@ -50,12 +58,13 @@ def train_main(argv) -> int:
 
 
 def test_main(argv) -> int:
-    return test(_parsed("test", "score a model: caffe-cli test --model=M --weights=W [--iterations=50]", argv))
+    return test(_parsed("test", "score a model: caffe-cli test --model=M --weights=W [--iterations=50]", argv,
+                        fold=True))
 
 
 def time_main(argv) -> int:
     return time_net(_parsed("time", "benchmark model execution time: caffe-cli time --model=M "
-                            "[--iterations=50]", argv))
+                            "[--iterations=50]", argv, fold=True))
 
 
 def device_query_main(argv) -> int:
@@ -65,8 +74,14 @@ def device_query_main(argv) -> int:
 # -- shared helpers -------------------------------------------------------------------
 
 def require_file(path: str, flag: str) -> str:
+    """A flag's file must exist and be a regular file: /dev/zero or a FIFO is refused before any read."""
+    from caffe.blob.fileio import FileInputError, require_regular_file
     if not os.path.exists(path):
         raise CliError(f"--{flag}: file not found: {path}")
+    try:
+        require_regular_file(path, f"--{flag} file")
+    except FileInputError as exc:
+        raise CliError(str(exc)) from None
     return path
 
 
@@ -131,6 +146,22 @@ def set_mode(gpus: list[int]) -> None:
 
 # -- train ------------------------------------------------------------------------------
 
+def training_gpus(param, gpu_flag: str, solver_path: str = "the solver") -> list[int]:
+    """The GPUs to train on: --gpu when given; else, as Caffe, the solver's solver_mode: GPU on its
+    device_id (GPU 0 when unset); CPU (a warning) when the solver asks for a GPU and none is usable."""
+    if gpu_flag or param.solver_mode != param.GPU:
+        return parse_gpus(gpu_flag)
+    from caffe.blob import context
+    if not context.gpu_available():
+        log.warning("The solver asks for solver_mode: GPU (device %d) but there is no usable GPU (%s); "
+                    "training on the CPU", param.device_id, context._probe_gpu()[1])
+        return []
+    try:
+        return parse_gpus(str(param.device_id))
+    except CliError as exc:
+        raise CliError(f"{solver_path}: solver_mode GPU, device_id {param.device_id}: {exc}") from None
+
+
 def train(args) -> int:
     import caffe
     from caffe.solver import read_solver_params, create_solver, SignalHandler
@@ -146,17 +177,14 @@ def train(args) -> int:
     param.train_state.level = args.level
     for s in parse_stages(args.stage):
         param.train_state.stage.append(s)
-    gpus = parse_gpus(args.gpu)
-    if not gpus and param.solver_mode == param.GPU and args.gpu == "" and param.HasField("device_id"):
-        from caffe.blob import context
-        if context.gpu_available():
-            gpus = [param.device_id]
+    gpus = training_gpus(param, args.gpu, args.solver)
     world = _mpi_world()
     if len(gpus) > 1 or world is not None:
         # data-parallel: one process per GPU (train.py's way) or one per MPI rank (mpiexec -n N caffe-cli ...)
         import functools
         from caffe.parallel import launch
-        on_solver = functools.partial(_install_signal_handling, args.sigint_effect, args.sighup_effect)
+        on_solver = functools.partial(_install_signal_handling, args.sigint_effect, args.sighup_effect,
+                                      overwrite_snapshots=args.overwrite_snapshots)
         if world is not None:
             launch.train_mpi(param, snapshot=args.snapshot or None, weights=args.weights or None,
                              gpus=gpus or None, on_solver=on_solver)
@@ -177,6 +205,7 @@ def train(args) -> int:
     log.info("Starting Optimization")
     with handler:
         solver = create_solver(param)
+        solver.overwrite_snapshots = args.overwrite_snapshots
         solver.SetActionFunction(handler.GetActionFunction())
         if args.snapshot:
             log.info("Resuming from %s", args.snapshot)
@@ -194,8 +223,13 @@ def train(args) -> int:
 
 
 def _final_summary(solver) -> None:
-    """The main job ends with the test accuracy and the snapshot path: say them plainly."""
+    """The main job ends with the test accuracy and the snapshot path: say them plainly. Test figures
+    only when the solver tested at the final iteration (as Caffe does when max_iter is a multiple of
+    test_interval); figures from an earlier test would describe other weights than the saved ones."""
+    tested_at = getattr(solver, "mean_scores_iter", [])
     for net_id, scores in enumerate(getattr(solver, "mean_scores", []) or []):
+        if net_id >= len(tested_at) or tested_at[net_id] != solver.iter:
+            continue
         names = solver.test_nets[net_id].output_blob_names if net_id < len(solver.test_nets) else []
         for name, value in zip(names, scores):
             log.info("Final test net #%d: %s = %g", net_id, name, value)
@@ -204,8 +238,10 @@ def _final_summary(solver) -> None:
         log.info("Final snapshot: %s (solver state %s)", model, state)
 
 
-def _install_signal_handling(sigint_effect: str, sighup_effect: str, solver) -> None:
+def _install_signal_handling(sigint_effect: str, sighup_effect: str, solver,
+                             overwrite_snapshots: bool = False) -> None:
     """on_solver hook for every rank: Caffe's SIGINT/SIGHUP effects (module level, so spawn can pickle it)."""
+    solver.overwrite_snapshots = overwrite_snapshots
     from caffe.solver import SignalHandler
     handler = SignalHandler(signal_effect(sigint_effect, "sigint_effect"),
                             signal_effect(sighup_effect, "sighup_effect")).install()
@@ -237,7 +273,7 @@ def _load_net(args, default_phase: int, purpose: str):
     set_mode(gpus[:1])
     log.info("Use %s.", f"GPU {gpus[0]}" if gpus else "CPU")
     net = Net(args.model, parse_phase(args.phase, default_phase), level=args.level,
-              stages=parse_stages(args.stage))
+              stages=parse_stages(args.stage), fold=getattr(args, "fold", None))
     if args.weights:
         copy_weights([net], args.weights)
     return net, gpus
@@ -254,7 +290,8 @@ def test(args) -> int:
     loss = 0.0
     names = net.output_blob_names
     for i in range(args.iterations):
-        iter_loss = net.Forward()
+        iter_loss = float(net.Forward())  # GPU mode: read from the device (its outputs are read below anyway)
+        deferred.flush()
         loss += iter_loss
         idx = 0
         for j, blob in enumerate(net.output_blobs):
@@ -286,16 +323,26 @@ def time_net(args) -> int:
     import caffe
     net, gpus = _load_net(args, caffe.TRAIN, "time")
     sync = _synchronizer(gpus)
+    folded = net.folded
+    if folded:  # the first pass unfolded, so every layer has its forward state for the timed backward
+        net.fold(False)
     log.info("Performing Forward")
-    initial_loss = net.Forward()
+    initial_loss = float(net.Forward())
     log.info("Initial loss: %g", initial_loss)
     log.info("Performing Backward")
     net.Backward()
+    if folded:
+        net.fold(True)
     layers = net.layers
     n = len(layers)
     fwd = np.zeros(n)
     bwd = np.zeros(n)
     bottom_need_backward = net.bottom_need_backward
+    steps = net.forward_steps()  # a folded chain is one step, timed as its first layer
+    for first, last, _ in steps:
+        if last > first:
+            log.info("Folded into %s: %s (their time is counted there)", layers[first].name,
+                     ", ".join(layer.name for layer in layers[first + 1:last + 1]))
     log.info("*** Benchmark begins ***")
     log.info("Testing for %d iterations.", args.iterations)
     total_start = time.perf_counter()
@@ -303,11 +350,11 @@ def time_net(args) -> int:
     for it in range(args.iterations):
         iter_start = time.perf_counter()
         t0 = time.perf_counter()
-        for i, layer in enumerate(layers):
+        for first, _, run in steps:
             s = time.perf_counter()
-            layer.Forward(net.bottom_vecs[i], net.top_vecs[i])
+            run()
             sync()
-            fwd[i] += time.perf_counter() - s
+            fwd[first] += time.perf_counter() - s
         forward_total += time.perf_counter() - t0
         t0 = time.perf_counter()
         for i in range(n - 1, -1, -1):

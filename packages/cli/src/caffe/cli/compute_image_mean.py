@@ -10,8 +10,6 @@ which rounds once the totals pass 2^24).
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 
 import numpy as np
 
@@ -25,19 +23,9 @@ Usage:
 
 
 def write_binary_atomically(path: str, payload: bytes) -> None:
-    """Write a file via a temporary one beside it, renamed into place (never half-written)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".partial")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """Write a file atomically, with the mode any new file gets (caffe.blob.fileio: umask, fsync, rename)."""
+    from caffe.blob.fileio import atomic_write_bytes
+    atomic_write_bytes(path, payload, "output file")
 
 
 def compute_mean(db_path: str, backend: str = "lmdb") -> np.ndarray:
@@ -87,8 +75,8 @@ def main(argv: list[str]) -> int:
         log.info("Write to %s", ns.args[1])
         try:
             write_binary_atomically(ns.args[1], mean_to_proto(mean).SerializeToString())
-        except OSError as exc:
-            raise CliError(f"cannot write OUTPUT_FILE '{ns.args[1]}': {exc.strerror or exc}") from None
+        except OSError as exc:  # a WriteError names the file and the reason (a full disk, ...)
+            raise CliError(f"OUTPUT_FILE: {exc}") from None
     log.info("Number of channels: %d", mean.shape[0])
     for c in range(mean.shape[0]):
         log.info("mean_value channel [%d]: %s", c, f"{mean[c].mean():g}")

@@ -55,8 +55,11 @@ def image_to_datum(path: str, label: int, resize_height: int, resize_width: int,
         with Image.open(path) as probe:  # store the file itself when its channels are what was asked
             native_color = probe.mode not in ("1", "L", "LA", "I", "I;16", "F")
         if native_color == is_color:
-            with open(path, "rb") as f:
-                return caffe_pb2.Datum(data=f.read(), label=label, encoded=True)
+            from caffe.blob.fileio import FileInputError, read_regular_file
+            try:
+                return caffe_pb2.Datum(data=read_regular_file(path, "image"), label=label, encoded=True)
+            except FileInputError as exc:
+                raise CliError(f"{where}: {exc}") from None
     fmt = _FORMATS.get(encoding.lower())
     if fmt is None:
         raise CliError(f"{where}: unknown encode_type '{encoding}' (use one of {', '.join(sorted(_FORMATS))})")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import logging
+import os
 
 import numpy as np
 
@@ -25,19 +26,40 @@ Usage:
 The input files may be gzipped (train-images-idx3-ubyte.gz) or not."""
 
 
-def _read(path: str) -> bytes:
+# Deflate cannot expand data more than ~1032:1: what a header asks beyond that is not in the file.
+_MAX_GZIP_RATIO = 1032
+
+
+def _read_idx(path: str, n_header: int, magic: int, kind: str, item_bytes, describe) -> tuple[list[int], bytes]:
+    """(header fields, payload) of an IDX file, gzipped or not. What is read is bounded by what the header
+    declares, and that by what the file can hold: an endless stream or a gzip bomb is refused, not read."""
+    from caffe.blob.fileio import FileInputError, open_regular_file
+    if not os.path.exists(path):
+        raise CliError(f"cannot open '{path}': no such file")
     try:
-        with open(path, "rb") as f:
-            head = f.read(2)
+        f, size = open_regular_file(path, f"MNIST {kind} file")
+    except FileInputError as exc:
+        raise CliError(str(exc)) from None
+    with f:
+        try:
+            gz = f.read(2) == b"\x1f\x8b"  # gzip, whatever the file is called
             f.seek(0)
-            if head == b"\x1f\x8b":  # gzip, whatever the file is called
-                with gzip.open(f) as g:
-                    return g.read()
-            return f.read()
-    except FileNotFoundError:
-        raise CliError(f"cannot open '{path}': no such file") from None
-    except (OSError, EOFError) as exc:
-        raise CliError(f"cannot read '{path}': {exc}") from None
+            stream = gzip.GzipFile(fileobj=f) if gz else f
+            capacity = size * _MAX_GZIP_RATIO if gz else size
+            head = stream.read(4 * n_header)
+            fields = _header(head, path, n_header, magic, kind)
+            need = item_bytes(fields)
+            total = 4 * n_header + need
+            if total > capacity:
+                holds = f"a {size}-byte gzip file can hold at most {capacity}" if gz else f"the file has {size}"
+                raise CliError(f"'{path}' is truncated: {describe(fields)} need {total} bytes, {holds}")
+            payload = stream.read(need)
+        except (OSError, EOFError, gzip.BadGzipFile) as exc:
+            raise CliError(f"cannot read '{path}': {exc}") from None
+    if len(payload) < need:
+        raise CliError(f"'{path}' is truncated: {describe(fields)} need {total} bytes, the file has "
+                       f"{4 * n_header + len(payload)}{' once decompressed' if gz else ''}")
+    return fields, payload
 
 
 def _header(raw: bytes, path: str, n: int, magic: int, kind: str) -> list[int]:
@@ -51,22 +73,15 @@ def _header(raw: bytes, path: str, n: int, magic: int, kind: str) -> list[int]:
 
 def read_idx_images(path: str) -> np.ndarray:
     """An IDX3 image file as a (num, rows, cols) uint8 array."""
-    raw = _read(path)
-    _, num, rows, cols = _header(raw, path, 4, IMAGE_MAGIC, "image")
-    need = 16 + num * rows * cols
-    if len(raw) < need:
-        raise CliError(f"'{path}' is truncated: {num} images of {rows}x{cols} need {need} bytes, "
-                       f"the file has {len(raw)}")
-    return np.frombuffer(raw, dtype=np.uint8, count=num * rows * cols, offset=16).reshape(num, rows, cols)
+    (_, num, rows, cols), raw = _read_idx(path, 4, IMAGE_MAGIC, "image", lambda h: h[1] * h[2] * h[3],
+                                          lambda h: f"{h[1]} images of {h[2]}x{h[3]}")
+    return np.frombuffer(raw, dtype=np.uint8, count=num * rows * cols).reshape(num, rows, cols)
 
 
 def read_idx_labels(path: str) -> np.ndarray:
     """An IDX1 label file as a (num,) uint8 array."""
-    raw = _read(path)
-    _, num = _header(raw, path, 2, LABEL_MAGIC, "label")
-    if len(raw) < 8 + num:
-        raise CliError(f"'{path}' is truncated: {num} labels need {8 + num} bytes, the file has {len(raw)}")
-    return np.frombuffer(raw, dtype=np.uint8, count=num, offset=8)
+    (_, num), raw = _read_idx(path, 2, LABEL_MAGIC, "label", lambda h: h[1], lambda h: f"{h[1]} labels")
+    return np.frombuffer(raw, dtype=np.uint8, count=num)
 
 
 def convert_dataset(image_file: str, label_file: str, db_path: str, backend: str = "lmdb") -> int:

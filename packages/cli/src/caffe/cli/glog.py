@@ -1,46 +1,29 @@
-"""Caffe's glog line format for Python logging, so users' parse_log scripts keep working.
+"""Caffe's glog line format for the command-line tools, so users' parse_log scripts keep working.
 
     I1130 05:55:11.123456 12345 solver.py:218] Iteration 100, loss = 0.25
 
-`setup_logging()` sends the `caffe` logger (and the root logger) to stderr in that
-format and, with `log_dir`, also to a glog-named file there (plus the
-`<program>.INFO` link glog makes).
+`setup_logging()` sends the `caffe` logger (and the root logger) to stderr in that format and, with
+`log_dir`, also to a file there named as glog names it for the program (`caffe` or `caffe-cli`:
+<program>.<host>.<user>.log.INFO.<date>-<time>.<pid>, plus glog's `<program>.INFO` link). The format
+itself is caffe.blob.glog's, shared with pycaffe.
 """
 from __future__ import annotations
 
-import datetime as _dt
-import getpass
 import logging
-import os
-import socket
 import sys
-import threading
 
-_SEVERITY = {logging.DEBUG: "I", logging.INFO: "I", logging.WARNING: "W", logging.ERROR: "E",
-             logging.CRITICAL: "F"}
+from caffe.blob.glog import GlogFormatter as _BaseFormatter, log_file_name, open_log_file
+
+__all__ = ["GlogFormatter", "log_file_name", "setup_logging"]
 
 
-class GlogFormatter(logging.Formatter):
+class GlogFormatter(_BaseFormatter):
+    """The shared format; tracebacks only when the `caffe` logger is at DEBUG (the tools' --debug)."""
+
     def format(self, record: logging.LogRecord) -> str:
-        t = _dt.datetime.fromtimestamp(record.created)
-        sev = _SEVERITY.get(record.levelno, "I")
-        tid = getattr(record, "thread_native", None) or threading.get_native_id()
-        prefix = (f"{sev}{t:%m%d %H:%M:%S}.{t.microsecond:06d} {tid % 100000:5d} "
-                  f"{record.filename}:{record.lineno}] ")
-        msg = record.getMessage()
-        if record.exc_info and logging.getLogger("caffe").isEnabledFor(logging.DEBUG):
-            msg += "\n" + self.formatException(record.exc_info)
-        return prefix + msg
-
-
-def log_file_name(program: str, start: _dt.datetime | None = None) -> str:
-    start = start or _dt.datetime.now()
-    try:
-        user = getpass.getuser()
-    except Exception:
-        user = "unknown"
-    return (f"{program}.{socket.gethostname()}.{user}.log.INFO."
-            f"{start:%Y%m%d-%H%M%S}.{os.getpid()}")
+        if record.exc_info and not logging.getLogger("caffe").isEnabledFor(logging.DEBUG):
+            record = logging.makeLogRecord({**record.__dict__, "exc_info": None, "exc_text": None})
+        return super().format(record)
 
 
 def setup_logging(log_dir: str | None = None, program: str = "caffe-cli", level: int = logging.INFO,
@@ -57,19 +40,12 @@ def setup_logging(log_dir: str | None = None, program: str = "caffe-cli", level:
     handler._caffe_glog = True
     root.addHandler(handler)
     root.setLevel(level)
+    logging.getLogger("caffe").setLevel(level)
     path = None
     if log_dir:
-        os.makedirs(log_dir, exist_ok=True)
-        path = os.path.join(log_dir, log_file_name(program))
-        fh = logging.FileHandler(path)
+        fh, path = open_log_file(log_dir, program)
         fh.setFormatter(formatter)
         fh._caffe_glog = True
+        fh._caffe_default = False
         root.addHandler(fh)
-        link = os.path.join(log_dir, f"{program}.INFO")
-        try:
-            if os.path.islink(link) or os.path.exists(link):
-                os.remove(link)
-            os.symlink(os.path.basename(path), link)
-        except OSError:
-            pass
     return path

@@ -1,6 +1,7 @@
 """caffe-cli: Caffe's command-line tools as subcommands.
 
     caffe-cli <command> [flags and arguments]
+    caffe <command> [flags and arguments]      (the same program under Caffe's name)
 
 Each command lives in its own module of caffe.cli with a `main(argv) -> int`; this
 file holds the dispatch table and what the commands share: a gflags-compatible
@@ -30,6 +31,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "draw": ("caffe.cli.draw:main", "draw a net's graph (png/svg/pdf via graphviz, or .dot)"),
     "convert_imageset": ("caffe.cli.convert_imageset", "convert a list of images to an LMDB/LevelDB of Datums"),
     "convert_mnist_data": ("caffe.cli.convert_mnist_data", "convert MNIST IDX image/label files to an LMDB/LevelDB"),
+    "convert_mnist_siamese_data": ("caffe.cli.convert_mnist_siamese_data",
+                                   "convert MNIST IDX files to a LevelDB/LMDB of random image pairs (siamese)"),
+    "convert_cifar_data": ("caffe.cli.convert_cifar_data", "convert CIFAR-10 binary batches to train/test LMDBs"),
     "compute_image_mean": ("caffe.cli.compute_image_mean", "compute the mean image of a database (binaryproto)"),
     "extract_features": ("caffe.cli.extract_features", "run a net and save blobs' features to databases"),
     "upgrade_net_proto_text": ("caffe.cli.upgrade_net_proto_text", "upgrade a text NetParameter to the latest format"),
@@ -37,7 +41,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
                                  "upgrade a binary NetParameter (caffemodel) to the latest format"),
     "upgrade_solver_proto_text": ("caffe.cli.upgrade_solver_proto_text",
                                   "upgrade a text SolverParameter to the latest format"),
+    "export_onnx": ("caffe.cli.export_onnx", "export a trained net to ONNX (--model, --weights, --output; "
+                                             "needs caffe-onnx)"),
 }
+
+
+# the name the program runs under: `caffe-cli`, or `caffe` (usage lines and glog file names follow it)
+PROGRAM = "caffe-cli"
 
 
 class CliError(Exception):
@@ -59,7 +69,7 @@ class GflagsParser(argparse.ArgumentParser):
     """argparse with gflags spellings. Declare flags with add_flag; positionals land in `args`."""
 
     def __init__(self, prog: str, usage_text: str = "", **kw):
-        super().__init__(prog=f"caffe-cli {prog}", description=usage_text,
+        super().__init__(prog=f"{PROGRAM} {prog}", description=usage_text,
                          formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False, **kw)
         self._flag_types: dict[str, type] = {}
         self.add_argument("args", nargs="*", help=argparse.SUPPRESS)
@@ -113,12 +123,12 @@ def usage_error(parser: GflagsParser, message: str) -> CliError:
 
 # ----------------------------------------------------------------------------- logging
 
-def _setup_logging(log_dir: str | None = None) -> logging.Logger:
+def _setup_logging(log_dir: str | None = None, program: str = "caffe-cli") -> logging.Logger:
     """glog-format lines on stderr (caffe.cli.glog), and in a file under log_dir (glog's --log_dir);
     GLOG_minloglevel=1/2/3 raises the bar, GLOG_log_dir sets log_dir, as glog's."""
     from caffe.cli.glog import setup_logging
     levels = {"0": logging.INFO, "1": logging.WARNING, "2": logging.ERROR, "3": logging.CRITICAL}
-    setup_logging(log_dir=log_dir or os.environ.get("GLOG_log_dir") or None,
+    setup_logging(log_dir=log_dir or os.environ.get("GLOG_log_dir") or None, program=program,
                   level=levels.get(os.environ.get("GLOG_minloglevel", "0"), logging.INFO))
     return logging.getLogger("caffe")
 
@@ -153,13 +163,27 @@ def _on_sigterm(signum, frame):
 
 def _usage() -> str:
     width = max(map(len, COMMANDS))
-    lines = ["usage: caffe-cli <command> [flags] [args]", "", "commands:"]
+    lines = [f"usage: {PROGRAM} <command> [flags] [args]", "", "commands:"]
     lines += [f"  {name:<{width}}  {desc}" for name, (_, desc) in COMMANDS.items()]
-    lines += ["", "Run 'caffe-cli <command> --help' for a command's flags."]
+    lines += ["", f"Run '{PROGRAM} <command> --help' for a command's flags."]
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _program_name(program: str | None) -> str:
+    if program:
+        return program
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return name if name in ("caffe", "caffe-cli") else "caffe-cli"
+
+
+def caffe_main(argv: list[str] | None = None) -> int:
+    """The `caffe` command: this program under Caffe's tool name (`caffe train --solver=...`)."""
+    return main(argv, program="caffe")
+
+
+def main(argv: list[str] | None = None, program: str | None = None) -> int:
+    global PROGRAM
+    PROGRAM = _program_name(program)
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(_usage(), file=sys.stdout if argv else sys.stderr)
@@ -169,14 +193,14 @@ def main(argv: list[str] | None = None) -> int:
     if entry is None:
         close = difflib.get_close_matches(command, COMMANDS, n=3)
         hint = f" Did you mean: {', '.join(close)}?" if close else ""
-        print(f"caffe-cli: unknown command '{command}'.{hint}\n\n{_usage()}", file=sys.stderr)
+        print(f"{PROGRAM}: unknown command '{command}'.{hint}\n\n{_usage()}", file=sys.stderr)
         return 1
     try:
         rest, flags = pop_global_flags(rest)
     except CliError as exc:
-        print(f"caffe-cli {command}: {exc}", file=sys.stderr)
+        print(f"{PROGRAM} {command}: {exc}", file=sys.stderr)
         return 1
-    log = _setup_logging(flags["log_dir"])
+    log = _setup_logging(flags["log_dir"], PROGRAM)
     if flags["debug"]:
         log.setLevel(logging.DEBUG)
     if threading.current_thread() is threading.main_thread():
@@ -186,24 +210,26 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(module_name)
         return int(getattr(module, func or "main")(rest) or 0)
     except KeyboardInterrupt:
-        print(f"caffe-cli {command}: interrupted", file=sys.stderr)
+        print(f"{PROGRAM} {command}: interrupted", file=sys.stderr)
         return 130
     except CliError as exc:
-        print(f"caffe-cli {command}: {exc}", file=sys.stderr)
+        print(f"{PROGRAM} {command}: {exc}", file=sys.stderr)
         return 1
     except (OSError, ValueError, RuntimeError, ArithmeticError) as exc:
         # DBError, DataError, LayerError, SolverError, parse errors, NaN loss...: one clear line
         if flags["debug"]:
             raise
-        print(f"caffe-cli {command}: error: {exc}", file=sys.stderr)
+        print(f"{PROGRAM} {command}: error: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:  # a bug rather than bad input: still one line unless --debug
         if flags["debug"]:
             raise
-        print(f"caffe-cli {command}: internal error: {type(exc).__name__}: {exc} (rerun with --debug for "
+        print(f"{PROGRAM} {command}: internal error: {type(exc).__name__}: {exc} (rerun with --debug for "
               f"the traceback)", file=sys.stderr)
         return 2
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m caffe.cli.main`: run the imported module, so commands raise the same CliError class
+    from caffe.cli.main import main as _main
+    sys.exit(_main())

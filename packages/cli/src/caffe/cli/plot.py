@@ -5,6 +5,8 @@ matplotlib is an optional extra (`pip install caffe-cli[plot]`).
 """
 from __future__ import annotations
 
+import os
+
 import re
 from dataclasses import dataclass, field
 
@@ -86,8 +88,13 @@ def plot_log(log_path: str, out_path: str) -> str:
     ax.legend(handles, labels, loc="best")
     ax.set_title(log_path)
     fig.tight_layout()
-    fig.savefig(out_path, dpi=100)
-    plt.close(fig)
+    from caffe.blob.fileio import atomic_path
+    fmt = os.path.splitext(out_path)[1].lstrip(".").lower() or "png"
+    try:
+        with atomic_path(out_path, "plot") as tmp:  # the temporary name has no extension: say the format
+            fig.savefig(tmp, dpi=100, format=fmt)
+    finally:
+        plt.close(fig)
     return out_path
 
 

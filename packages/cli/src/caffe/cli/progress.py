@@ -1,67 +1,46 @@
-"""A progress bar with ETA on stderr while training, only when stderr is a terminal.
+"""The training progress bar (tqdm) on stderr, only when stderr is a terminal.
 
-Log lines and the bar share stderr: the bar redraws itself on one line (carriage return) and
-is cleared before each log record, so the log stays parseable.
+Log lines and the bar share stderr: while the bar is up, the console handlers of the root logger
+(where caffe-cli sends Caffe's glog lines) write through tqdm (tqdm.contrib.logging), which clears
+the bar, writes each line whole and redraws the bar, so the log stays line-for-line parseable.
 """
 from __future__ import annotations
 
 import logging
 import sys
-import time
 
 
 class Progress:
-    def __init__(self, total: int, stream=None):
-        self.total = max(int(total), 1)
+    def __init__(self, total: int, stream=None, initial: int = 0, disable: bool | None = None):
+        from tqdm import tqdm
+        from tqdm.contrib.logging import logging_redirect_tqdm
         self.stream = stream or sys.stderr
-        self.done = 0
-        self.start = time.perf_counter()
-        self._shown = False
-        self._handler = _ClearingFilter(self)
-        for h in logging.getLogger().handlers:
-            h.addFilter(self._handler)
+        self.bar = tqdm(total=max(int(total), 1), initial=int(initial), file=self.stream, disable=disable,
+                        unit="iter", desc="Training", dynamic_ncols=True, leave=False)
+        self._redirect = logging_redirect_tqdm(loggers=[logging.getLogger()], tqdm_class=tqdm)
+        self._redirect.__enter__()
+        self._closed = False
 
     @classmethod
     def attach(cls, solver, total: int, stream=None, force: bool = False):
-        """Hook a bar onto `solver` (advanced at each on_gradients_ready) if stderr is a terminal."""
+        """Hook a bar onto `solver` (advanced at each on_gradients_ready) if stderr is a terminal;
+        it counts from the solver's current iteration (a resumed run) to `total` (max_iter)."""
         stream = stream or sys.stderr
         if not force and not (hasattr(stream, "isatty") and stream.isatty()):
             return None
-        bar = cls(total - getattr(solver, "iter", 0), stream)
+        bar = cls(total, stream, initial=getattr(solver, "iter", 0), disable=False)
         solver.add_callback(lambda: None, bar.step)
         return bar
 
-    def render(self) -> str:
-        frac = min(self.done / self.total, 1.0)
-        width = 30
-        filled = int(frac * width)
-        elapsed = time.perf_counter() - self.start
-        eta = elapsed / self.done * (self.total - self.done) if self.done else float("nan")
-        eta_s = f"{eta:5.1f}s" if eta == eta else "  ?  "
-        return f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} ETA {eta_s}"
+    @property
+    def done(self) -> int:
+        return self.bar.n
 
     def step(self) -> None:
-        self.done += 1
-        self.stream.write(self.render())
-        self.stream.flush()
-        self._shown = True
-
-    def clear(self) -> None:
-        if self._shown:
-            self.stream.write("\r\033[K")
-            self._shown = False
+        self.bar.update(1)
 
     def close(self) -> None:
-        self.clear()
-        for h in logging.getLogger().handlers:
-            h.removeFilter(self._handler)
-
-
-class _ClearingFilter(logging.Filter):
-    def __init__(self, bar: Progress):
-        super().__init__()
-        self.bar = bar
-
-    def filter(self, record) -> bool:
-        self.bar.clear()
-        return True
+        if not self._closed:
+            self._closed = True
+            self._redirect.__exit__(None, None, None)
+            self.bar.close()

@@ -1,4 +1,7 @@
-"""AbsVal: y = |x|; dy/dx = sign(x) (0 at x == 0, as Caffe's caffe_cpu_sign)."""
+"""AbsVal: y = |x|; dy/dx = sign(x) (0 at x == 0, as Caffe's caffe_cpu_sign). CPU: one kernel pass."""
+import numpy as np
+
+from caffe.layers import _cpu
 from caffe.layers.layer import NeuronLayer
 from caffe.layers.registry import register_layer
 
@@ -9,6 +12,14 @@ class AbsValLayer(NeuronLayer):
         # Backward needs the sign of the input, which |x| destroys.
         if top[0] is bottom[0]:
             raise self.error("does not allow in-place computation (top and bottom are the same blob)")
+
+    def forward_cpu(self, bottom, top):
+        if not _cpu.neuron_forward(self, _cpu.ABSVAL, bottom, top):
+            self.forward_xp(np, bottom, top)
+
+    def backward_cpu(self, top, propagate_down, bottom):
+        if propagate_down[0] and not _cpu.neuron_backward(self, _cpu.ABSVAL, top, bottom, reads_x="bottom"):
+            self.backward_xp(np, top, propagate_down, bottom)
 
     def forward_xp(self, xp, bottom, top):
         top[0].mutable_data_xp(xp)[...] = xp.abs(bottom[0].data_xp(xp))

@@ -3,8 +3,11 @@
 accuracy_param: top_k (default 1), axis (default 1: the class axis), ignore_label.
 As Caffe, a label counts as correct when fewer than top_k other classes score >= its
 own score (ties count against it). An optional second top gives the per-class accuracy
-(0 for classes that never occur). Forward only: no gradient.
+(0 for classes that never occur). Forward only: no gradient. On the device nothing is copied to the host
+(the label check is deferred as SoftmaxWithLoss's: caffe.blob.deferred).
 """
+import numpy as np
+
 from caffe.layers.layer import Layer
 from caffe.layers.registry import register_layer
 from caffe.layers.softmax import canonical_axis
@@ -49,11 +52,20 @@ class AccuracyLayer(Layer):
         # The true class counts itself once: Caffe starts num_better_predictions at -1.
         num_better = (x >= true_score).sum(axis=1) - 1
         correct = valid & (num_better < self.top_k)
-        count = int(valid.sum())
-        top[0].mutable_data_xp(xp)[...] = 0.0 if count == 0 else float(correct.sum()) / count
+        if xp is np:
+            count = int(valid.sum())
+            top[0].mutable_data_xp(xp)[...] = 0.0 if count == 0 else float(correct.sum()) / count
+        else:  # the same double division, on the device
+            count = valid.sum()
+            top[0].mutable_data_xp(xp)[...] = xp.where(count == 0, 0.0, correct.sum() / xp.maximum(count, 1))
         if len(top) > 1:
-            nums = xp.bincount(safe[valid], minlength=self.num_labels)
-            hits = xp.bincount(safe[correct], minlength=self.num_labels)
+            if xp is np:
+                nums = xp.bincount(safe[valid], minlength=self.num_labels)
+                hits = xp.bincount(safe[correct], minlength=self.num_labels)
+            else:  # counts as weights: a boolean mask's result size would be read back to the host
+                flat = safe.ravel()
+                nums = xp.bincount(flat, weights=valid.ravel().astype(np.float64), minlength=self.num_labels)
+                hits = xp.bincount(flat, weights=correct.ravel().astype(np.float64), minlength=self.num_labels)
             per_class = xp.where(nums == 0, 0.0, hits / xp.maximum(nums, 1))
             top[1].mutable_data_xp(xp)[...] = per_class
 

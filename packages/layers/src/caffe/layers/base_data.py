@@ -8,6 +8,13 @@ Two queues (free, full) bound the work ahead; Forward hands the oldest full batc
 the tops without copying (the top borrows the batch's memory, as Caffe's
 set_cpu_data) and gives the previous one back to the thread.
 
+GPU mode (Caffe's async_gpu_push): the thread also copies each batch it loads to the
+device, on its own CUDA stream, from pinned host memory, and waits for that copy before
+handing the batch over; Forward then lends the tops the batch's device memory
+(set_gpu_data), so the training thread copies nothing. The thread pushes from the first
+GPU-mode Forward on (or from the start when the layer was set up in GPU mode), to the
+device that Forward ran on; batches loaded before are uploaded by the consumer as before.
+
 The thread holds only a weak reference to its layer: dropping the net stops it.
 An exception in the thread reaches the caller of Forward with its message.
 """
@@ -45,19 +52,47 @@ def parallel_map(fn, items):
     return list(decode_pool().map(fn, items))
 
 
-class Batch:
-    """One prefetched batch: data (N, ...) and optional labels, as NumPy arrays in the tops' dtype."""
-    __slots__ = ("data", "label")
+def host_array(shape, dtype, pinned: bool = False) -> np.ndarray:
+    """An uninitialized host array; pinned (page-locked: the device copies it asynchronously) on request."""
+    if pinned:
+        import cupyx
+        return cupyx.empty_pinned(tuple(shape), dtype=dtype)
+    return np.empty(shape, dtype=dtype)
 
-    def __init__(self, data: np.ndarray, label: np.ndarray | None):
+
+class Batch:
+    """One prefetched batch: data (N, ...) and optional labels, as NumPy arrays in the tops' dtype, and in
+    GPU mode their device copies (gpu_data, gpu_label; `pushed` while they hold this batch's values)."""
+    __slots__ = ("data", "label", "pinned", "gpu_data", "gpu_label", "pushed")
+
+    def __init__(self, data: np.ndarray, label: np.ndarray | None, pinned: bool = False):
         self.data = data
         self.label = label
+        self.pinned = pinned
+        self.gpu_data = self.gpu_label = None
+        self.pushed = False
 
     def reshape_data(self, shape) -> np.ndarray:
         shape = tuple(int(s) for s in shape)
         if self.data.shape != shape:
-            self.data = np.empty(shape, dtype=self.data.dtype)
+            self.data = host_array(shape, self.data.dtype, self.pinned)
         return self.data
+
+    def push(self, stream) -> None:
+        """Copy data and label to the current device on `stream` (Caffe's async_gpu_push); the caller waits
+        for the stream before handing the batch over."""
+        self.gpu_data = _device_copy(self.gpu_data, self.data, stream)
+        if self.label is not None:
+            self.gpu_label = _device_copy(self.gpu_label, self.label, stream)
+        self.pushed = True
+
+
+def _device_copy(dev, host: np.ndarray, stream):
+    import cupy
+    if dev is None or dev.shape != host.shape or dev.dtype != host.dtype or dev.device.id != cupy.cuda.Device().id:
+        dev = cupy.empty(host.shape, dtype=host.dtype)
+    dev.set(np.ascontiguousarray(host), stream=stream)
+    return dev
 
 
 class _Failure:
@@ -75,6 +110,16 @@ def assign_top(top, array: np.ndarray) -> None:
         top.set_cpu_data(array)
     else:
         top.mutable_cpu_data()[...] = array
+
+
+def assign_top_gpu(top, array) -> None:
+    """Make `top` hold the device array: borrow its memory when sizes agree (Caffe's set_gpu_data), else copy."""
+    top.reshape(array.shape)
+    mem = top.data_mem
+    if array.dtype == top.dtype and array.flags.c_contiguous and mem.size == array.nbytes:
+        mem.set_gpu_data(array)
+    else:
+        top.mutable_gpu_data()[...] = array
 
 
 class BaseDataLayer(Layer):
@@ -109,6 +154,7 @@ class BaseDataLayer(Layer):
 def _prefetch_loop(layer_ref, free: queue.Queue, full: queue.Queue, stop: threading.Event, state) -> None:
     context.install(state)
     started = False
+    streams = {}  # device -> this thread's CUDA stream for the pushes
     try:
         while not stop.is_set():
             try:
@@ -126,7 +172,11 @@ def _prefetch_loop(layer_ref, free: queue.Queue, full: queue.Queue, stop: thread
                 if not started:
                     layer.thread_begin()  # open files/databases in the thread that reads them
                     started = True
+                batch.pushed = False
                 layer.load_batch(batch)
+                device = layer._push_device
+                if device is not None:
+                    _push(batch, device, streams)
             except BaseException as exc:  # hand it to Forward, then stop
                 full.put(_Failure(exc))
                 return
@@ -140,6 +190,16 @@ def _prefetch_loop(layer_ref, free: queue.Queue, full: queue.Queue, stop: thread
                 layer.thread_end()
             except Exception:
                 pass
+
+
+def _push(batch: Batch, device: int, streams: dict) -> None:
+    import cupy
+    with cupy.cuda.Device(device):
+        stream = streams.get(device)
+        if stream is None:
+            stream = streams[device] = cupy.cuda.Stream(non_blocking=True)
+        batch.push(stream)
+        stream.synchronize()  # the batch is whole on the device before the training thread sees it
 
 
 def _stop_thread(stop: threading.Event, free: queue.Queue, thread: threading.Thread) -> None:
@@ -158,11 +218,14 @@ class BasePrefetchingDataLayer(BaseDataLayer):
         return max(1, n)
 
     def layer_setup(self, bottom, top):
+        on_gpu = context.mode() == context.GPU and context.gpu_available()
+        # the device the prefetch thread pushes batches to (None: it does not push); set before the thread starts
+        self._push_device = context.device() if on_gpu else None
         super().layer_setup(bottom, top)
         dtype = top[0].dtype
         self._batches = [
-            Batch(np.empty(top[0].shape, dtype=dtype),
-                  np.empty(top[1].shape, dtype=top[1].dtype) if self.output_labels else None)
+            Batch(host_array(top[0].shape, dtype, on_gpu),
+                  host_array(top[1].shape, top[1].dtype, on_gpu) if self.output_labels else None, on_gpu)
             for _ in range(self.prefetch_count())
         ]
         self._free: queue.Queue = queue.Queue()
@@ -224,14 +287,27 @@ class BasePrefetchingDataLayer(BaseDataLayer):
             raise self._failure
         return item
 
-    def forward_cpu(self, bottom, top):
+    def _next_batch(self) -> Batch:
         if self._current is not None:
             self._free.put(self._current)
             self._current = None
         batch = self._next_full()
         self._current = batch
+        return batch
+
+    def forward_cpu(self, bottom, top):
+        self._assign_host(self._next_batch(), top)
+
+    def forward_gpu(self, bottom, top):
+        self._push_device = context.device()  # from now on the thread pushes what it loads to this device
+        batch = self._next_batch()
+        if not (batch.pushed and batch.gpu_data.device.id == context.device()):
+            return self._assign_host(batch, top)  # loaded before pushing began: uploaded on first use
+        assign_top_gpu(top[0], batch.gpu_data)
+        if self.output_labels:
+            assign_top_gpu(top[1], batch.gpu_label)
+
+    def _assign_host(self, batch, top):
         assign_top(top[0], batch.data)
         if self.output_labels:
             assign_top(top[1], batch.label)
-
-    forward_gpu = forward_cpu  # tops are host memory; SyncedMemory moves them on first GPU use

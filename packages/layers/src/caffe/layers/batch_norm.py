@@ -12,8 +12,18 @@ In TRAIN with batch statistics each forward updates them as a moving average:
 use_global_stats defaults to true in TEST and false in TRAIN. The statistics are not learned: the layer
 adds `param { lr_mult: 0 }` for each blob to its own layer_param (as Caffe's LayerSetUp does), and the net
 reads the param specs from layer.layer_param after SetUp.
+
+Backward reads the state the forward leaves in blobs (so forward in one mode and backward in the
+other agree): mean_ and inv_std_ (per channel; Caffe's mean_ and variance_, which holds the std
+after forward), and, with batch statistics in place, x_norm_ (the normalized bottom; out of
+place backward recomputes it from the bottom, the same bits). CPU: caffe.layers.kernels
+(normalization: batch statistics, one read of x; channelwise: global statistics), statistics
+summed in double; the moving averages are updated from the double statistics.
 """
+import numpy as np
+
 from caffe.blob import Blob
+from caffe.layers import _cpu
 from caffe.layers.layer import Layer, dtype_of
 from caffe.layers.registry import register_layer
 
@@ -68,45 +78,117 @@ class BatchNormLayer(Layer):
         n = blob.shape[0]
         return n, self.channels, blob.count() // max(n * self.channels, 1)
 
+    # -- the statistics (per channel; tiny: NumPy or CuPy alike) ------------------------------------
+    def _global_stats(self, xp, dtype):
+        """mean and 1 / sqrt(var + eps) from the stored sums, computed in double, in dtype."""
+        factor = float(self.blobs[2].cpu_data().reshape(-1)[0])
+        factor = 0.0 if factor == 0 else 1.0 / factor
+        mean = self.blobs[0].data_xp(xp).reshape(-1).astype(xp.float64) * factor
+        var = self.blobs[1].data_xp(xp).reshape(-1).astype(xp.float64) * factor
+        return mean.astype(dtype), (1.0 / xp.sqrt(var + self.eps)).astype(dtype)
+
+    def _batch_stats(self, xp, mean, var, m, dtype):
+        """Store this batch's mean and inv_std, and fold mean / var (double) into the moving averages."""
+        maf = self.moving_average_fraction
+        correction = m / (m - 1.0) if m > 1 else 1.0
+        b0, b1, b2 = (b.mutable_data_xp(xp) for b in self.blobs)
+        b2[...] = b2 * maf + 1
+        b0[...] = maf * b0 + mean.reshape(b0.shape)
+        b1[...] = maf * b1 + correction * var.reshape(b1.shape)
+        return mean.astype(dtype), (1.0 / xp.sqrt(var + self.eps)).astype(dtype)
+
+    def _state(self, bottom):
+        """The blobs backward reads (Caffe's mean_, variance_ (here as 1 / std) and x_norm_)."""
+        c, dt = self.channels, bottom[0].dtype
+        return (_cpu.state_blob(self, "mean_", (c,), dt), _cpu.state_blob(self, "inv_std_", (c,), dt))
+
+    def _keeps_x_norm(self, bottom, top):
+        # Out of place, backward recomputes x_norm from the bottom (one read instead of a write and a
+        # read); in place the bottom is gone, so x_norm_ keeps it (batch statistics only).
+        return not self.use_global_stats and bottom[0] is top[0]
+
+    def forward_cpu(self, bottom, top):
+        if not _cpu.usable(_cpu.normalization, bottom[0], top[0]):
+            return self.forward_xp(np, bottom, top)
+        n, c, s = self._shape3(bottom[0])
+        dt = bottom[0].dtype
+        mean_b, inv_b = self._state(bottom)
+        x, y = _cpu.flat(bottom[0].cpu_data()), _cpu.flat(top[0].mutable_cpu_data())
+        if self.use_global_stats:
+            mean, inv = self._global_stats(np, dt)
+            mean_b.mutable_cpu_data()[...], inv_b.mutable_cpu_data()[...] = mean, inv
+            _cpu.channelwise.channel_forward(_cpu.CH_SHIFT, x, inv, mean, y, _cpu.empty(dt), n, c, s)
+            return
+        x_norm = _cpu.empty(dt)
+        if self._keeps_x_norm(bottom, top):
+            x_norm = _cpu.flat(_cpu.state_blob(self, "x_norm_", bottom[0]).mutable_cpu_data())
+        mean, var = np.zeros(c), np.zeros(c)
+        _cpu.normalization.batch_norm_train_forward(x, y, x_norm, mean, var, n, c, s, self.eps)
+        m, i = self._batch_stats(np, mean, var, n * s, dt)
+        mean_b.mutable_cpu_data()[...], inv_b.mutable_cpu_data()[...] = m, i
+
+    def backward_cpu(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        if not _cpu.usable(_cpu.normalization, bottom[0], top[0]):
+            return self.backward_xp(np, top, propagate_down, bottom)
+        n, c, s = self._shape3(bottom[0])
+        dt = bottom[0].dtype
+        inv = self._checked_state(bottom, top)[1].cpu_data()
+        dy, dx = _cpu.flat(top[0].cpu_diff()), _cpu.flat(bottom[0].mutable_cpu_diff())
+        if self.use_global_stats:
+            _cpu.channelwise.channel_backward(_cpu.CH_AFFINE, dy, _cpu.empty(dt), inv, dx, _cpu.EMPTY_DOUBLE,
+                                              _cpu.EMPTY_DOUBLE, n, c, s)
+            return
+        if self._keeps_x_norm(bottom, top):
+            x_norm, x = _cpu.flat(self.x_norm_.cpu_data()), _cpu.empty(dt)
+        else:
+            x_norm, x = _cpu.empty(dt), _cpu.flat(bottom[0].cpu_data())
+        _cpu.normalization.batch_norm_train_backward(dy, x_norm, x, self.mean_.cpu_data(), inv, dx, n, c, s)
+
+    def _checked_state(self, bottom, top):
+        mean_b = getattr(self, "mean_", None)
+        if mean_b is None or (self._keeps_x_norm(bottom, top) and getattr(self, "x_norm_", None) is None):
+            raise self.error("backward needs a forward pass first (no saved statistics)")
+        return self.mean_, self.inv_std_
+
+    # -- the array-module-generic path (the GPU's, and the reference of the CPU kernels) ------------
     def forward_xp(self, xp, bottom, top):
         x = bottom[0].data_xp(xp)
-        shape = x.shape
+        shape, dt = x.shape, x.dtype
         n, c, s = self._shape3(bottom[0])
         xr = x.reshape(n, c, s)
+        mean_b, inv_b = self._state(bottom)
         if self.use_global_stats:
-            factor = float(self.blobs[2].cpu_data().reshape(-1)[0])
-            factor = 0.0 if factor == 0 else 1.0 / factor
-            mean = self.blobs[0].data_xp(xp).reshape(c).astype(x.dtype) * factor
-            var = self.blobs[1].data_xp(xp).reshape(c).astype(x.dtype) * factor
+            mean, inv = self._global_stats(xp, dt)
         else:
-            mean = xr.mean(axis=(0, 2))
-            centered = xr - mean[None, :, None]
-            var = (centered * centered).mean(axis=(0, 2))
-            maf = self.moving_average_fraction
-            m = n * s
-            correction = m / (m - 1.0) if m > 1 else 1.0
-            b0, b1, b2 = (b.mutable_data_xp(xp) for b in self.blobs)
-            b2[...] = b2 * maf + 1
-            b0[...] = maf * b0 + mean.reshape(b0.shape)
-            b1[...] = maf * b1 + correction * var.reshape(b1.shape)
-        std = xp.sqrt(var + self.eps)
-        y = (xr - mean[None, :, None]) / std[None, :, None]
-        # Keep the normalized output (and the std) for backward: a later in-place layer may clobber top.
-        self._x_norm = y
-        self._std = std
+            mean64 = xr.mean(axis=(0, 2), dtype=xp.float64)
+            var64 = xr.var(axis=(0, 2), dtype=xp.float64)
+            mean, inv = self._batch_stats(xp, mean64, var64, n * s, dt)
+        mean_b.mutable_data_xp(xp)[...] = mean
+        inv_b.mutable_data_xp(xp)[...] = inv
+        y = (xr - mean[None, :, None]) * inv[None, :, None]
+        if self._keeps_x_norm(bottom, top):
+            _cpu.state_blob(self, "x_norm_", bottom[0]).mutable_data_xp(xp)[...] = y.reshape(shape)
         top[0].mutable_data_xp(xp)[...] = y.reshape(shape)
 
     def backward_xp(self, xp, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
         n, c, s = self._shape3(bottom[0])
+        mean_b, inv_b = self._checked_state(bottom, top)
+        inv = inv_b.data_xp(xp)[None, :, None]
         dy = top[0].diff_xp(xp).reshape(n, c, s)
-        std = self._std[None, :, None]
         if self.use_global_stats:
-            dx = dy / std
+            dx = dy * inv
         else:
             # dE/dX = (dE/dY - mean(dE/dY) - mean(dE/dY . Y) . Y) / sqrt(var + eps), means over all but C
-            y = self._x_norm
-            dx = (dy - dy.mean(axis=(0, 2), keepdims=True)
-                  - y * (dy * y).mean(axis=(0, 2), keepdims=True)) / std
+            if self._keeps_x_norm(bottom, top):
+                y = self.x_norm_.data_xp(xp).reshape(n, c, s)
+            else:
+                y = (bottom[0].data_xp(xp).reshape(n, c, s) - mean_b.data_xp(xp)[None, :, None]) * inv
+            dt = dy.dtype
+            mean_dy = dy.mean(axis=(0, 2), dtype=xp.float64, keepdims=True).astype(dt)
+            mean_dyy = (dy * y).mean(axis=(0, 2), dtype=xp.float64, keepdims=True).astype(dt)
+            dx = (dy - mean_dy - y * mean_dyy) * inv
         bottom[0].mutable_diff_xp(xp)[...] = dx.reshape(bottom[0].shape)

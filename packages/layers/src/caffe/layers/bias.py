@@ -3,10 +3,13 @@
 b is bottom[1] (two bottoms) or a learned blob of shape bottom[0].shape[axis:axis+num_axes]
 (num_axes = -1: to the end; 0: a scalar) filled by bias_param.filler (default constant 0).
 A scalar b ignores axis. May run in place. The parameter gradient accumulates (Caffe's convention);
-bottom[1]'s gradient is overwritten.
+bottom[1]'s gradient is overwritten. CPU: one kernel pass each way (caffe.layers.kernels.channelwise;
+the bias gradient summed in double).
 """
+import numpy as np
+
 from caffe.blob import Blob
-from caffe.layers import filler
+from caffe.layers import _cpu, filler
 from caffe.layers.layer import Layer, dtype_of
 from caffe.layers.registry import register_layer
 
@@ -68,6 +71,37 @@ class BiasLayer(Layer):
                                                           self.layer_param.bias_param.axis, what)
         if bottom[0] is not top[0]:
             top[0].reshape_like(bottom[0])
+
+    def forward_cpu(self, bottom, top):
+        b = self._bias(bottom)
+        if not _cpu.usable(_cpu.channelwise, bottom[0], top[0], b):
+            return self.forward_xp(np, bottom, top)
+        dt = bottom[0].dtype
+        _cpu.channelwise.channel_forward(_cpu.CH_AFFINE, _cpu.flat(bottom[0].cpu_data()), _cpu.empty(dt),
+                                         _cpu.flat(b.cpu_data()), _cpu.flat(top[0].mutable_cpu_data()),
+                                         _cpu.empty(dt), self.outer, self.dim, self.inner)
+
+    def backward_cpu(self, top, propagate_down, bottom):
+        target = self._bias(bottom)
+        if not _cpu.usable(_cpu.channelwise, bottom[0], top[0], target):
+            return self.backward_xp(np, top, propagate_down, bottom)
+        learned = len(bottom) == 1
+        want_bias = (learned and self.param_propagate_down(0)) or (not learned and propagate_down[1])
+        copy = propagate_down[0] and bottom[0] is not top[0]
+        if not (want_bias or copy):
+            return
+        dt = bottom[0].dtype
+        sums = np.zeros(self.dim) if want_bias else _cpu.EMPTY_DOUBLE
+        dx = _cpu.flat(bottom[0].mutable_cpu_diff()) if copy else _cpu.empty(dt)
+        _cpu.channelwise.channel_backward(_cpu.CH_AFFINE, _cpu.flat(top[0].cpu_diff()), _cpu.empty(dt),
+                                          _cpu.empty(dt), dx, _cpu.EMPTY_DOUBLE, sums, self.outer, self.dim,
+                                          self.inner)
+        if want_bias:
+            diff = target.mutable_cpu_diff()
+            if learned:
+                diff += sums.reshape(diff.shape).astype(dt)
+            else:
+                diff[...] = sums.reshape(diff.shape)
 
     def forward_xp(self, xp, bottom, top):
         x = bottom[0].data_xp(xp)

@@ -8,19 +8,27 @@ as Caffe's reverse_dimensions(). On each spatial axis
 The weight blob is (C_out, C_in / group, *kernel); with group > 1 each group is an
 independent convolution over its own slice of channels.
 
-Speed. Caffe lowers one image at a time and runs one small GEMM per image and
-group. Here a whole batch is lowered at once (im2col in "batch layout": the
-column buffer is (C_in * prod(kernel), N * P) with the images side by side), so
-each group runs ONE large GEMM that OpenBLAS spreads over all cores. The GEMM's
-(C_out, N * P) result is transposed into the (N, C_out, P) top in the same pass
-that adds the bias. Above COL_BUFFER_LIMIT elements the batch is processed in
-chunks, each still one GEMM per group. Scratch buffers live on the layer and are
-reused across iterations. On the CPU the 2-D lowering is a Cython/OpenMP kernel
-(caffe.layers.kernels.lowering); N-d convolutions, force_nd_im2col and the GPU (CuPy) use the
-array-module-generic strided-slice lowering below.
+Plans (BaseConvolutionLayer.plan picks one per call):
+- "1x1", "direct", "blocked": the CPU's (caffe.layers.conv_cpu): Caffe's is_1x1 as a
+  plain GEMM on the blobs; a direct kernel for depthwise / small-group layers; and a
+  lowering cut into cache-sized blocks for the rest of the 2-D layers.
+- "batched": the array-module-generic path, the GPU's (CuPy) and the one for N-d
+  convolutions and force_nd_im2col. A whole batch is lowered at once (im2col in
+  "batch layout": the column buffer is (C_in * prod(kernel), N * P) with the images
+  side by side), so each group runs ONE large GEMM; the GEMM's (C_out, N * P) result
+  is transposed into the (N, C_out, P) top in the same pass that adds the bias. Above
+  COL_BUFFER_LIMIT elements the batch goes in chunks. Its forward keeps its column
+  buffer for the backward's weight gradient when the batch is one chunk.
+CPU_PATHS = False sends every call down the batched path (the benchmarks compare).
+Scratch buffers are reused across iterations and shared by the layers of a thread.
 
-GPU: the same code runs with xp = cupy (CuPy matmul, the generic lowering). It has
-not been run on a GPU here (the development machine has none); its tests skip.
+GPU: the batched path runs with xp = cupy. The lowering is conv_device's (one gather for
+im2col, one scatter-add for col2im, whatever the kernel size), and the groups of a layer go
+in ONE batched matmul (depthwise included: no GEMM per channel). The exact short-K forward
+(EXACT_FORWARD_MAX_K) stays float64 on the device too: the lowering gathers straight from a
+float64 copy of the image, and with K <= 32 the GEMM reads each column entry once for C_out
+multiply-adds, so it is bound by memory (twice float32's bytes), not by the GPU's float64 rate.
+Checked against the CuPy stand-in only (no GPU here): figures on a GPU are gpu_check.sh's.
 """
 from __future__ import annotations
 
@@ -37,12 +45,17 @@ from caffe.layers.layer import Layer, dtype_of
 
 # (OMP_WAIT_POLICY / OPENBLAS_THREAD_TIMEOUT are set in caffe/__init__.py, before any thread pool loads.)
 
+from caffe.layers import conv_cpu, conv_device
+
 try:  # the compiled CPU kernels (built by the package's hatch hook)
     from caffe.layers.kernels import lowering as _k
 except ImportError:  # pragma: no cover - a source tree without the build
     _k = None
 
-# Largest column buffer (elements) lowered at once; bigger batches go in chunks.
+# The CPU plans (1x1, direct, blocked); False runs the generic batched path everywhere.
+CPU_PATHS = True
+
+# Largest column buffer (elements) the batched path lowers at once; bigger batches go in chunks.
 COL_BUFFER_LIMIT = 1 << 21
 
 # Forward GEMMs whose dot products are at most this long accumulate in float64 (see gemm_forward).
@@ -186,6 +199,9 @@ def _slices(geom, offsets):
 
 def im2col(xp, im, col, geom: ConvGeometry, layout: str = "batch", force_nd: bool = False) -> None:
     """Lower im (nb, C, *im_shape) into col: (C*K, nb*P) for "batch", (nb, C*K, P) for "image"."""
+    if xp is not np:  # the device: one gather, not one launch per kernel offset (conv_device)
+        conv_device.im2col(xp, im, col, geom, layout)
+        return
     nb, C = im.shape[0], im.shape[1]
     K, P = geom.kernel_count, geom.col_count
     if _fast_2d(xp, geom, im, force_nd) and im.flags.c_contiguous and col.flags.c_contiguous:
@@ -194,8 +210,8 @@ def im2col(xp, im, col, geom: ConvGeometry, layout: str = "batch", force_nd: boo
         _k.im2col_2d(im.reshape(-1), col.reshape(-1), nb, C, geom.im_shape[0], geom.im_shape[1],
                      kh, kw, ph, pw, sh, sw, dh, dw, geom.col_shape[0], geom.col_shape[1], rs, ns)
         return
-    # Generic N-d path (NumPy or CuPy): one strided slice of the zero-padded input per
-    # kernel offset. Kept simple: it is the reference for the GPU and for N-d kernels.
+    # Generic N-d path (NumPy): one strided slice of the zero-padded input per kernel offset.
+    # Kept simple: it is the reference for the device lowering and the path for N-d kernels.
     padded_shape = (nb, C) + tuple(n + 2 * p for n, p in zip(geom.im_shape, geom.pad))
     if any(geom.pad):
         padded = xp.zeros(padded_shape, dtype=im.dtype)
@@ -217,6 +233,9 @@ def im2col(xp, im, col, geom: ConvGeometry, layout: str = "batch", force_nd: boo
 
 def col2im(xp, col, im, geom: ConvGeometry, layout: str = "batch", force_nd: bool = False) -> None:
     """Overwrite im (nb, C, *im_shape) with the sum of every column entry that reads each pixel."""
+    if xp is not np:  # the device: one scatter-add (conv_device)
+        conv_device.col2im(xp, col, im, geom, layout)
+        return
     nb, C = im.shape[0], im.shape[1]
     K, P = geom.kernel_count, geom.col_count
     if _fast_2d(xp, geom, im, force_nd) and im.flags.c_contiguous and col.flags.c_contiguous:
@@ -243,7 +262,7 @@ def col2im(xp, col, im, geom: ConvGeometry, layout: str = "batch", force_nd: boo
 # -- the layer base ----------------------------------------------------------------------------
 
 class BaseConvolutionLayer(Layer):
-    """Convolution's and Deconvolution's setup, reshape and batched GEMM primitives."""
+    """Convolution's and Deconvolution's setup, reshape, plans and batched GEMM primitives."""
     min_bottom_blobs = 1
     min_top_blobs = 1
     equal_num_bottom_top_blobs = True
@@ -289,8 +308,12 @@ class BaseConvolutionLayer(Layer):
         for i in range(len(self.blobs)):
             self.set_param_propagate_down(i, True)
         self.kernel_dim = self.conv_in_channels // self.group * math.prod(self.kernel_shape)
+        # Caffe's is_1x1: the bottom already is the column buffer (no lowering)
+        self.is_1x1 = all(k == 1 and s == 1 and q == 0
+                          for k, s, q in zip(self.kernel_shape, self.stride, self.pad))
         self._buffers = {}
         self._kept_col = {}
+        self._blocks = {}
         self._shape_key = None
         self._top_shape = None
 
@@ -337,10 +360,97 @@ class BaseConvolutionLayer(Layer):
         per_image = max(1, rows * self.geom.col_count, self.conv_out_channels * self.geom.col_count)
         self.chunk = max(1, min(self.num, COL_BUFFER_LIMIT // per_image))
         self._kept_col.clear()
+        self._blocks.clear()
         self._shape_key = key
 
     def chunks(self):
         return [(n0, min(n0 + self.chunk, self.num)) for n0 in range(0, self.num, self.chunk)]
+
+    # -- plans -------------------------------------------------------------------------------
+    def plan(self, xp, dtype) -> str:
+        """"1x1", "direct" or "blocked" (the CPU's, conv_cpu) or "batched" (generic: GPU, N-d)."""
+        if not (CPU_PATHS and xp is np and conv_cpu.fits(dtype)):
+            return "batched"
+        if self.is_1x1:
+            return "1x1"
+        if self.num_spatial_axes != 2 or self.force_nd_im2col:
+            return "batched"
+        return "direct" if conv_cpu.direct_fits(self) else "blocked"
+
+    def exact_forward(self, dtype) -> bool:
+        """A float32 forward with dot products of at most EXACT_FORWARD_MAX_K terms goes in float64."""
+        return np.dtype(dtype) == np.float32 and self.kernel_dim <= EXACT_FORWARD_MAX_K
+
+    def cpu_blocks(self, num, dtype, exact):
+        """The blocked plan's blocks for num images (cached until the next reshape)."""
+        key = (num, np.dtype(dtype).str, exact, conv_cpu.tunables())
+        b = self._blocks.get(key)
+        if b is None:
+            b = self._blocks[key] = conv_cpu.Blocks(self, num, dtype, exact)
+        return b
+
+    def conv_forward(self, xp, im, out, weight, bias=None, keep=None):
+        """out (N, C_col, P) = the convolution of im (N, C_im, *S_im) + bias. `keep`: a key under which
+        the batched path keeps its column buffer for conv_backward (one-chunk batches only)."""
+        plan = self.plan(xp, out.dtype)
+        if plan != "batched":
+            key = (keep, xp.__name__)
+            self._kept_col.pop(key, None)
+            if plan == "direct":
+                conv_cpu.direct_forward(self, im, out, weight, bias)
+                return
+            col = conv_cpu.blocked_forward(self, im, out, weight, bias,
+                                           keep=("col", keep) if keep is not None else None)
+            if col is not None:
+                self._kept_col[key] = (plan, col)
+            return
+        single = self.chunk >= self.num
+        col = None
+        if xp is not np and self.exact_forward(out.dtype):
+            # the device's exact forward lowers straight into float64 (the cast rides on the gather's copy);
+            # that buffer is not kept: the backward lowers again in the blob's dtype
+            single = False
+        for n0, n1 in self.chunks():
+            col = self.lower(xp, im[n0:n1], ("col", keep) if single and keep is not None else "col",
+                             exact=xp is not np and self.exact_forward(out.dtype))
+            self.gemm_forward(xp, col, weight, out[n0:n1], bias)
+        if single and keep is not None and col is not None:
+            self._kept_col[(keep, xp.__name__)] = (plan, col)
+
+    def conv_backward(self, xp, dout, weight, im=None, weight_diff=None, im_diff=None, bias_diff=None,
+                      fwd_out=None, kept=None):
+        """From dout (N, C_col, P): weight_diff += dout (x) im, im_diff = W^T * dout (overwritten),
+        bias_diff += the sum of dout, fwd_out = W * im (no bias); each only when given."""
+        if weight_diff is None and im_diff is None and bias_diff is None and fwd_out is None:
+            return
+        plan = self.plan(xp, dout.dtype)
+        kept_plan, kept_col = self._kept_col.pop((kept, xp.__name__), (None, None)) if kept is not None \
+            else (None, None)
+        if kept_plan != plan:  # kept by another plan's forward (CPU_PATHS changed): not this layout
+            kept_col = None
+        if plan == "direct":
+            conv_cpu.direct_backward(self, dout, weight, im, weight_diff, im_diff, bias_diff, fwd_out)
+            return
+        if plan != "batched":
+            conv_cpu.blocked_backward(self, dout, weight, im, weight_diff, im_diff, bias_diff, fwd_out,
+                                      kept=kept_col)
+            return
+        for n0, n1 in self.chunks():
+            rows = None
+            if weight_diff is not None or im_diff is not None or bias_diff is not None:
+                rows = self.to_rows(xp, dout[n0:n1])
+            if bias_diff is not None:
+                bias_diff += xp.matmul(rows, self.ones(xp, rows.shape[1], rows.dtype),
+                                       out=self.buffer(xp, "bgrad", (rows.shape[0],), rows.dtype))
+            col = None
+            if weight_diff is not None or fwd_out is not None:
+                col = kept_col if kept_col is not None else self.lower(xp, im[n0:n1])
+            if weight_diff is not None:
+                self.gemm_weight(xp, col, rows, weight_diff)
+            if fwd_out is not None:
+                self.gemm_forward(xp, col, weight, fwd_out[n0:n1])
+            if im_diff is not None:
+                self.unlower(xp, self.gemm_backward(xp, rows, weight), im_diff[n0:n1])
 
     # -- scratch buffers ---------------------------------------------------------------------
     def buffer(self, xp, name, shape, dtype):
@@ -366,10 +476,12 @@ class BaseConvolutionLayer(Layer):
         return buf[:n]
 
     # -- the batched primitives (chunk of nb images) ----------------------------------------------
-    def lower(self, xp, im, name="col"):
-        """im2col of the image-side chunk im (nb, C_in, *S_im) -> (C_in * K, nb * P) column buffer."""
+    def lower(self, xp, im, name="col", exact=False):
+        """im2col of the image-side chunk im (nb, C_in, *S_im) -> (C_in * K, nb * P) column buffer
+        (float64 with exact: the device's exact forward)."""
         nb = im.shape[0]
-        col = self.buffer(xp, name, (self.kernel_dim * self.group, nb * self.geom.col_count), im.dtype)
+        dtype, name = (np.float64, name + "64" if isinstance(name, str) else name) if exact else (im.dtype, name)
+        col = self.buffer(xp, name, (self.kernel_dim * self.group, nb * self.geom.col_count), dtype)
         im2col(xp, im, col, self.geom, "batch", self.force_nd_im2col)
         return col
 
@@ -390,7 +502,10 @@ class BaseConvolutionLayer(Layer):
         nb, c_out, P = out.shape
         g, og, kd = self.group, c_out // self.group, self.kernel_dim
         w3 = weight.reshape(g, og, kd)
-        if out.dtype == np.float32 and kd <= EXACT_FORWARD_MAX_K:
+        if xp is not np:
+            self._gemm_forward_device(xp, col, w3, out, bias)
+            return
+        if self.exact_forward(out.dtype):
             # Short dot products are cheap to take in float64 (bias included) and round once: the outputs
             # are then the correctly rounded values, so max pooling's near-ties fall as in exact arithmetic
             # (and as in BVLC Caffe; sgemm's own rounding of LeNet's conv1 flipped some, and training left
@@ -421,12 +536,42 @@ class BaseConvolutionLayer(Layer):
         else:
             out[...] = src
 
+    def _gemm_forward_device(self, xp, col, w3, out, bias):
+        """gemm_forward on the device: every group in ONE batched matmul (a depthwise layer too); the exact
+        forward (col already float64, see lower) in float64 with the bias, rounded once into out."""
+        nb, c_out, P = out.shape
+        g, og, kd = w3.shape
+        if self.exact_forward(out.dtype):
+            col64 = col if col.dtype == np.float64 else col.astype(np.float64)  # (Deconvolution's backward)
+            res = self.buffer(xp, "gemm64", (g, og, nb * P), np.float64)
+            xp.matmul(w3.astype(np.float64), col64.reshape(g, kd, nb * P), out=res)
+            src = res.reshape(c_out, nb, P).transpose(1, 0, 2)
+            if bias is None:
+                out[...] = src
+            else:  # the bias added in float64, the sum rounded once into out
+                xp.add(src, bias.astype(np.float64).reshape(1, c_out, 1), out=out)
+            return
+        res = out[0].reshape(g, og, P) if nb == 1 else self.buffer(xp, "gemm", (g, og, nb * P), out.dtype)
+        xp.matmul(w3, col.reshape(g, kd, nb * P), out=res)
+        if nb == 1:
+            if bias is not None:
+                out[0] += bias.reshape(c_out, 1)
+            return
+        src = res.reshape(c_out, nb, P).transpose(1, 0, 2)
+        if bias is not None:
+            xp.add(src, bias.reshape(1, c_out, 1), out=out)
+        else:
+            out[...] = src
+
     def gemm_backward(self, xp, rows, weight):
         """The column buffer W_g^T @ rows_g per group: the gradient (or deconvolution) before col2im."""
         g, kd = self.group, self.kernel_dim
         og = rows.shape[0] // g
         w3 = weight.reshape(g, og, kd)
         dcol = self.buffer(xp, "dcol", (kd * g, rows.shape[1]), rows.dtype)
+        if xp is not np:  # one batched matmul over the groups
+            xp.matmul(w3.transpose(0, 2, 1), rows.reshape(g, og, -1), out=dcol.reshape(g, kd, -1))
+            return dcol
         for gi in range(g):
             xp.matmul(w3[gi].T, rows[gi * og:(gi + 1) * og], out=dcol[gi * kd:(gi + 1) * kd])
         return dcol
@@ -436,6 +581,11 @@ class BaseConvolutionLayer(Layer):
         g, kd = self.group, self.kernel_dim
         og = rows.shape[0] // g
         wd3 = weight_diff.reshape(g, og, kd)
+        if xp is not np:  # one batched matmul over the groups
+            tmp = self.buffer(xp, "wgrad", (g, og, kd), weight_diff.dtype)
+            xp.matmul(rows.reshape(g, og, -1), col.reshape(g, kd, -1).transpose(0, 2, 1), out=tmp)
+            wd3 += tmp
+            return
         tmp = self.buffer(xp, "wgrad", (og, kd), weight_diff.dtype)
         for gi in range(g):
             xp.matmul(rows[gi * og:(gi + 1) * og], col[gi * kd:(gi + 1) * kd].T, out=tmp)

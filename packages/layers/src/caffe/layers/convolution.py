@@ -1,11 +1,12 @@
 """Convolution: N-d, grouped, dilated convolution (Caffe's ConvolutionLayer).
 
 top[i] = W * bottom[i] + b for every bottom/top pair, all pairs sharing one set of
-weights. Lowered with a batched im2col and ONE GEMM per group (see conv_base).
-The forward pass keeps its column buffer when the whole batch fits in one chunk,
-and the backward pass reuses it for the weight gradient instead of lowering the
-same bottom again (Caffe recomputes it): the bottom's data is what it was at
-forward time in a net's forward/backward, so the result is the same.
+weights. conv_base picks the plan: on the CPU a 1x1 GEMM, a direct kernel for
+depthwise / small-group layers, or a cache-blocked lowering (conv_cpu); elsewhere
+the batched lowering with one GEMM per group, whose forward keeps its column buffer
+for the backward's weight gradient instead of lowering the same bottom again (Caffe
+recomputes it): the bottom's data is what it was at forward time in a net's
+forward/backward, so the result is the same.
 """
 from caffe.layers.conv_base import BaseConvolutionLayer, conv_output_shape
 from caffe.layers.registry import register_layer
@@ -26,15 +27,10 @@ class ConvolutionLayer(BaseConvolutionLayer):
         weight = self.blobs[0].data_xp(xp)
         bias = self.blobs[1].data_xp(xp) if self.bias_term else None
         P = self.geom.col_count
-        single = self.chunk >= self.num
         for i in range(len(bottom)):
             x = bottom[i].data_xp(xp).reshape(self._im_shape())
             y = top[i].mutable_data_xp(xp).reshape(self.num, self.num_output, P)
-            for n0, n1 in self.chunks():
-                col = self.lower(xp, x[n0:n1], ("col", i) if single else "col")
-                self.gemm_forward(xp, col, weight, y[n0:n1], bias)
-            if single and self.num:
-                self._kept_col[(i, xp.__name__)] = col
+            self.conv_forward(xp, x, y, weight, bias, keep=i)
 
     def backward_xp(self, xp, top, propagate_down, bottom):
         weight = self.blobs[0].data_xp(xp)
@@ -50,14 +46,5 @@ class ConvolutionLayer(BaseConvolutionLayer):
             dy = top[i].diff_xp(xp).reshape(self.num, self.num_output, P)
             x = bottom[i].data_xp(xp).reshape(self._im_shape()) if want_w else None
             dx = bottom[i].mutable_diff_xp(xp).reshape(self._im_shape()) if want_x else None
-            kept = self._kept_col.pop((i, xp.__name__), None)
-            for n0, n1 in self.chunks():
-                rows = self.to_rows(xp, dy[n0:n1])
-                if want_b:
-                    bias_diff += xp.matmul(rows, self.ones(xp, rows.shape[1], rows.dtype),
-                                           out=self.buffer(xp, "bgrad", (rows.shape[0],), rows.dtype))
-                if want_w:
-                    col = kept if kept is not None else self.lower(xp, x[n0:n1])
-                    self.gemm_weight(xp, col, rows, weight_diff)
-                if want_x:
-                    self.unlower(xp, self.gemm_backward(xp, rows, weight), dx[n0:n1])
+            self.conv_backward(xp, dy, weight, im=x, weight_diff=weight_diff, im_diff=dx,
+                               bias_diff=bias_diff, kept=i)

@@ -74,8 +74,11 @@ class DataLayer(BasePrefetchingDataLayer):
     # -- on the prefetch thread ------------------------------------------------------
     def thread_begin(self):
         p = self.layer_param.data_param
-        self._db = dbmod.open_db(p.source, self.backend)
-        self._cursor = self._db.new_cursor()
+        try:
+            self._db = dbmod.open_db(p.source, self.backend)
+            self._cursor = self._db.new_cursor()
+        except dbmod.DBError as exc:
+            raise self.error(f"{exc} (data_param.source)") from None
         self._offset = 0
 
     def thread_end(self):
@@ -91,6 +94,12 @@ class DataLayer(BasePrefetchingDataLayer):
         self._offset += 1
 
     def _read_records(self, n: int) -> list[tuple[bytes, bytes]]:
+        try:
+            return self._read_records_unchecked(n)
+        except dbmod.DBError as exc:  # a corrupt page: say which layer was reading it
+            raise self.error(f"{exc} (data_param.source)") from None
+
+    def _read_records_unchecked(self, n: int) -> list[tuple[bytes, bytes]]:
         out = []
         cur = self._cursor
         # Caffe's Skip(): keep stream position `offset` when offset % solver_count == solver_rank

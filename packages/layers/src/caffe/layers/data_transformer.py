@@ -82,11 +82,24 @@ def decode_image_bytes(data: bytes, force_color: bool = False, force_gray: bool 
         raise DataError(f"{where}: cannot set both force_color and force_gray")
     try:
         img = Image.open(io.BytesIO(data))
+        w, h = img.size
+        if w * h > _MAX_PIXELS_PER_BYTE * len(data) + (1 << 20):  # checked before the pixels are allocated
+            raise _CorruptHeader(f"it declares {w}x{h} pixels, more than so few bytes can encode: its header "
+                                 f"is corrupt")
         img.load()  # decodes (Pillow releases the GIL here)
         img = _decode_mode(img, force_color, force_gray)
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
         raise DataError(f"{where}: cannot decode the encoded image ({len(data)} bytes): {exc}") from None
     return pil_to_chw(img)
+
+
+class _CorruptHeader(ValueError):
+    pass
+
+
+# The densest encodings: deflate expands a byte to at most 1032, at 1 bit per pixel (a 1-bit PNG): ~8256
+# pixels per byte. A header claiming more is corrupt; refusing it spares a huge allocation.
+_MAX_PIXELS_PER_BYTE = 8256
 
 
 def read_image(path: str, height: int = 0, width: int = 0, is_color: bool = True,
@@ -95,11 +108,17 @@ def read_image(path: str, height: int = 0, width: int = 0, is_color: bool = True
     (bilinear) to height x width when both are > 0."""
     from PIL import Image, UnidentifiedImageError
     where = where or f"image '{path}'"
+    from caffe.blob.fileio import FileInputError, open_regular_file
     try:
-        img = Image.open(path)
-        img.load()
-    except FileNotFoundError:
-        raise DataError(f"{where}: no such file '{path}'") from None
+        f, _ = open_regular_file(path, "image")  # a FIFO or device is refused, never read
+    except FileInputError as exc:
+        if not os.path.exists(path):
+            raise DataError(f"{where}: no such file '{path}'") from None
+        raise DataError(f"{where}: {exc}") from None
+    try:
+        with f:
+            img = Image.open(f)
+            img.load()
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
         raise DataError(f"{where}: cannot decode image '{path}': {exc}") from None
     img = _decode_mode(img, is_color, not is_color)
@@ -154,11 +173,11 @@ def load_mean_file(path: str) -> np.ndarray:
     from caffe.proto import caffe_pb2
     from google.protobuf.message import DecodeError
     from caffe.blob.proto_io import blob_proto_to_array
+    from caffe.blob.fileio import FileInputError, read_regular_file
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as exc:
-        raise DataError(f"cannot read mean_file '{path}': {exc.strerror or exc}") from None
+        raw = read_regular_file(path, "mean_file", fmt="a BlobProto")  # a regular file, at most 2 GiB
+    except FileInputError as exc:
+        raise DataError(f"cannot read mean_file '{path}': {exc.reason}") from None
     proto = caffe_pb2.BlobProto()
     try:
         proto.ParseFromString(raw)

@@ -3,14 +3,19 @@
 Reading: `open_db(path, backend)` gives a DB whose cursor walks the records in key
 order (bytewise, as Caffe's cursors do) and can wrap around with `seek_to_first`.
 LMDB is opened read-only with `lock=False`, so many reader processes can share one
-database; open it in the process (after fork) and thread that reads.
+database; open it in the process (after fork) and thread that reads. LMDB maps the file:
+a page past the end of a truncated data.mdb would kill the process with SIGBUS, so the
+meta pages are checked against the file's size first (`check_lmdb_file`), and an LMDB
+error while reading (MDB_CORRUPTED, ...) becomes a DBError naming the database.
 
 Writing: `DBWriter(path, backend)` batches puts into transactions (one commit per
 `batch` records; a commit per record would fsync each) and is atomic from the
 user's view: it builds the database in a hidden temporary folder beside the target
 and renames it into place on success. An error, Ctrl-C or SIGTERM (handled by the
-CLI) removes the temporary folder; a partial folder left by a SIGKILL is removed by
-the next writer of the same target. So a reader never sees a half-written database.
+CLI) removes the temporary folder; so does a watcher process if the writer is killed
+with SIGKILL (caffe.blob.fileio.reap_on_exit), and, where no watcher could run, the
+next writer of the same target. So a reader never sees a half-written database and
+none is left behind.
 
 LevelDB needs the optional `plyvel` package (`pip install caffe-layers[leveldb]`).
 """
@@ -19,8 +24,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import struct
 import threading
 import uuid
+
+from caffe.blob.fileio import FileInputError, format_bytes, open_regular_file, reap_on_exit, unreap
 
 LMDB = "lmdb"
 LEVELDB = "leveldb"
@@ -95,29 +103,66 @@ class Cursor:
 
 
 class _LMDBCursor(Cursor):
-    def __init__(self, env):
-        self._txn = env.begin(write=False, buffers=False)
-        self._cur = self._txn.cursor()
-        self._valid = self._cur.first()
+    def __init__(self, env, path: str = "?"):
+        self._path = path
+        self._txn = self._cur = None
+        self._last_key = b""
+        with self._errors("opening a cursor on"):
+            self._txn = env.begin(write=False, buffers=False)
+            self._cur = self._txn.cursor()
+            self._valid = self._cur.first()
+
+    def _errors(self, doing: str):
+        return _lmdb_errors(self._path, doing, self)
 
     def seek_to_first(self):
-        self._valid = self._cur.first()
+        with self._errors("going back to the first record of"):
+            self._valid = self._cur.first()
 
     def next(self):
-        self._valid = self._cur.next()
+        with self._errors("moving to the next record of"):
+            self._valid = self._cur.next()
 
     def key(self):
-        return self._cur.key()
+        with self._errors("reading a key of"):
+            self._last_key = key = self._cur.key()
+            return key
 
     def value(self):
-        return self._cur.value()
+        with self._errors("reading a record of"):
+            return self._cur.value()
 
     def valid(self):
         return self._valid
 
     def close(self):
-        self._cur.close()
-        self._txn.abort()
+        if self._cur is not None:
+            self._cur.close()
+        if self._txn is not None:
+            self._txn.abort()
+
+
+class _lmdb_errors:
+    """Turn an LMDB error (MDB_CORRUPTED, MDB_PAGE_NOTFOUND, ...) into a DBError naming the database."""
+
+    def __init__(self, path: str, doing: str, cursor=None):
+        self.path, self.doing, self.cursor = path, doing, cursor
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            return False
+        import lmdb
+        if not issubclass(exc_type, lmdb.Error):
+            return False
+        after = ""
+        key = getattr(self.cursor, "_last_key", b"")
+        if key:
+            after = f" (after key {key[:64]!r})"
+        raise DBError(f"LMDB database '{self.path}' is corrupt or unreadable: {exc} while {self.doing} the "
+                      f"database{after}; recreate it (or copy it again)") from None
 
 
 class _LevelDBCursor(Cursor):
@@ -182,6 +227,56 @@ class _SharedLMDB:
                     return
 
 
+# LMDB 0.9 on a 64-bit little-endian machine: each of the first two pages holds a meta record after the
+# 16-byte page header: magic, version, address, mapsize, two MDB_db records (48 bytes each; the free
+# list's md_pad holds the page size), the last page used and the transaction id.
+_LMDB_MAGIC, _LMDB_VERSION = 0xBEEFC0DE, 1
+_META = struct.Struct("<II8xQI44xI44xQQ")  # magic, version, mapsize, psize, (main db md_pad), last_pg, txnid
+_META_OFFSET = 16
+
+
+def check_lmdb_file(path: str) -> None:
+    """Refuse an LMDB whose data.mdb is shorter than its own meta pages say (a truncated copy): LMDB
+    maps the file and reading a page past its end kills the process with SIGBUS, with no message."""
+    data_path = os.path.join(path, "data.mdb")
+    try:
+        f, size = open_regular_file(data_path, "LMDB data file")
+    except FileInputError as exc:
+        raise DBError(f"LMDB database '{path}': {exc}") from None
+    with f:
+        head = f.read(min(size, _META_OFFSET + _META.size))
+        metas = []
+        if len(head) == _META_OFFSET + _META.size:
+            metas.append(_META.unpack_from(head, _META_OFFSET))
+            psize = metas[0][3]
+            if metas[0][0] == _LMDB_MAGIC and 512 <= psize <= 65536 and psize & (psize - 1) == 0:
+                f.seek(psize)
+                second = f.read(_META_OFFSET + _META.size)
+                if len(second) == _META_OFFSET + _META.size:
+                    metas.append(_META.unpack_from(second, _META_OFFSET))
+    where = f"LMDB database '{path}' ({data_path}, {format_bytes(size)})"
+    if not metas or metas[0][0] != _LMDB_MAGIC:
+        raise DBError(f"{where} is not an LMDB data file of this machine (no LMDB meta page at its start: "
+                      f"the file is damaged, or was written on a platform with another word size)")
+    magic, version, _, psize, _, _, _ = metas[0]
+    if version != _LMDB_VERSION:
+        raise DBError(f"{where} has LMDB data format version {version}; this LMDB reads version {_LMDB_VERSION}")
+    if not (512 <= psize <= 65536 and psize & (psize - 1) == 0):
+        raise DBError(f"{where} is corrupt: its meta page gives a page size of {psize}")
+    if len(metas) < 2:
+        raise DBError(f"{where} is truncated: it ends inside its second meta page (page size {psize})")
+    # LMDB uses the meta page with the newer transaction (mdb_env_pick_meta)
+    meta = metas[1] if metas[1][0] == _LMDB_MAGIC and metas[1][6] > metas[0][6] else metas[0]
+    last_pg = meta[5]
+    if last_pg >= (1 << 48):
+        raise DBError(f"{where} is corrupt: its meta page names page {last_pg} as the last one")
+    need = (last_pg + 1) * psize
+    if size < need:
+        raise DBError(f"{where} is truncated: its last page ({last_pg}, of {psize} bytes) ends at byte "
+                      f"{need}, but the file holds only {size} bytes; it was cut short (an unfinished copy "
+                      f"or download, or a full disk): copy or create it again")
+
+
 class DB:
     """A database opened for reading. Use `open_db`."""
 
@@ -192,7 +287,7 @@ class DB:
         self._cursors: list = []
 
     def new_cursor(self) -> Cursor:
-        cur = _LMDBCursor(self._handle) if self.backend == LMDB else _LevelDBCursor(self._handle)
+        cur = _LMDBCursor(self._handle, self.path) if self.backend == LMDB else _LevelDBCursor(self._handle)
         self._cursors.append(cur)
         return cur
 
@@ -201,7 +296,8 @@ class DB:
     def count(self) -> int | None:
         """Number of records (LMDB knows it; LevelDB does not without a scan: None)."""
         if self.backend == LMDB:
-            return int(self._handle.stat()["entries"])
+            with _lmdb_errors(self.path, "counting the records of"):
+                return int(self._handle.stat()["entries"])
         return None
 
     def is_empty(self) -> bool:
@@ -272,6 +368,7 @@ def open_db(path: str, backend=LMDB, require_records: bool = True) -> DB:
         import lmdb
         if not os.path.exists(os.path.join(path, "data.mdb")):
             raise DBError(f"'{path}' is not an LMDB database: it has no data.mdb{_describe_folder(path)}")
+        check_lmdb_file(path)
         try:
             db._handle = _SharedLMDB.acquire(path)
         except lmdb.Error as exc:
@@ -343,6 +440,7 @@ class DBWriter:
         _remove_stale_partials(parent, base)
         self.tmp_path = os.path.join(parent, f".{base}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         os.mkdir(self.tmp_path)
+        reap_on_exit(self.tmp_path)  # removed by a watcher even if this process is killed with SIGKILL
         self.count = 0
         self._pending: list[tuple[bytes, bytes]] = []
         self._closed = False
@@ -358,6 +456,7 @@ class DBWriter:
                                       write_buffer_size=268435456, max_open_files=100)
         except BaseException:
             shutil.rmtree(self.tmp_path, ignore_errors=True)
+            unreap(self.tmp_path)
             raise
 
     def put(self, key, value: bytes) -> None:
@@ -409,6 +508,7 @@ class DBWriter:
         except BaseException:
             self.abort()
             raise
+        unreap(self.tmp_path)
         return self.path
 
     def abort(self) -> None:
@@ -421,6 +521,7 @@ class DBWriter:
                 pass
         self._pending.clear()
         shutil.rmtree(self.tmp_path, ignore_errors=True)
+        unreap(self.tmp_path)
 
     def __enter__(self):
         return self

@@ -3,8 +3,8 @@
 Forward is Convolution's backward-data pass: top = col2im(W^T @ bottom) + b, with
     top spatial = stride * (bottom - 1) + dilation * (kernel - 1) + 1 - 2 * pad
 and the weight blob (channels, num_output / group, *kernel). Backward lowers the
-top diff once (im2col) and uses that column buffer both for the weight gradient
-and for the bottom diff (Caffe's skip_im2col).
+top diff once per block and uses it both for the weight gradient and for the bottom
+diff (Caffe's skip_im2col). The plans are Convolution's (conv_base), sides swapped.
 """
 from caffe.layers.conv_base import BaseConvolutionLayer, kernel_extent
 from caffe.layers.registry import register_layer
@@ -34,8 +34,7 @@ class DeconvolutionLayer(BaseConvolutionLayer):
         for i in range(len(bottom)):
             x = bottom[i].data_xp(xp).reshape(self.num, self.channels, P)
             y = top[i].mutable_data_xp(xp).reshape(self._im_shape())
-            for n0, n1 in self.chunks():
-                self.unlower(xp, self.gemm_backward(xp, self.to_rows(xp, x[n0:n1]), weight), y[n0:n1])
+            self.conv_backward(xp, x, weight, im_diff=y)
             if self.bias_term:
                 y3 = y.reshape(self.num, self.num_output, -1)
                 y3 += self.blobs[1].data_xp(xp).reshape(1, self.num_output, 1)
@@ -54,11 +53,6 @@ class DeconvolutionLayer(BaseConvolutionLayer):
                 bias_diff += dy.reshape(self.num, self.num_output, -1).sum(axis=(0, 2))
             if not (want_w or want_x):
                 continue
-            x = bottom[i].data_xp(xp).reshape(self.num, self.channels, P) if want_w else None
+            x = bottom[i].data_xp(xp).reshape(self.num, self.channels, P)
             dx = bottom[i].mutable_diff_xp(xp).reshape(self.num, self.channels, P) if want_x else None
-            for n0, n1 in self.chunks():
-                col = self.lower(xp, dy[n0:n1])
-                if want_w:
-                    self.gemm_weight(xp, col, self.to_rows(xp, x[n0:n1]), weight_diff)
-                if want_x:
-                    self.gemm_forward(xp, col, weight, dx[n0:n1])
+            self.conv_backward(xp, x, weight, im=dy, weight_diff=weight_diff, fwd_out=dx)

@@ -3,12 +3,14 @@ the weight row of that index (+ bias). top shape = bottom shape + (num_output,).
 
 Blobs: weight (input_dim, num_output) and, with bias_term (default), bias (num_output,).
 No gradient flows to the indices; parameter gradients accumulate (Caffe's convention).
+Indices are checked on the host in CPU mode; in GPU mode they stay on the device (no copy per call) and
+the check is deferred to the next read of a loss (caffe.blob.deferred).
 """
 import numpy as np
 
 from caffe.blob import Blob
 from caffe.layers import filler
-from caffe.layers.batch_reindex import index_add
+from caffe.layers.batch_reindex import device_indices, index_add
 from caffe.layers.layer import Layer, dtype_of
 from caffe.layers.registry import register_layer
 
@@ -46,12 +48,17 @@ class EmbedLayer(Layer):
         top[0].reshape(list(bottom[0].shape) + [self.N])
 
     def _indices(self, xp, bottom):
+        def describe(value):
+            return (f"index {value} in bottom[0] (shape {bottom[0].shape}) is invalid: "
+                    f"indices must be integers in [0, embed_param.input_dim = {self.K})")
+
+        if xp is not np:
+            return device_indices(self, xp, bottom[0].data_xp(xp), self.K, describe)
         raw = np.asarray(bottom[0].cpu_data()).reshape(-1)  # checked on the host
         bad = raw[(raw < 0) | (raw >= self.K) | (raw != np.floor(raw))]
         if bad.size:
-            raise self.error(f"index {bad[0]} in bottom[0] (shape {bottom[0].shape}) is invalid: "
-                             f"indices must be integers in [0, embed_param.input_dim = {self.K})")
-        return xp.asarray(raw.astype(np.int64))
+            raise self.error(describe(bad[0]))
+        return raw.astype(np.int64)
 
     def forward_xp(self, xp, bottom, top):
         idx = self._indices(xp, bottom)

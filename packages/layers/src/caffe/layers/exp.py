@@ -1,12 +1,14 @@
 """Exp: y = base ^ (shift + scale * x) (exp_param: base, -1 meaning e; scale; shift).
 
 As Caffe: y = outer_scale * exp(inner_scale * x) with inner_scale = ln(base) * scale
-and outer_scale = base ^ shift; dy/dx = inner_scale * y.
+and outer_scale = base ^ shift; dy/dx = inner_scale * y (from the top: in place is safe).
+CPU: one kernel pass each way.
 """
 import math
 
 import numpy as np
 
+from caffe.layers import _cpu
 from caffe.layers.layer import NeuronLayer
 from caffe.layers.registry import register_layer
 
@@ -27,6 +29,15 @@ class ExpLayer(NeuronLayer):
         # NumPy rather than math: an overflow gives inf (as C's pow) instead of raising.
         with np.errstate(all="ignore"):
             self.outer_scale = 1.0 if shift == 0 else float(np.exp(shift) if base == -1 else np.power(base, shift))
+
+    def forward_cpu(self, bottom, top):
+        if not _cpu.neuron_forward(self, _cpu.EXP, bottom, top, self.inner_scale, self.outer_scale):
+            self.forward_xp(np, bottom, top)
+
+    def backward_cpu(self, top, propagate_down, bottom):
+        if propagate_down[0] and not _cpu.neuron_backward(self, _cpu.EXP, top, bottom, reads_y=True,
+                                                          a=self.inner_scale):
+            self.backward_xp(np, top, propagate_down, bottom)
 
     def forward_xp(self, xp, bottom, top):
         x = bottom[0].data_xp(xp)

@@ -35,11 +35,11 @@ class HDF5DataLayer(Layer):
             raise self.error(f"hdf5_data_param.batch_size must be positive, got {self.batch_size}")
         if not p.source:
             raise self.error("hdf5_data_param.source must name a text file listing HDF5 files")
+        from caffe.blob.fileio import FileInputError, read_text_file
         try:
-            with open(p.source, encoding="utf-8") as f:
-                self.filenames = f.read().split()
-        except OSError as exc:
-            raise self.error(f"cannot open HDF5 list file '{p.source}': {exc.strerror or exc}") from None
+            self.filenames = read_text_file(p.source, "HDF5 list file (hdf5_data_param.source)").split()
+        except FileInputError as exc:
+            raise self.error(str(exc)) from None
         if not self.filenames:
             raise self.error(f"HDF5 list file '{p.source}' lists no files; it must name at least one")
         self.top_names = list(self.layer_param.top) or [f"top{i}" for i in range(len(top))]
@@ -64,8 +64,12 @@ class HDF5DataLayer(Layer):
         if not os.path.exists(filename):
             raise self.error(f"HDF5 file '{filename}' (listed in '{self.layer_param.hdf5_data_param.source}') "
                              f"does not exist")
+        from caffe.blob.fileio import FileInputError, require_regular_file
         try:
+            require_regular_file(filename, "HDF5 file")  # a FIFO would block HDF5's open
             f = h5py.File(filename, "r")
+        except FileInputError as exc:
+            raise self.error(f"{exc} (listed in '{self.layer_param.hdf5_data_param.source}')") from None
         except OSError as exc:
             raise self.error(f"cannot open HDF5 file '{filename}': {exc}") from None
         with f:
@@ -79,7 +83,13 @@ class HDF5DataLayer(Layer):
                 if ds.ndim < 1:
                     raise self.error(f"HDF5 file '{filename}' dataset '{name}' is a scalar; "
                                      f"it needs at least one axis (rows)")
-                blobs.append(np.asarray(ds[...], dtype=self.dtype))
+                if ds.dtype.kind not in "fiub":
+                    what = "strings" if ds.dtype.kind in "SUO" else f"values of type {ds.dtype}"
+                    raise self.error(f"HDF5 file '{filename}' dataset '{name}' holds {what}, not numbers")
+                try:
+                    blobs.append(np.asarray(ds[...], dtype=self.dtype))
+                except (OSError, ValueError, TypeError) as exc:
+                    raise self.error(f"HDF5 file '{filename}' dataset '{name}' cannot be read: {exc}") from None
         num = blobs[0].shape[0]
         for name, b in zip(self.top_names, blobs):
             if b.shape[0] != num:

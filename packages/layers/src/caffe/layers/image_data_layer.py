@@ -24,11 +24,11 @@ log = logging.getLogger("caffe")
 
 def read_list_file(source: str, what: str = "list file") -> list[tuple[str, int, int]]:
     """[(path, label, line_number)] from a "path label" list; bad lines raise DataError naming them."""
+    from caffe.blob.fileio import FileInputError, read_text_file
     try:
-        with open(source, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as exc:
-        raise DataError(f"cannot open {what} '{source}': {exc.strerror or exc}") from None
+        text = read_text_file(source, what)  # a regular file only: a FIFO or /dev/zero cannot hang the read
+    except FileInputError as exc:
+        raise DataError(f"cannot open {what} '{source}': {exc.reason}") from None
     entries = []
     for lineno, line in enumerate(text.splitlines(), start=1):
         line = line.rstrip("\r\n")

@@ -11,18 +11,18 @@ from caffe.blob import Blob
 from caffe.layers.multinomial_logistic_loss import LOG_THRESHOLD
 from caffe.layers.registry import register_layer
 from caffe.layers.softmax import canonical_axis, softmax_xp
-from caffe.layers.softmax_loss import (_MultiTopLoss, get_normalizer, ignore_label, normalization_mode,
-                                       read_labels)
+from caffe.layers.softmax_loss import (_MultiTopLoss, ignore_label, loss_normalizer, normalization_mode,
+                                       read_labels, saved_normalizer)
 
 
 def read_infogain_matrix(layer, path):
     """The BlobProto at `path` as a Blob (Caffe's ReadProtoFromBinaryFile + FromProto)."""
     from caffe.proto import caffe_pb2
+    from caffe.blob.fileio import FileInputError, read_regular_file
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as exc:
-        raise layer.error(f"cannot read infogain_param.source {path!r}: {exc.strerror or exc}") from None
+        raw = read_regular_file(path, "infogain_param.source", fmt="a BlobProto")
+    except FileInputError as exc:
+        raise layer.error(f"cannot read infogain_param.source {path!r}: {exc.reason}") from None
     proto = caffe_pb2.BlobProto()
     try:
         proto.ParseFromString(raw)
@@ -79,10 +79,10 @@ class InfogainLossLayer(_MultiTopLoss):
     def _h(self, xp, bottom, dtype):
         return self._h_blob(bottom).data_xp(xp).reshape(self.num_labels, self.num_labels).astype(dtype, copy=False)
 
-    def _rows(self, xp, bottom, dtype):
+    def _rows(self, xp, bottom, dtype, check=True):
         """H[label] for every position, as (outer, C, inner), plus the mask of non-ignored positions."""
         _, valid, safe = read_labels(self, xp, bottom[1], (self.outer_num, self.inner_num),
-                                     self.num_labels, self.ignore_label)
+                                     self.num_labels, self.ignore_label, check)
         h_rows = self._h(xp, bottom, dtype)[safe].transpose(0, 2, 1)
         return h_rows, valid
 
@@ -93,9 +93,7 @@ class InfogainLossLayer(_MultiTopLoss):
         h_rows, valid = self._rows(xp, bottom, prob.dtype)
         per_pos = (h_rows * xp.log(xp.maximum(prob.reshape(shape3), LOG_THRESHOLD))).sum(axis=1)
         loss = -xp.where(valid, per_pos, 0).sum()
-        self.valid_count = int(valid.sum())
-        norm = get_normalizer(self.normalization, self.outer_num, self.inner_num, self.valid_count)
-        top[0].mutable_data_xp(xp)[...] = loss / norm
+        top[0].mutable_data_xp(xp)[...] = loss / loss_normalizer(self, xp, valid, prob.dtype)
         if len(top) >= 2:
             top[1].mutable_data_xp(xp)[...] = prob
 
@@ -108,10 +106,9 @@ class InfogainLossLayer(_MultiTopLoss):
             return
         shape3 = (self.outer_num, self.num_labels, self.inner_num)
         prob = self.prob.data_xp(xp).reshape(shape3)
-        h_rows, valid = self._rows(xp, bottom, prob.dtype)
+        h_rows, valid = self._rows(xp, bottom, prob.dtype, check=xp is np)
         dx = (prob * h_rows.sum(axis=1, keepdims=True) - h_rows) * valid[:, None, :]
-        norm = get_normalizer(self.normalization, self.outer_num, self.inner_num, self.valid_count)
-        dx *= top[0].diff_xp(xp).reshape(()) / norm
+        dx *= top[0].diff_xp(xp).reshape(()) / saved_normalizer(self, xp)
         bottom[0].mutable_diff_xp(xp)[...] = dx.reshape(bottom[0].shape)
 
     def allow_force_backward(self, bottom_index: int) -> bool:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from caffe.blob import Blob, context
+from caffe.blob.deferred import DeviceScalar
 
 
 class LayerError(ValueError):
@@ -142,13 +143,17 @@ class Layer:
 
     # -- forward/backward dispatch ---------------------------------------------------
     def Forward(self, bottom, top) -> float:
-        """Reshape, run forward on the current mode's device, and return the weighted loss."""
+        """Reshape, run forward on the current mode's device, and return the weighted loss: a float in CPU
+        mode; in GPU mode a caffe.blob.deferred.DeviceScalar (a float read from the device only when used:
+        no copy per call) when the layer has a loss weight, else 0.0."""
         self.reshape(bottom, top)
-        gpu = context.mode() == context.GPU
-        if gpu:
+        if context.mode() == context.GPU:
             self.forward_gpu(bottom, top)
-        else:
-            self.forward_cpu(bottom, top)
+            return self._weighted_loss(top, True) if self._loss else 0.0
+        self.forward_cpu(bottom, top)
+        return self._weighted_loss(top, False) if self._loss else 0.0  # only loss layers have loss weights
+
+    def _weighted_loss(self, top, gpu: bool) -> float:
         loss = 0.0
         for i, t in enumerate(top):
             if self.loss(i) == 0 or t.count() == 0:
@@ -156,7 +161,7 @@ class Layer:
             if gpu:
                 import cupy
                 d, g = t.gpu_data().ravel(), t.gpu_diff().ravel()
-                loss += float(cupy.vdot(d, g))
+                loss = loss + DeviceScalar(cupy.vdot(d, g))  # the same float as the CPU's, when read
             else:
                 d, g = t.cpu_data().ravel(), t.cpu_diff().ravel()
                 loss += float(np.vdot(d, g))

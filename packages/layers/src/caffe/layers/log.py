@@ -1,9 +1,13 @@
 """Log: y = log_base(shift + scale * x) (log_param: base, -1 meaning e; scale; shift).
 
 dy/dx = scale / (ln(base) * (shift + scale * x)), as Caffe's backward_num_scale / (shift + scale * x).
+In place, the bottom data is kept in the bottom_memory_ blob. CPU: one kernel pass each way.
 """
 import math
 
+import numpy as np
+
+from caffe.layers import _cpu
 from caffe.layers.layer import NeuronLayer
 from caffe.layers.registry import register_layer
 
@@ -29,10 +33,20 @@ class LogLayer(NeuronLayer):
             return x
         return x * self.input_scale + self.input_shift
 
+    def forward_cpu(self, bottom, top):
+        if not _cpu.neuron_forward(self, _cpu.LOG, bottom, top, self.input_scale, self.input_shift,
+                                   self.base_scale, save=True):
+            self.forward_xp(np, bottom, top)
+
+    def backward_cpu(self, top, propagate_down, bottom):
+        if propagate_down[0] and not _cpu.neuron_backward(self, _cpu.LOG, top, bottom, reads_x="saved",
+                                                          a=self.input_scale, b=self.input_shift,
+                                                          d=self.backward_num_scale):
+            self.backward_xp(np, top, propagate_down, bottom)
+
     def forward_xp(self, xp, bottom, top):
+        _cpu.save_bottom(self, xp, bottom, top)  # in place: backward needs the input
         x = bottom[0].data_xp(xp)
-        if bottom[0] is top[0]:
-            self._saved_x = x.copy()  # in place: backward needs the input
         y = xp.log(self._inner(x))
         if self.base_scale != 1:
             y *= self.base_scale
@@ -41,6 +55,6 @@ class LogLayer(NeuronLayer):
     def backward_xp(self, xp, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        x = self._saved_x if bottom[0] is top[0] else bottom[0].data_xp(xp)
+        x = _cpu.saved_bottom(self, xp, bottom, top)
         dy = top[0].diff_xp(xp)
         bottom[0].mutable_diff_xp(xp)[...] = dy * (self.backward_num_scale / self._inner(x))

@@ -9,11 +9,17 @@ note Caffe's shift there is 1, not k):
     scale = 1 + alpha * (n x n zero-padded box sum of x^2) / n^2,  top = x * scale^-beta
     dx = dy * scale^-beta - 2 * alpha * beta / n^2 * x * boxsum(dy * top / scale)
 (the box is symmetric, so the backward box sum is the forward one).
-Array-module generic: NumPy on the CPU, CuPy on the GPU. beta = 0.75 (AlexNet's)
-takes scale^-0.75 as 1 / (sqrt(scale) * sqrt(sqrt(scale))), much faster than pow.
+beta = 0.75 (AlexNet's) takes scale^-0.75 as 1 / (sqrt(scale) * sqrt(sqrt(scale))), much faster
+than pow. scale lives in the scale_ blob (Caffe's), which backward reads (recomputing scale^-beta),
+so a forward in one mode and a backward in the other agree. CPU: ACROSS_CHANNELS is one kernel
+pass each way (caffe.layers.kernels.normalization; the window sums slide in double);
+WITHIN_CHANNEL and the GPU run the array-module-generic code below.
 """
 from __future__ import annotations
 
+import numpy as np
+
+from caffe.layers import _cpu
 from caffe.layers.layer import Layer
 from caffe.layers.registry import register_layer
 
@@ -88,17 +94,46 @@ class LRNLayer(Layer):
         shift = self.k if self.region == ACROSS_CHANNELS else 1.0
         return self.alpha / n, shift
 
+    def _kernel_usable(self, bottom, top):
+        return self.region == ACROSS_CHANNELS and _cpu.usable(_cpu.normalization, bottom[0], top[0])
+
+    def forward_cpu(self, bottom, top):
+        if not self._kernel_usable(bottom, top):
+            return self.forward_xp(np, bottom, top)
+        N, C, H, W = bottom[0].shape
+        scale = _cpu.state_blob(self, "scale_", bottom[0])
+        _cpu.normalization.lrn_across_forward(_cpu.flat(bottom[0].cpu_data()), _cpu.flat(top[0].mutable_cpu_data()),
+                                              _cpu.flat(scale.mutable_cpu_data()), N, C, H * W, self.size,
+                                              self.alpha, self.k, self.beta)
+
+    def backward_cpu(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        if not self._kernel_usable(bottom, top):
+            return self.backward_xp(np, top, propagate_down, bottom)
+        N, C, H, W = bottom[0].shape
+        _cpu.normalization.lrn_across_backward(_cpu.flat(bottom[0].cpu_data()), _cpu.flat(top[0].cpu_data()),
+                                               _cpu.flat(self._scale_state(bottom).cpu_data()),
+                                               _cpu.flat(top[0].cpu_diff()), _cpu.flat(bottom[0].mutable_cpu_diff()),
+                                               N, C, H * W, self.size, self.alpha, self.beta)
+
+    def _scale_state(self, bottom):
+        scale = getattr(self, "scale_", None)
+        if scale is None or scale.shape != bottom[0].shape:
+            raise self.error("backward needs a forward pass first (no scale_)")
+        return scale
+
     def forward_xp(self, xp, bottom, top):
         x = bottom[0].data_xp(xp)
         y = top[0].mutable_data_xp(xp)
-        scale = self._buf(xp, "scale", x.shape, x.dtype)
+        scale = _cpu.state_blob(self, "scale_", bottom[0]).mutable_data_xp(xp)
         sq = self._buf(xp, "sq", x.shape, x.dtype)
         xp.multiply(x, x, out=sq)
         self._window_sum(xp, sq, scale, "padded")
         a, shift = self._coefficients()
         scale *= a
         scale += shift
-        powed = self._buf(xp, "scale_pow", x.shape, x.dtype)  # kept for backward
+        powed = self._buf(xp, "scale_pow", x.shape, x.dtype)
         self._pow_neg_beta(xp, scale, powed, sq)
         xp.multiply(x, powed, out=y)
 
@@ -109,9 +144,10 @@ class LRNLayer(Layer):
         y = top[0].data_xp(xp)
         dy = top[0].diff_xp(xp)
         dx = bottom[0].mutable_diff_xp(xp)
-        scale = self._buf(xp, "scale", x.shape, x.dtype)
+        scale = self._scale_state(bottom).data_xp(xp)
         powed = self._buf(xp, "scale_pow", x.shape, x.dtype)
         ratio = self._buf(xp, "sq", x.shape, x.dtype)
+        self._pow_neg_beta(xp, scale, powed, ratio)
         xp.multiply(dy, y, out=ratio)
         ratio /= scale
         acc = self._buf(xp, "acc", x.shape, x.dtype)

@@ -6,7 +6,11 @@ cont (1, N) the sequence-continuation flags; tops: c (1, N, D) and h (1, N, D):
   c = f * c_prev + i * g       h = o * tanh(c)
 cont = 0 starts a new sequence (c_prev is masked out). No gradient flows to cont.
 Backward is the exact gradient (Caffe's GPU form; its CPU form agrees for cont in {0, 1}).
+Backward's state lives in blobs, so a forward in one mode and a backward in the other agree: X_acts_
+(Caffe's name) holds i, sigmoid(x_f), o, g and tanh(c) side by side (1, N, 5D); c_prev and cont are read
+from the bottoms (c_prev is kept in c_prev_ only when a top overwrites it in place).
 """
+from caffe.layers import _cpu
 from caffe.layers.layer import Layer
 from caffe.layers.registry import register_layer
 
@@ -51,7 +55,11 @@ class LSTMUnitLayer(Layer):
         g = xp.tanh(x[:, 3 * D:])
         c = cont * sf * c_prev + i * g
         tanh_c = xp.tanh(c)
-        self._acts = (i, sf, o, g, tanh_c, cont, c_prev.copy())
+        acts = _cpu.state_blob(self, "X_acts_", (1, c.shape[0], 5 * D), c.dtype).mutable_data_xp(xp)[0]
+        for k, a in enumerate((i, sf, o, g, tanh_c)):
+            acts[:, k * D:(k + 1) * D] = a
+        if bottom[0] is top[0] or bottom[0] is top[1]:
+            _cpu.state_blob(self, "c_prev_", bottom[0]).mutable_data_xp(xp)[...] = bottom[0].data_xp(xp)
         top[0].mutable_data_xp(xp)[0] = c
         top[1].mutable_data_xp(xp)[0] = o * tanh_c
 
@@ -60,7 +68,14 @@ class LSTMUnitLayer(Layer):
             raise self.error("Cannot backpropagate to sequence indicators (bottom[2], cont)")
         if not (propagate_down[0] or propagate_down[1]):
             return
-        i, sf, o, g, tanh_c, cont, c_prev = self._acts
+        D = self.D
+        acts = getattr(self, "X_acts_", None)
+        if acts is None or acts.shape != (1, top[0].shape[1], 5 * D):
+            raise self.error("backward needs a forward pass first (no saved gate activations)")
+        i, sf, o, g, tanh_c = (acts.data_xp(xp)[0][:, k * D:(k + 1) * D] for k in range(5))
+        in_place = bottom[0] is top[0] or bottom[0] is top[1]
+        c_prev = (self.c_prev_ if in_place else bottom[0]).data_xp(xp)[0]
+        cont = bottom[2].data_xp(xp)[0][:, None]
         dc = top[0].diff_xp(xp)[0]
         dh = top[1].diff_xp(xp)[0]
         c_term = dc + dh * o * (1 - tanh_c * tanh_c)

@@ -6,7 +6,11 @@ the std, not to the variance), or y = x - mean when normalize_variance is false.
 Backward is the exact gradient of that forward. Caffe's own backward drops a factor (std + eps) / std
 in the variance term; with the default eps = 1e-9 the two agree to ~1e-9 relative, and the exact form
 keeps the gradient right for any eps.
+
+Backward's state lives in blobs (Caffe's names): temp_ holds z = x - mean and variance_ the std per
+row, so a forward in one mode and a backward in the other agree (and in place works).
 """
+from caffe.layers import _cpu
 from caffe.layers.layer import Layer
 from caffe.layers.registry import register_layer
 
@@ -36,7 +40,8 @@ class MVNLayer(Layer):
         z = xr - xr.mean(axis=1, keepdims=True)
         if p.normalize_variance:
             std = xp.sqrt((z * z).mean(axis=1, keepdims=True))
-            self._z, self._std = z, std
+            _cpu.state_blob(self, "temp_", z.shape, z.dtype).mutable_data_xp(xp)[...] = z
+            _cpu.state_blob(self, "variance_", std.shape, std.dtype).mutable_data_xp(xp)[...] = std
             y = z / (std + p.eps)
         else:
             y = z
@@ -49,7 +54,10 @@ class MVNLayer(Layer):
         rows = self._rows(bottom[0])
         dy = top[0].diff_xp(xp).reshape(rows, -1)
         if p.normalize_variance:
-            z, std = self._z, self._std
+            state = getattr(self, "temp_", None), getattr(self, "variance_", None)
+            if state[0] is None or state[0].shape != dy.shape:
+                raise self.error("backward needs a forward pass first (no saved statistics)")
+            z, std = (b.data_xp(xp) for b in state)
             dim = z.shape[1]
             d = std + p.eps
             # d std / dz = z / (dim * std); rows with std == 0 have z == 0 and contribute nothing.

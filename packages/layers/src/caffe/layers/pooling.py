@@ -15,9 +15,10 @@ the window sum, against the running sum); in TEST the output is the
 activation-weighted average sum(x^2) / (FLT_MIN + sum(x)).
 
 The CPU runs MAX/AVE through the Cython/OpenMP kernels (caffe.layers.kernels.pooling); the
-array-module-generic code below (one strided slice per kernel offset) serves
-STOCHASTIC, the GPU (CuPy) and any other dtype. GPU: written for CuPy but not run
-on a GPU here (the development machine has none); its tests skip.
+NumPy code below (one strided slice per kernel offset) serves STOCHASTIC and any other
+dtype, and is the reference for the device. The device (CuPy) runs caffe.layers.pool_device:
+one gather of every window and one reduction, a constant number of launches. Checked against
+the CuPy stand-in only (no GPU here).
 """
 from __future__ import annotations
 
@@ -27,15 +28,14 @@ from itertools import product
 import numpy as np
 
 from caffe.blob import context
+from caffe.layers import _cpu, device, pool_device
 from caffe.layers.layer import Layer
 from caffe.layers.registry import register_layer
 
 # (OMP_WAIT_POLICY / OPENBLAS_THREAD_TIMEOUT are set in caffe/__init__.py, before any thread pool loads.)
 
-try:
-    from caffe.layers.kernels import pooling as _k
-except ImportError:  # pragma: no cover - a source tree without the build
-    _k = None
+# The kernels' AVX2 build where the CPU has it (caffe.layers._cpu); None in a source tree without the build.
+_k = _cpu._load("pooling")
 
 FLT_MAX = float(np.finfo(np.float32).max)
 FLT_MIN = float(np.finfo(np.float32).tiny)
@@ -106,16 +106,22 @@ def _positions(xp, spec, i, j, H, W, PH, PW, pad=True):
 
 
 def ave_pool_sizes(xp, spec, H, W, PH, PW, dtype):
-    """Caffe's AVE divisor per window: the window clipped to the padded extent (H + pad)."""
-    hs = np.arange(PH) * spec.sh - spec.ph
-    ws = np.arange(PW) * spec.sw - spec.pw
-    hh = np.minimum(hs + spec.kh, H + spec.ph) - hs
-    ww = np.minimum(ws + spec.kw, W + spec.pw) - ws
-    return xp.asarray(np.outer(hh, ww).astype(dtype))
+    """Caffe's AVE divisor per window: the window clipped to the padded extent (H + pad). Built with xp (on
+    the device in GPU mode) once per geometry and kept, so a call moves nothing between host and device."""
+    def build():
+        hs = xp.arange(PH) * spec.sh - spec.ph
+        ws = xp.arange(PW) * spec.sw - spec.pw
+        hh = xp.minimum(hs + spec.kh, H + spec.ph) - hs
+        ww = xp.minimum(ws + spec.kw, W + spec.pw) - ws
+        return (hh[:, None] * ww[None, :]).astype(dtype)
+    return device.cached(xp, ("ave_divisor", spec.window_args(), H, W, PH, PW, np.dtype(dtype).str), build)
 
 
 def _scatter_back(xp, spec, dy, index, dx, pad=True):
     """dx = 0, then dx[index] += dy per plane (index = h * W + w, -1 = nowhere)."""
+    if xp is not np:
+        pool_device.scatter_back(xp, spec, dy, index, dx, pad)
+        return
     N, C, H, W = dx.shape
     PH, PW = dy.shape[2:]
     padded = _padded(xp, xp.zeros_like(dx), spec, PH, PW, 0, pad)
@@ -134,6 +140,9 @@ def max_forward(xp, spec, x, y, mask):
     if _fast(xp, x, y, mask):
         _k.max_pool_forward(x.reshape(-1), y.reshape(-1), mask.reshape(-1), N * C, H, W, PH, PW,
                             *spec.window_args())
+        return
+    if xp is not np:
+        pool_device.max_forward(xp, spec, x, y, mask)
         return
     padded = _padded(xp, x, spec, PH, PW, -np.inf)
     best = xp.full(y.shape, -FLT_MAX, dtype=x.dtype)
@@ -162,6 +171,9 @@ def ave_forward(xp, spec, x, y):
     if _fast(xp, x, y):
         _k.ave_pool_forward(x.reshape(-1), y.reshape(-1), N * C, H, W, PH, PW, *spec.window_args())
         return
+    if xp is not np:
+        pool_device.ave_forward(xp, spec, x, y, ave_pool_sizes(xp, spec, H, W, PH, PW, x.dtype))
+        return
     padded = _padded(xp, x, spec, PH, PW, 0)
     acc = xp.zeros(y.shape, dtype=x.dtype)
     for i, j in _offsets(spec):
@@ -176,6 +188,9 @@ def ave_backward(xp, spec, dy, dx):
     if _fast(xp, dx, dy):
         _k.ave_pool_backward(dy.reshape(-1), dx.reshape(-1), N * C, H, W, PH, PW, *spec.window_args())
         return
+    if xp is not np:
+        pool_device.ave_backward(xp, spec, dy, dx, ave_pool_sizes(xp, spec, H, W, PH, PW, dy.dtype))
+        return
     with np.errstate(divide="ignore", invalid="ignore"):  # Caffe's x/0 past the edge, silently
         g = dy / ave_pool_sizes(xp, spec, H, W, PH, PW, dy.dtype)
         padded = _padded(xp, xp.zeros_like(dx), spec, PH, PW, 0)
@@ -186,6 +201,8 @@ def ave_backward(xp, spec, dy, dx):
 
 def _stochastic_windows(xp, spec, x, PH, PW):
     """Window values (K, N, C, PH, PW) in row-major window order (0 outside the image), positions."""
+    if xp is not np:
+        return pool_device.stochastic_windows(xp, spec, x, PH, PW)
     N, C, H, W = x.shape
     padded = _padded(xp, x, spec, PH, PW, 0, pad=False)
     vals = xp.stack([padded[_window_slices(spec, i, j, PH, PW)] for i, j in _offsets(spec)])
@@ -270,8 +287,8 @@ class PoolingLayer(Layer):
                 self.check(self.pad[0] < self.kernel[0] and self.pad[1] < self.kernel[1],
                            f"pooling_param pad {self.pad} must be smaller than the kernel {self.kernel}")
         self.ceil_mode = p.round_mode == 0  # CEIL
-        self._mask = None
-        self._rand_idx = None
+        self.max_idx_ = None
+        self.rand_idx_ = None
 
     def reshape(self, bottom, top):
         x = bottom[0]
@@ -288,21 +305,19 @@ class PoolingLayer(Layer):
         if len(top) > 1:
             top[1].reshape_like(top[0])
         self.top_shape = (N, C, PH, PW)
-
-    # -- internal index buffers (reused across iterations) -----------------------------------------
-    def _index(self, xp, name):
-        buf = getattr(self, name)
-        if buf is None or buf.shape != self.top_shape or not isinstance(buf, xp.ndarray):
-            buf = xp.full(self.top_shape, -1, dtype=xp.int32)  # -1: no position (no gradient)
-            setattr(self, name, buf)
-        return buf
+        # Backward's state, in blobs (Caffe's max_idx_ / rand_idx_): the argmax or the sampled position
+        # per output, h * W + w (-1: none), so a forward in one mode and a backward in the other agree.
+        if self.method == MAX:
+            _cpu.state_blob(self, "max_idx_", self.top_shape, np.int32)
+        elif self.method == STOCHASTIC:
+            _cpu.state_blob(self, "rand_idx_", self.top_shape, np.int32)
 
     def forward_xp(self, xp, bottom, top):
         x = bottom[0].data_xp(xp)
         y = top[0].mutable_data_xp(xp)
         spec = self.spec
         if self.method == MAX:
-            mask = self._index(xp, "_mask")
+            mask = self.max_idx_.mutable_data_xp(xp)
             max_forward(xp, spec, x, y, mask)
             if len(top) > 1:
                 top[1].mutable_data_xp(xp)[...] = mask
@@ -310,7 +325,7 @@ class PoolingLayer(Layer):
             ave_forward(xp, spec, x, y)
         elif self.phase == 0:  # TRAIN
             uniform = xp.asarray(context.rng().random(self.top_shape))
-            stochastic_forward_train(xp, spec, x, y, self._index(xp, "_rand_idx"), uniform)
+            stochastic_forward_train(xp, spec, x, y, self.rand_idx_.mutable_data_xp(xp), uniform)
         else:
             stochastic_forward_test(xp, spec, x, y)
 
@@ -320,11 +335,12 @@ class PoolingLayer(Layer):
         dy = top[0].diff_xp(xp)
         dx = bottom[0].mutable_diff_xp(xp)
         if self.method == MAX:
-            mask = self._index(xp, "_mask")
             if len(top) > 1:  # Caffe reads the argmax back from the mask top
-                mask[...] = top[1].data_xp(xp)
+                mask = top[1].data_xp(xp).astype(xp.int32)
+            else:
+                mask = self.max_idx_.data_xp(xp)
             max_backward(xp, self.spec, dy, mask, dx)
         elif self.method == AVE:
             ave_backward(xp, self.spec, dy, dx)
         else:
-            stochastic_backward(xp, self.spec, dy, self._index(xp, "_rand_idx"), dx)
+            stochastic_backward(xp, self.spec, dy, self.rand_idx_.data_xp(xp), dx)

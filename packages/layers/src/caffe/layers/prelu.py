@@ -2,9 +2,14 @@
 
 prelu_param: filler (default constant 0.25), channel_shared (one slope for all
 channels, a 0-axis blob as in Caffe). The slope gradient accumulates into the
-parameter diff (summed over batch and spatial positions), as Caffe's does.
+parameter diff (summed over batch and spatial positions), as Caffe's does. In place, the
+bottom data is kept in the bottom_memory_ blob (Caffe's). CPU: one kernel pass each way
+(caffe.layers.kernels.channelwise), the slope gradient summed in double.
 """
+import numpy as np
+
 from caffe.blob import Blob
+from caffe.layers import _cpu
 from caffe.layers import filler as _filler
 from caffe.layers.layer import NeuronLayer, dtype_of
 from caffe.layers.registry import register_layer
@@ -34,6 +39,41 @@ class PReLULayer(NeuronLayer):
                    f"bottom blob must have at least 2 axes (N, C, ...), got shape {bottom[0].shape}")
         top[0].reshape_like(bottom[0])
 
+    def _dims(self, bottom):
+        """(outer, dim, inner) of bottom[0] for the channel-wise kernel: dim = the slopes."""
+        x = bottom[0]
+        if self.channel_shared:
+            return 1, 1, x.count()
+        return x.shape[0], x.shape[1], x.count(2)
+
+    def forward_cpu(self, bottom, top):
+        if not _cpu.usable(_cpu.channelwise, bottom[0], top[0], self.blobs[0]):
+            return self.forward_xp(np, bottom, top)
+        dt = bottom[0].dtype
+        saved = _cpu.empty(dt)
+        if bottom[0] is top[0]:
+            saved = _cpu.flat(_cpu.state_blob(self, "bottom_memory_", bottom[0]).mutable_cpu_data())
+        _cpu.channelwise.channel_forward(_cpu.CH_PRELU, _cpu.flat(bottom[0].cpu_data()), _cpu.flat(self.blobs[0].cpu_data()),
+                                         _cpu.empty(dt), _cpu.flat(top[0].mutable_cpu_data()), saved,
+                                         *self._dims(bottom))
+
+    def backward_cpu(self, top, propagate_down, bottom):
+        if not _cpu.usable(_cpu.channelwise, bottom[0], top[0], self.blobs[0]):
+            return self.backward_xp(np, top, propagate_down, bottom)
+        want_slope = self.param_propagate_down(0)
+        if not (want_slope or propagate_down[0]):
+            return
+        dt = bottom[0].dtype
+        outer, dim, inner = self._dims(bottom)
+        sums = np.zeros(dim) if want_slope else _cpu.EMPTY_DOUBLE
+        dx = _cpu.flat(bottom[0].mutable_cpu_diff()) if propagate_down[0] else _cpu.empty(dt)
+        x = _cpu.flat(_cpu.saved_bottom(self, np, bottom, top))
+        _cpu.channelwise.channel_backward(_cpu.CH_PRELU, _cpu.flat(top[0].cpu_diff()), x, _cpu.flat(self.blobs[0].cpu_data()),
+                                          dx, sums, _cpu.EMPTY_DOUBLE, outer, dim, inner)
+        if want_slope:
+            pd = self.blobs[0].mutable_cpu_diff()
+            pd += sums.reshape(pd.shape).astype(dt)
+
     def _slope(self, xp, ndim):
         a = self.blobs[0].data_xp(xp)
         if self.channel_shared:
@@ -41,14 +81,13 @@ class PReLULayer(NeuronLayer):
         return a.reshape((1, -1) + (1,) * (ndim - 2))  # broadcast over axis 1
 
     def forward_xp(self, xp, bottom, top):
+        _cpu.save_bottom(self, xp, bottom, top)  # in place: backward needs the input
         x = bottom[0].data_xp(xp)
-        if bottom[0] is top[0]:
-            self._saved_x = x.copy()  # in place: backward needs the input
         a = self._slope(xp, x.ndim)
         top[0].mutable_data_xp(xp)[...] = xp.maximum(x, 0) + a * xp.minimum(x, 0)
 
     def backward_xp(self, xp, top, propagate_down, bottom):
-        x = self._saved_x if bottom[0] is top[0] else bottom[0].data_xp(xp)
+        x = _cpu.saved_bottom(self, xp, bottom, top)
         dy = top[0].diff_xp(xp)
         neg = x <= 0
         if self.param_propagate_down(0):

@@ -1,10 +1,29 @@
-"""ReLU: top = max(0, x) + negative_slope * min(0, x)."""
+"""ReLU: top = max(0, x) + negative_slope * min(0, x).
+
+In place is allowed: backward reads the bottom data, which in place is the top (its sign is
+the input's for any negative_slope >= 0, as in Caffe). The CPU path is one kernel pass
+(caffe.layers.kernels.elementwise); forward_xp / backward_xp are the GPU path and its reference.
+"""
+import numpy as np
+
+from caffe.layers import _cpu
 from caffe.layers.layer import NeuronLayer
 from caffe.layers.registry import register_layer
 
 
 @register_layer("ReLU")
 class ReLULayer(NeuronLayer):
+    def forward_cpu(self, bottom, top):
+        if not _cpu.neuron_forward(self, _cpu.RELU, bottom, top, a=self.layer_param.relu_param.negative_slope):
+            self.forward_xp(np, bottom, top)
+
+    def backward_cpu(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        if not _cpu.neuron_backward(self, _cpu.RELU, top, bottom, reads_x="bottom",
+                                    a=self.layer_param.relu_param.negative_slope):
+            self.backward_xp(np, top, propagate_down, bottom)
+
     def forward_xp(self, xp, bottom, top):
         x = bottom[0].data_xp(xp)
         slope = self.layer_param.relu_param.negative_slope

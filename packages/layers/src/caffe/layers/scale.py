@@ -4,10 +4,14 @@ s is bottom[1] (two bottoms) or a learned blob of shape bottom[0].shape[axis:axi
 (num_axes = -1: to the end; 0: a scalar), filled by scale_param.filler (default constant 1).
 bias_term adds a learned bias through an internal Bias layer, as Caffe does: its blob comes after the
 scale blob (blobs = [scale, bias] with one bottom, [bias] with two). May run in place (the bottom data
-is kept for the scale gradient). Parameter gradients accumulate; bottom gradients are overwritten.
+is kept in the temp_ blob, as Caffe, for the scale gradient). Parameter gradients accumulate; bottom
+gradients are overwritten. CPU: one kernel pass each way, the bias fused in (y = x * s + b; backward
+computes dx and both parameter gradients, summed in double, from one read of dy and x).
 """
+import numpy as np
+
 from caffe.blob import Blob
-from caffe.layers import filler
+from caffe.layers import _cpu, filler
 from caffe.layers.bias import broadcast_dims, param_shape
 from caffe.layers.layer import Layer, dtype_of
 from caffe.layers.registry import create_layer, register_layer
@@ -63,11 +67,64 @@ class ScaleLayer(Layer):
         if self.bias_layer is not None:
             self.bias_layer.reshape([top[0]], top)
 
+    def _bias_blob(self):
+        return self.bias_layer.blobs[0] if self.bias_layer is not None else None
+
+    def forward_cpu(self, bottom, top):
+        s, b = self._scale(bottom), self._bias_blob()
+        if not _cpu.usable(_cpu.channelwise, bottom[0], top[0], s, *([b] if b is not None else [])):
+            return self.forward_xp(np, bottom, top)
+        dt = bottom[0].dtype
+        saved = _cpu.empty(dt)
+        if bottom[0] is top[0]:
+            saved = _cpu.flat(_cpu.state_blob(self, "temp_", bottom[0]).mutable_cpu_data())
+        _cpu.channelwise.channel_forward(_cpu.CH_AFFINE, _cpu.flat(bottom[0].cpu_data()), _cpu.flat(s.cpu_data()),
+                                         _cpu.flat(b.cpu_data()) if b is not None else _cpu.empty(dt),
+                                         _cpu.flat(top[0].mutable_cpu_data()), saved, self.outer, self.dim,
+                                         self.inner)
+
+    def backward_cpu(self, top, propagate_down, bottom):
+        s, b = self._scale(bottom), self._bias_blob()
+        if not _cpu.usable(_cpu.channelwise, bottom[0], top[0], s, *([b] if b is not None else [])):
+            return self.backward_xp(np, top, propagate_down, bottom)
+        learned = len(bottom) == 1
+        want_bias = b is not None and self.param_propagate_down(self.bias_param_id)
+        want_scale = (learned and self.param_propagate_down(0)) or (not learned and propagate_down[1])
+        if not (want_bias or want_scale or propagate_down[0]):
+            return
+        dt = bottom[0].dtype
+        ds = np.zeros(self.dim) if want_scale else _cpu.EMPTY_DOUBLE
+        db = np.zeros(self.dim) if want_bias else _cpu.EMPTY_DOUBLE
+        x = _cpu.flat(self._bottom_data(np, bottom, top)) if want_scale else _cpu.empty(dt)
+        dx = _cpu.flat(bottom[0].mutable_cpu_diff()) if propagate_down[0] else _cpu.empty(dt)
+        # One pass: dy is read before dx (which may be dy, in place) is written at each position.
+        _cpu.channelwise.channel_backward(_cpu.CH_AFFINE, _cpu.flat(top[0].cpu_diff()), x, _cpu.flat(s.cpu_data()),
+                                          dx, ds, db, self.outer, self.dim, self.inner)
+        if want_bias:
+            diff = b.mutable_cpu_diff()
+            diff += db.reshape(diff.shape).astype(dt)
+        if want_scale:
+            diff = s.mutable_cpu_diff()
+            if learned:
+                diff += ds.reshape(diff.shape).astype(dt)
+            else:
+                diff[...] = ds.reshape(diff.shape)
+
+    def _bottom_data(self, xp, bottom, top):
+        """The bottom data forward saw: in place, the copy in temp_."""
+        if bottom[0] is top[0]:
+            temp = getattr(self, "temp_", None)
+            if temp is None or temp.shape != bottom[0].shape:
+                raise self.error("backward in place needs a forward pass first (no saved bottom data)")
+            return temp.data_xp(xp)
+        return bottom[0].data_xp(xp)
+
     def forward_xp(self, xp, bottom, top):
         x = bottom[0].data_xp(xp)
         xr = x.reshape(self.outer, self.dim, self.inner)
-        # In place, the top overwrites x, which the scale gradient needs: keep a copy (Caffe's temp_).
-        self._x = xr.copy() if bottom[0] is top[0] else None
+        if bottom[0] is top[0]:
+            # In place, the top overwrites x, which the scale gradient needs: keep a copy (Caffe's temp_).
+            _cpu.state_blob(self, "temp_", bottom[0]).mutable_data_xp(xp)[...] = x
         s = self._scale(bottom).data_xp(xp).reshape(1, self.dim, 1)
         top[0].mutable_data_xp(xp)[...] = (xr * s).reshape(x.shape)
         if self.bias_layer is not None:
@@ -79,7 +136,7 @@ class ScaleLayer(Layer):
         learned = len(bottom) == 1
         dy = top[0].diff_xp(xp).reshape(self.outer, self.dim, self.inner)
         if (learned and self.param_propagate_down(0)) or (not learned and propagate_down[1]):
-            x = self._x if self._x is not None else bottom[0].data_xp(xp).reshape(dy.shape)
+            x = self._bottom_data(xp, bottom, top).reshape(dy.shape)
             ds = (dy * x).sum(axis=(0, 2))
             diff = self._scale(bottom).mutable_diff_xp(xp)
             if learned:

@@ -1,8 +1,11 @@
 """Sigmoid: y = 1 / (1 + exp(-x)).
 
 Computed as 0.5 * tanh(0.5 * x) + 0.5, as Caffe does: it never overflows.
-Backward uses only the top data, so in-place use is safe.
+Backward uses only the top data, so in-place use is safe. CPU: one kernel pass each way.
 """
+import numpy as np
+
+from caffe.layers import _cpu
 from caffe.layers.layer import NeuronLayer
 from caffe.layers.registry import register_layer
 
@@ -13,6 +16,14 @@ def sigmoid_xp(xp, x):
 
 @register_layer("Sigmoid")
 class SigmoidLayer(NeuronLayer):
+    def forward_cpu(self, bottom, top):
+        if not _cpu.neuron_forward(self, _cpu.SIGMOID, bottom, top):
+            self.forward_xp(np, bottom, top)
+
+    def backward_cpu(self, top, propagate_down, bottom):
+        if propagate_down[0] and not _cpu.neuron_backward(self, _cpu.SIGMOID, top, bottom, reads_y=True):
+            self.backward_xp(np, top, propagate_down, bottom)
+
     def forward_xp(self, xp, bottom, top):
         x = bottom[0].data_xp(xp)
         top[0].mutable_data_xp(xp)[...] = sigmoid_xp(xp, x)

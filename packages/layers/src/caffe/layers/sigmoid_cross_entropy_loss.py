@@ -5,11 +5,14 @@ Caffe's overflow-safe form. Gradient: (sigmoid(x) - t) / normalizer, 0 at ignore
 targets. Normalization as Caffe's layer: loss_param.normalization when set, else the
 legacy normalize (true VALID, false BATCH_SIZE), else BATCH_SIZE (this layer's own
 default, unlike SoftmaxWithLoss). outer = bottom[0].shape[0], inner = count / outer.
+Backward reads blobs the forward fills (Caffe's sigmoid_output_, and normalizer_), so a forward in one
+mode and a backward in the other agree; on the device the normalizer is never copied to the host.
 """
+from caffe.layers import _cpu
 from caffe.layers.layer import LossLayer
 from caffe.layers.registry import register_layer
 from caffe.layers.sigmoid import sigmoid_xp
-from caffe.layers.softmax_loss import BATCH_SIZE, get_normalizer, ignore_label, normalization_mode
+from caffe.layers.softmax_loss import BATCH_SIZE, ignore_label, loss_normalizer, normalization_mode, saved_normalizer
 
 
 @register_layer("SigmoidCrossEntropyLoss")
@@ -35,28 +38,24 @@ class SigmoidCrossEntropyLossLayer(LossLayer):
     def forward_xp(self, xp, bottom, top):
         x = bottom[0].data_xp(xp)
         t = bottom[1].data_xp(xp).reshape(x.shape)
-        self._sigmoid = sigmoid_xp(xp, x)
+        _cpu.state_blob(self, "sigmoid_output_", bottom[0]).mutable_data_xp(xp)[...] = sigmoid_xp(xp, x)
         elem = x * (t - (x >= 0)) - xp.log1p(xp.exp(-xp.abs(x)))
         valid = self._valid(xp, t)
-        if valid is None:
-            loss = -elem.sum()
-            self.valid_count = x.size
-        else:
-            loss = -xp.where(valid, elem, 0).sum()
-            self.valid_count = int(valid.sum())
-        norm = get_normalizer(self.normalization, self.outer_num, self.inner_num, self.valid_count)
-        top[0].mutable_data_xp(xp)[...] = loss / norm
+        loss = -elem.sum() if valid is None else -xp.where(valid, elem, 0).sum()
+        top[0].mutable_data_xp(xp)[...] = loss / loss_normalizer(self, xp, valid, x.dtype)
 
     def backward_xp(self, xp, top, propagate_down, bottom):
         if propagate_down[1]:
             raise self.error("cannot backpropagate to label inputs (bottom[1])")
         if not propagate_down[0]:
             return
+        sig = getattr(self, "sigmoid_output_", None)
+        if sig is None or sig.shape != bottom[0].shape:
+            raise self.error("backward needs a forward pass first (no saved sigmoid output)")
         t = bottom[1].data_xp(xp).reshape(bottom[0].shape)
-        dx = self._sigmoid - t
+        dx = sig.data_xp(xp) - t
         valid = self._valid(xp, t)
         if valid is not None:
             dx *= valid
-        norm = get_normalizer(self.normalization, self.outer_num, self.inner_num, self.valid_count)
-        dx *= top[0].diff_xp(xp).reshape(()) / norm
+        dx *= top[0].diff_xp(xp).reshape(()) / saved_normalizer(self, xp)
         bottom[0].mutable_diff_xp(xp)[...] = dx

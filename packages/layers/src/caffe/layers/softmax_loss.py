@@ -7,14 +7,16 @@ true and BATCH_SIZE if false). Labels are bottom[1], outer * inner integer value
 in [0, C). An optional second top receives the probabilities.
 
 The shared loss helpers (normalization mode, normalizer, label reading) live here
-and are used by the other loss layers and Accuracy.
+and are used by the other loss layers and Accuracy. CPU: the softmax and the gradient are
+kernel passes (caffe.layers.kernels.softmax); the loss reads one probability per position.
 """
 import numpy as np
 
-from caffe.blob import Blob
+from caffe.blob import Blob, deferred
+from caffe.layers import _cpu
 from caffe.layers.layer import LossLayer
 from caffe.layers.registry import register_layer
-from caffe.layers.softmax import canonical_axis, softmax_xp
+from caffe.layers.softmax import canonical_axis, softmax_cpu, softmax_xp
 from caffe.proto import caffe_pb2
 
 _LP = caffe_pb2.LossParameter
@@ -51,21 +53,57 @@ def ignore_label(layer):
     return lp.ignore_label if lp.HasField("ignore_label") else None
 
 
-def read_labels(layer, xp, label_blob, shape, num_classes, ignore=None):
+def read_labels(layer, xp, label_blob, shape, num_classes, ignore=None, check=True):
     """Integer labels (Caffe's static_cast<int>), the mask of non-ignored ones and a gather-safe copy.
 
-    Raises the layer's error naming the first non-ignored label outside [0, num_classes).
+    A non-ignored label outside [0, num_classes) is the layer's error naming the first one. On the host it
+    is raised here; on the device (no copy per call) the check is deferred (caffe.blob.deferred) and raised
+    at the next read of a loss on this thread (the solver's display, a test pass, float(loss)); until then
+    such labels gather class 0. check=False: the caller checked these labels already (Backward).
     """
     raw = label_blob.data_xp(xp).reshape(shape)
     labels = raw.astype(np.int64)
     valid = labels != ignore if ignore is not None else xp.ones(labels.shape, dtype=bool)
     bad = valid & ((labels < 0) | (labels >= num_classes))
-    if bool(bad.any()):
-        value = float(raw[bad].ravel()[0])
-        raise layer.error(f"label value {value:g} is out of range: labels must be integers in "
-                          f"[0, {num_classes})" + (f" or the ignore_label {ignore}" if ignore is not None else ""))
-    safe = xp.where(valid, labels, 0)
-    return labels, valid, safe
+
+    def error(value, deferred_note=""):
+        return layer.error(f"label value {value:g} is out of range: labels must be integers in "
+                           f"[0, {num_classes})" + (f" or the ignore_label {ignore}" if ignore is not None else "")
+                           + deferred_note)
+
+    if xp is np:
+        if check and bool(bad.any()):
+            raise error(float(raw[bad].ravel()[0]))
+        return labels, valid, xp.where(valid, labels, 0)
+    if check:
+        flat_bad = bad.ravel()
+        deferred.check(layer, flat_bad.any(), raw.ravel()[xp.argmax(flat_bad)],
+                       lambda v: error(v, " (found on the device; raised at the next read of a loss)"))
+    return labels, valid, xp.where(valid & ~bad, labels, 0)
+
+
+def loss_normalizer(layer, xp, valid, dtype):
+    """This forward's normalizer (get_normalizer with the layer's normalization, outer_num, inner_num and
+    the count of `valid`, None: all valid), kept in the layer's normalizer_ blob for Backward (so a Backward
+    in the other mode reads it). On the host a Python float; on the device a 0-d array (no copy)."""
+    mode = layer.normalization
+    if mode == VALID and valid is not None and xp is not np:
+        norm = xp.maximum(valid.sum(), 1).astype(dtype)
+    else:
+        count = int(valid.sum()) if mode == VALID and valid is not None else -1
+        norm = get_normalizer(mode, layer.outer_num, layer.inner_num, count)
+    _cpu.state_blob(layer, "normalizer_", (1,), dtype).mutable_data_xp(xp)[...] = norm
+    return norm
+
+
+def saved_normalizer(layer, xp):
+    """The normalizer the last Forward used (a Python float on the host, a 0-d array on the device)."""
+    blob = getattr(layer, "normalizer_", None)
+    if blob is None:
+        raise layer.error("backward needs a forward pass first (no saved normalizer)")
+    if xp is np:
+        return float(blob.cpu_data()[0])
+    return blob.data_xp(xp).reshape(())
 
 
 def one_hot(xp, safe, num_classes, dtype):
@@ -115,18 +153,37 @@ class SoftmaxWithLossLayer(_MultiTopLoss):
         if len(top) >= 2:
             top[1].reshape_like(bottom[0])
 
+    def forward_cpu(self, bottom, top):
+        if not softmax_cpu(bottom[0], self.prob, self.axis):
+            self.prob.mutable_cpu_data()[...] = softmax_xp(np, bottom[0].cpu_data(), self.axis)
+        self._loss_from_prob(np, bottom, top)
+
+    def backward_cpu(self, top, propagate_down, bottom):
+        if not (_cpu.usable(_cpu.softmax, bottom[0], self.prob) and propagate_down[0] and not propagate_down[1]):
+            return self.backward_xp(np, top, propagate_down, bottom)
+        _, valid, safe = read_labels(self, np, bottom[1], (self.outer_num, self.inner_num),
+                                     self.num_classes, self.ignore_label)
+        norm = saved_normalizer(self, np)
+        scale = float(top[0].cpu_diff().reshape(()) / norm)  # in the blob's precision, as the NumPy path
+        labels = np.ascontiguousarray(safe, np.int64).reshape(-1)
+        valid = np.ascontiguousarray(valid).reshape(-1).view(np.uint8)
+        _cpu.softmax.softmax_loss_backward(_cpu.flat(self.prob.cpu_data()), labels, valid,
+                                           _cpu.flat(bottom[0].mutable_cpu_diff()), self.outer_num, self.num_classes,
+                                           self.inner_num, scale)
+
     def forward_xp(self, xp, bottom, top):
+        self.prob.mutable_data_xp(xp)[...] = softmax_xp(xp, bottom[0].data_xp(xp), self.axis)
+        self._loss_from_prob(xp, bottom, top)
+
+    def _loss_from_prob(self, xp, bottom, top):
+        """The loss (and the second top) from the probabilities in self.prob."""
         shape3 = (self.outer_num, self.num_classes, self.inner_num)
-        x = bottom[0].data_xp(xp)
-        prob = self.prob.mutable_data_xp(xp)
-        prob[...] = softmax_xp(xp, x, self.axis)
+        prob = self.prob.data_xp(xp)
         _, valid, safe = read_labels(self, xp, bottom[1], (self.outer_num, self.inner_num),
                                      self.num_classes, self.ignore_label)
         p_true = xp.take_along_axis(prob.reshape(shape3), safe[:, None, :], axis=1)[:, 0, :]
         loss = -xp.where(valid, xp.log(xp.maximum(p_true, FLT_MIN)), 0).sum()
-        self.valid_count = int(valid.sum())
-        norm = get_normalizer(self.normalization, self.outer_num, self.inner_num, self.valid_count)
-        top[0].mutable_data_xp(xp)[...] = loss / norm
+        top[0].mutable_data_xp(xp)[...] = loss / loss_normalizer(self, xp, valid, prob.dtype)
         if len(top) >= 2:
             top[1].mutable_data_xp(xp)[...] = prob
 
@@ -138,8 +195,7 @@ class SoftmaxWithLossLayer(_MultiTopLoss):
         shape3 = (self.outer_num, self.num_classes, self.inner_num)
         prob = self.prob.data_xp(xp).reshape(shape3)
         _, valid, safe = read_labels(self, xp, bottom[1], (self.outer_num, self.inner_num),
-                                     self.num_classes, self.ignore_label)
+                                     self.num_classes, self.ignore_label, check=xp is np)
         dx = (prob - one_hot(xp, safe, self.num_classes, prob.dtype)) * valid[:, None, :]
-        norm = get_normalizer(self.normalization, self.outer_num, self.inner_num, self.valid_count)
-        dx *= top[0].diff_xp(xp).reshape(()) / norm
+        dx *= top[0].diff_xp(xp).reshape(()) / saved_normalizer(self, xp)
         bottom[0].mutable_diff_xp(xp)[...] = dx.reshape(bottom[0].shape)

@@ -1,7 +1,11 @@
 """Split: one bottom to N tops that share its data; backward sums the tops' diffs into the bottom.
 
 The net inserts Split layers where a blob feeds several layers. Only top[0] may be the bottom itself.
+CPU: the backward sum is one kernel pass (every top diff read once, the bottom diff written once).
 """
+import numpy as np
+
+from caffe.layers import _cpu
 from caffe.layers.layer import Layer
 from caffe.layers.registry import register_layer
 
@@ -22,6 +26,16 @@ class SplitLayer(Layer):
     def forward_xp(self, xp, bottom, top):
         for t in top:
             t.share_data(bottom[0])
+
+    def backward_cpu(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        if len(top) < 2 or not _cpu.usable(_cpu.elementwise, bottom[0], *top):
+            return self.backward_xp(np, top, propagate_down, bottom)
+        # Eltwise SUM (operation 1) with coefficients 1: the same sum, in top order, as below.
+        diffs = [_cpu.flat(t.cpu_diff()) for t in top]
+        _cpu.elementwise.eltwise_forward(1, diffs, np.ones(len(top)), _cpu.flat(bottom[0].mutable_cpu_diff()),
+                                         _cpu.EMPTY_INT)
 
     def backward_xp(self, xp, top, propagate_down, bottom):
         if not propagate_down[0]:

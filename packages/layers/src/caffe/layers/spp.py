@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import math
 
-from caffe.blob import context
+import numpy as np
+
+from caffe.blob import Blob, context
 from caffe.layers import pooling as P
 from caffe.layers.layer import Layer
 from caffe.layers.registry import register_layer
@@ -63,18 +65,17 @@ class SPPLayer(Layer):
                 PW = P.pooled_size(W, kernel[1], stride[1], pad[1])
                 self.levels.append((P.PoolSpec(self.method, kernel, stride, pad), (N, C, PH, PW)))
             self._shape = x.shape
-            self._index = [None] * self.pyramid_height
+            # Backward's state per level in a Blob (the argmax / sampled position), as Pooling's max_idx_,
+            # so a forward in one mode and a backward in the other agree.
+            self.level_idx_ = [Blob(shape, dtype=np.int32) for _, shape in self.levels]
         if self.pyramid_height == 1:
             top[0].reshape(self.levels[0][1])
         else:
             top[0].reshape(N, sum(C * s[2] * s[3] for _, s in self.levels))
 
-    def _level_index(self, xp, i):
-        shape = self.levels[i][1]
-        buf = self._index[i]
-        if buf is None or buf.shape != shape or not isinstance(buf, xp.ndarray):
-            buf = self._index[i] = xp.full(shape, -1, dtype=xp.int32)
-        return buf
+    def _level_index(self, xp, i, write=False):
+        blob = self.level_idx_[i]
+        return blob.mutable_data_xp(xp) if write else blob.data_xp(xp)
 
     def _level_views(self, arr):
         """Per level, the (N, C, PH, PW) view of the top's slice."""
@@ -94,12 +95,12 @@ class SPPLayer(Layer):
         for i, ((spec, shape), view) in enumerate(zip(self.levels, self._level_views(y))):
             out = view if single else xp.empty(shape, dtype=x.dtype)
             if self.method == P.MAX:
-                P.max_forward(xp, spec, x, out, self._level_index(xp, i))
+                P.max_forward(xp, spec, x, out, self._level_index(xp, i, write=True))
             elif self.method == P.AVE:
                 P.ave_forward(xp, spec, x, out)
             elif self.phase == 0:
                 uniform = xp.asarray(context.rng().random(shape))
-                P.stochastic_forward_train(xp, spec, x, out, self._level_index(xp, i), uniform)
+                P.stochastic_forward_train(xp, spec, x, out, self._level_index(xp, i, write=True), uniform)
             else:
                 P.stochastic_forward_test(xp, spec, x, out)
             if not single:

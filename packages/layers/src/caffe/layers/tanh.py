@@ -1,10 +1,23 @@
-"""TanH: y = tanh(x); dy/dx = 1 - y^2 (from the top data, so in-place use is safe)."""
+"""TanH: y = tanh(x); dy/dx = 1 - y^2 (from the top data, so in-place use is safe).
+
+CPU: one kernel pass each way."""
+import numpy as np
+
+from caffe.layers import _cpu
 from caffe.layers.layer import NeuronLayer
 from caffe.layers.registry import register_layer
 
 
 @register_layer("TanH")
 class TanHLayer(NeuronLayer):
+    def forward_cpu(self, bottom, top):
+        if not _cpu.neuron_forward(self, _cpu.TANH, bottom, top):
+            self.forward_xp(np, bottom, top)
+
+    def backward_cpu(self, top, propagate_down, bottom):
+        if propagate_down[0] and not _cpu.neuron_backward(self, _cpu.TANH, top, bottom, reads_y=True):
+            self.backward_xp(np, top, propagate_down, bottom)
+
     def forward_xp(self, xp, bottom, top):
         x = bottom[0].data_xp(xp)
         top[0].mutable_data_xp(xp)[...] = xp.tanh(x)

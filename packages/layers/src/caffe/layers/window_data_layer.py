@@ -38,11 +38,11 @@ def _round(x: float) -> int:
 
 def parse_window_file(source: str, root_folder: str = ""):
     """(images [(path, (channels, height, width))], windows [[image_index, label, overlap, x1, y1, x2, y2]])."""
+    from caffe.blob.fileio import FileInputError, read_text_file
     try:
-        with open(source, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as exc:
-        raise DataError(f"failed to open window file '{source}': {exc.strerror or exc}") from None
+        text = read_text_file(source, "window file")  # a regular file only (no FIFO, no endless stream)
+    except FileInputError as exc:
+        raise DataError(f"failed to open window file '{source}': {exc.reason}") from None
     tokens = []
     for lineno, line in enumerate(text.splitlines(), start=1):
         tokens.extend((tok, lineno) for tok in line.split())

@@ -7,6 +7,23 @@ from caffe.net import io as caffe_io
 from caffe.net.net import TEST, Net
 
 
+def input_transformer(net, mean=None, input_scale=None, raw_scale=None, channel_swap=None):
+    """The caffe.io.Transformer for net's first input, set up as pycaffe's Classifier and Detector do
+    (H x W x K images in, K x H x W out; each option applied only when given)."""
+    in_ = net.inputs[0]
+    transformer = caffe_io.Transformer({in_: net.blobs[in_].data.shape})
+    transformer.set_transpose(in_, (2, 0, 1))
+    if mean is not None:
+        transformer.set_mean(in_, mean)
+    if input_scale is not None:
+        transformer.set_input_scale(in_, input_scale)
+    if raw_scale is not None:
+        transformer.set_raw_scale(in_, raw_scale)
+    if channel_swap is not None:
+        transformer.set_channel_swap(in_, channel_swap)
+    return transformer
+
+
 class Classifier(Net):
     """Classifier(model_file, pretrained_file, image_dims=None, mean=None, input_scale=None,
     raw_scale=None, channel_swap=None): images (H x W x K floats) in, class scores out."""
@@ -15,16 +32,7 @@ class Classifier(Net):
                  raw_scale=None, channel_swap=None):
         super().__init__(model_file, TEST, weights=pretrained_file)
         in_ = self.inputs[0]
-        self.transformer = caffe_io.Transformer({in_: self.blobs[in_].data.shape})
-        self.transformer.set_transpose(in_, (2, 0, 1))
-        if mean is not None:
-            self.transformer.set_mean(in_, mean)
-        if input_scale is not None:
-            self.transformer.set_input_scale(in_, input_scale)
-        if raw_scale is not None:
-            self.transformer.set_raw_scale(in_, raw_scale)
-        if channel_swap is not None:
-            self.transformer.set_channel_swap(in_, channel_swap)
+        self.transformer = input_transformer(self, mean, input_scale, raw_scale, channel_swap)
         self.crop_dims = np.array(self.blobs[in_].data.shape[2:])
         self.image_dims = self.crop_dims if image_dims is None or not len(image_dims) else image_dims
 

@@ -138,23 +138,27 @@ class Transformer:
         self.raw_scale[in_] = scale
 
     def set_mean(self, in_, mean) -> None:
-        """Subtract a per-channel mean (K,) or an elementwise mean (K x H x W or H x W)."""
+        """Subtract a per-channel mean (K,) or an elementwise mean (K x H x W, or H x W for one channel).
+        An elementwise mean of another height and width (a 256 x 256 ImageNet mean for a 227 x 227 input)
+        is resized to the input's, bilinearly, as pycaffe does."""
         self.__check_input(in_)
         mean = np.asarray(mean)
-        shape = mean.shape
+        channels, in_hw = self.inputs[in_][1], tuple(self.inputs[in_][2:])
         if mean.ndim == 1:
-            if shape[0] != self.inputs[in_][1]:
-                raise ValueError(f"Mean channels incompatible with input: {shape[0]} channels, the input "
-                                 f"has {self.inputs[in_][1]}")
+            if mean.shape[0] != channels:
+                raise ValueError(f"Mean channels incompatible with input: {mean.shape[0]} channels, the input "
+                                 f"has {channels}")
             mean = mean[:, np.newaxis, np.newaxis]
         else:
-            if len(shape) == 2:
-                shape = (1,) + shape
+            shape = (1,) + mean.shape if mean.ndim == 2 else mean.shape
             if len(shape) != 3:
-                raise ValueError(f"Mean shape invalid: {mean.shape}")
-            if shape != self.inputs[in_][1:]:
-                raise ValueError(f"Mean shape incompatible with input shape: {mean.shape} vs "
-                                 f"{self.inputs[in_][1:]}")
+                raise ValueError(f"Mean shape invalid: {mean.shape} (expected (K,), (K, H, W) or (H, W))")
+            if shape[0] != channels:
+                raise ValueError(f"Mean shape incompatible with input shape: {mean.shape} has {shape[0]} "
+                                 f"channel(s), the input {self.inputs[in_][1:]} has {channels}")
+            if shape[1:] != in_hw:
+                resized = resize_image(mean.reshape(shape).transpose(1, 2, 0), in_hw)
+                mean = resized.transpose(2, 0, 1).astype(mean.dtype if mean.dtype.kind == "f" else np.float32)
         self.mean[in_] = mean
 
     def set_input_scale(self, in_, scale) -> None:

@@ -24,6 +24,8 @@ from caffe.layers.layer import LayerError
 from caffe.layers.registry import UnknownLayerTypeError, create_layer
 from caffe.proto import caffe_pb2
 
+from caffe.net import memcheck
+from caffe.net.fold import build_units, fold_enabled
 from caffe.net.graph import FilterNet, InsertSplits, NetError, unknown_bottom_error
 from caffe.net.protofile import parse_text
 from caffe.net.pycaffe import PycaffeNet
@@ -54,11 +56,14 @@ def _callback(fn):
 class Net(WeightsMixin, PycaffeNet):
     """A network built from a NetParameter, a prototxt path or prototxt text.
 
-    Net(network, phase=None, level=None, stages=None, weights=None, *, dtype=float32)
-    and pycaffe's legacy Net(network_file, weights_file, phase).
+    Net(network, phase=None, level=None, stages=None, weights=None, *, dtype=float32, fold=None)
+    and pycaffe's legacy Net(network_file, weights_file, phase). fold: inference folding of BatchNorm/Scale
+    into the Convolution/InnerProduct before them in the TEST phase (caffe.net.fold); None follows the
+    environment variable CAFFE_FOLD (default on), False turns it off.
     """
 
-    def __init__(self, network, phase=None, level=None, stages=None, weights=None, *, dtype=np.float32):
+    def __init__(self, network, phase=None, level=None, stages=None, weights=None, *, dtype=np.float32,
+                 fold=None):
         if isinstance(phase, (str, os.PathLike)):  # pycaffe's legacy Net(file, weights, phase)
             if weights is not None:
                 raise TypeError("Net(file, weights, phase): weights given twice")
@@ -82,6 +87,7 @@ class Net(WeightsMixin, PycaffeNet):
         self._before_backward: list = []
         self._after_backward: list = []
         self._input_arrays = None
+        self._fold_flag = fold
         self.Init(param)
         if weights is not None:
             self.CopyTrainedLayersFrom(weights)
@@ -182,8 +188,10 @@ class Net(WeightsMixin, PycaffeNet):
                 for blob_id in self.top_id_vecs[layer_id]:
                     self.blob_need_backward[blob_id] = True
         self._prune_backward()
+        self._force_backward = bool(param.force_backward)
         if param.force_backward:
-            self._force_backward()
+            self._force_backward_all()
+        memcheck.check_train_net(self)
         for name in sorted(available):  # what nobody consumed is the net's output (std::set order)
             log.info("This network produces output %s", name)
             self._outputs.append(blob_name_to_idx[name])
@@ -192,6 +200,11 @@ class Net(WeightsMixin, PycaffeNet):
         self.ShareWeights()
         self.debug_info = bool(param.debug_info)
         self._pycaffe_cache = {}
+        self.fold_units = []
+        if (self.phase == TEST and not param.force_backward
+                and fold_enabled(getattr(self, "_fold_flag", None))):
+            self.fold_units = build_units(self)
+        self._fold_at = {u.first: u for u in self.fold_units} or None
         log.info("Network initialization done.")
 
     def _create_layer(self, layer_param):
@@ -206,9 +219,18 @@ class Net(WeightsMixin, PycaffeNet):
             layer.SetUp(self.bottom_vecs[layer_id], self.top_vecs[layer_id])
         except LayerError:
             raise  # already names the layer
+        except MemoryError as exc:  # name the layer and blob (caffe.net.memcheck)
+            raise memcheck.layer_memory_error(self, layer_id, exc) from exc
+        except (OverflowError, ValueError) as exc:
+            if type(exc) not in (OverflowError, ValueError):  # a typed error (DataError, ...) says what is wrong
+                exc.add_note(f"while setting up layer '{layer.name}' ({layer.type}) of net '{self.name}'")
+                raise
+            # Blob.reshape & co. name no layer
+            raise LayerError(f"Layer '{layer.name}' ({layer.type}) of net '{self.name}': {exc}") from exc
         except Exception as exc:
             exc.add_note(f"while setting up layer '{layer.name}' ({layer.type}) of net '{self.name}'")
             raise
+        memcheck.check_after_setup(self, layer_id)  # the blobs so far must fit before any is allocated
 
     def _append_top(self, param, layer_id, top_id, available, name_to_idx, producer) -> None:
         layer_param = param.layer[layer_id]
@@ -353,7 +375,7 @@ class Net(WeightsMixin, PycaffeNet):
                 if not self.bottom_need_backward[layer_id][bottom_id]:
                     blobs_skip_backp.add(blob_name)
 
-    def _force_backward(self) -> None:
+    def _force_backward_all(self) -> None:
         for layer_id, layer in enumerate(self.layers):
             self.layer_need_backward[layer_id] = True
             for bottom_id, blob_id in enumerate(self.bottom_id_vecs[layer_id]):
@@ -368,6 +390,33 @@ class Net(WeightsMixin, PycaffeNet):
         n = len(self.layers)
         if start < 0 or end >= n:
             raise IndexError(f"ForwardFromTo({start}, {end}): layer indices must lie in [0, {n - 1}]")
+        if self._before_forward or self._after_forward or self.debug_info:
+            return self._forward_observed(start, end)
+        if self._fold_at is not None:
+            if context.mode() == context.CPU:
+                return self._forward_folded(start, end)
+            self._unfold(start, end)
+        # The plain loop: nothing per layer but the call (this is what small batches pay for).
+        loss = 0.0
+        layers, bottom_vecs, top_vecs = self.layers, self.bottom_vecs, self.top_vecs
+        for i in range(start, end + 1):
+            try:
+                loss += layers[i].Forward(bottom_vecs[i], top_vecs[i])
+            except LayerError:
+                raise
+            except Exception as exc:
+                self._note(exc, i, "forward")
+                raise
+        return loss
+
+    def _note(self, exc, i: int, what: str) -> None:
+        layer = self.layers[i]
+        exc.add_note(f"in the {what} pass of layer '{layer.name}' ({layer.type})")
+
+    def _forward_observed(self, start: int, end: int) -> float:
+        """Layer by layer, with the callbacks and debug info (never folded: they observe each layer)."""
+        if self._fold_at is not None:
+            self._unfold(start, end)
         loss = 0.0
         for i in range(start, end + 1):
             for cb in self._before_forward:
@@ -378,13 +427,83 @@ class Net(WeightsMixin, PycaffeNet):
             except LayerError:
                 raise
             except Exception as exc:
-                exc.add_note(f"in the forward pass of layer '{layer.name}' ({layer.type})")
+                self._note(exc, i, "forward")
                 raise
             if self.debug_info:
                 self.ForwardDebugInfo(i)
             for cb in self._after_forward:
                 cb(i)
         return loss
+
+    def _forward_folded(self, start: int, end: int) -> float:
+        """Folded chains lying wholly in [start, end] run as one step each; other layers one by one."""
+        loss = 0.0
+        fold_at = self._fold_at
+        layers, bottom_vecs, top_vecs = self.layers, self.bottom_vecs, self.top_vecs
+        i = start
+        for unit in self.fold_units:  # a range may begin inside a chain
+            if unit.first < start <= unit.last:
+                self._unfold(start, start)
+        while i <= end:
+            unit = fold_at.get(i)
+            if unit is not None:
+                if unit.last <= end:
+                    loss += unit.forward()
+                    i = unit.last + 1
+                    continue
+                self._unfold(i, end)
+            try:
+                loss += layers[i].Forward(bottom_vecs[i], top_vecs[i])
+            except LayerError:
+                raise
+            except Exception as exc:
+                self._note(exc, i, "forward")
+                raise
+            i += 1
+        return loss
+
+    def _unfold(self, start: int, end: int) -> None:
+        """Before layers of folded chains run one by one: compute their pending tops (so the layers read and
+        overwrite what the unfolded forward would have left), and mark the chains as unfolded."""
+        for unit in self.fold_units:
+            if unit.first <= end and unit.last >= start:
+                unit.settle()
+                if start <= unit.first:
+                    unit.ran_folded = False
+
+    def fold(self, enabled: bool) -> None:
+        """Turn inference folding on or off for this net (on only takes effect in the TEST phase without
+        force_backward: as at construction)."""
+        if self._fold_at is not None:
+            self._unfold(0, len(self.layers) - 1)
+        if not enabled:
+            self._fold_at = None
+            return
+        if not self.fold_units and self.phase == TEST and not self._force_backward:
+            self.fold_units = build_units(self)
+        self._fold_at = {u.first: u for u in self.fold_units} or None
+
+    def forward_steps(self) -> list:
+        """The forward as it runs now: (first layer, last layer, run) per step, run() -> loss; a folded
+        chain is one step (for per-layer timing: caffe-cli time, bench/bench_infer.py)."""
+        steps = []
+        fold_at = self._fold_at if context.mode() == context.CPU else None
+        i, n = 0, len(self.layers)
+        while i < n:
+            unit = fold_at.get(i) if fold_at else None
+            if unit is not None:
+                steps.append((i, unit.last, unit.forward))
+                i = unit.last + 1
+                continue
+            layer, bottom, top = self.layers[i], self.bottom_vecs[i], self.top_vecs[i]
+            steps.append((i, i, lambda layer=layer, bottom=bottom, top=top: layer.Forward(bottom, top)))
+            i += 1
+        return steps
+
+    @property
+    def folded(self) -> bool:
+        """Whether folded chains run in this net's forward (in CPU mode)."""
+        return self._fold_at is not None
 
     def ForwardFrom(self, start: int) -> float:
         return self.ForwardFromTo(start, len(self.layers) - 1)
@@ -400,6 +519,24 @@ class Net(WeightsMixin, PycaffeNet):
         n = len(self.layers)
         if end < 0 or start >= n:
             raise IndexError(f"BackwardFromTo({start}, {end}): layer indices must lie in [0, {n - 1}]")
+        if self.fold_units:
+            self._check_backward(start, end)
+        if self._before_backward or self._after_backward or self.debug_info:
+            self._backward_observed(start, end)
+            return
+        layers, top_vecs, bottom_vecs = self.layers, self.top_vecs, self.bottom_vecs
+        need, bottom_need = self.layer_need_backward, self.bottom_need_backward
+        for i in range(start, end - 1, -1):
+            if need[i]:
+                try:
+                    layers[i].Backward(top_vecs[i], bottom_need[i], bottom_vecs[i])
+                except LayerError:
+                    raise
+                except Exception as exc:
+                    self._note(exc, i, "backward")
+                    raise
+
+    def _backward_observed(self, start: int, end: int) -> None:
         for i in range(start, end - 1, -1):
             for cb in self._before_backward:
                 cb(i)
@@ -410,12 +547,22 @@ class Net(WeightsMixin, PycaffeNet):
                 except LayerError:
                     raise
                 except Exception as exc:
-                    exc.add_note(f"in the backward pass of layer '{layer.name}' ({layer.type})")
+                    self._note(exc, i, "backward")
                     raise
                 if self.debug_info:
                     self.BackwardDebugInfo(i)
             for cb in self._after_backward:
                 cb(i)
+
+    def _check_backward(self, start: int, end: int) -> None:
+        for unit in self.fold_units:
+            if not unit.ran_folded or unit.first > start or unit.last < end:
+                continue
+            if any(self.layer_need_backward[i] for i in unit.ids if end <= i <= start):
+                raise NetError(f"Backward through layers {', '.join(unit.names)} of net '{self.name}', which ran "
+                               f"folded into one for inference in the last forward (TEST phase): their "
+                               f"gradients need the unfolded forward. Build the net with fold=False (or "
+                               f"CAFFE_FOLD=0, or force_backward: true in the prototxt) to run backward.")
 
     def BackwardFrom(self, start: int) -> None:
         self.BackwardFromTo(start, 0)
@@ -605,13 +752,14 @@ class Net(WeightsMixin, PycaffeNet):
 
     # -- memory ---------------------------------------------------------------------------------------
     def memory_report(self) -> dict:
-        """Bytes held by the net's blobs (allocated data and diff), counting shared memory once."""
+        """Bytes held by the net's blobs (allocated data and diff), counting shared memory once; the folded
+        weights of inference folding (made at the first folded forward) apart."""
         seen: set[int] = set()
 
         def held(blobs) -> int:
             total = 0
             for b in blobs:
-                for mem in (b.data_mem, b.diff_mem):
+                for mem in b._memories():  # (not data_mem: that would compute pending blobs)
                     if mem is not None and id(mem) not in seen and mem.head != UNINITIALIZED:
                         seen.add(id(mem))
                         total += mem.size
@@ -619,7 +767,9 @@ class Net(WeightsMixin, PycaffeNet):
 
         activations = held(self._blobs)
         params = held(self._params)
-        return {"activation_bytes": activations, "param_bytes": params, "total_bytes": activations + params,
+        folded = held(b for u in self.fold_units if u.clone is not None for b in u.clone.blobs)
+        return {"activation_bytes": activations, "param_bytes": params, "folded_param_bytes": folded,
+                "total_bytes": activations + params + folded,
                 "memory_required_for_data": self.memory_used * self.dtype.itemsize}
 
     def __repr__(self) -> str:

@@ -12,6 +12,8 @@ from itertools import zip_longest
 
 import numpy as np
 
+from caffe.blob import deferred
+
 
 class IndexedDict(OrderedDict):
     """An OrderedDict by name that also answers a blob id (C++-style code indexes by blob id)."""
@@ -136,6 +138,7 @@ class PycaffeNet:
         if kwargs:
             self._set_blobs(kwargs, self.inputs, "data", "Input blob")
         self._forward(start_ind, end_ind)
+        deferred.flush()  # GPU mode: checks made on the device (labels, indices) fail here, as on the CPU
         return {out: self.blobs[out].data for out in outputs}
 
     def backward(self, diffs=None, start=None, end=None, **kwargs) -> dict:
@@ -237,6 +240,10 @@ class PycaffeNet:
     # -- pycaffe methods over Caffe's -----------------------------------------------------------------------
     def reshape(self) -> None:
         self.Reshape()
+
+    def clear_param_diffs(self) -> None:
+        """Zero every learnable parameter's diff (Caffe's ClearParamDiffs)."""
+        self.ClearParamDiffs()
 
     def copy_from(self, filename) -> None:
         self.CopyTrainedLayersFrom(filename)

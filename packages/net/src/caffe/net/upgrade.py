@@ -369,7 +369,17 @@ def NetNeedsUpgrade(net_param) -> bool:
 
 
 def UpgradeNetAsNeeded(param, param_file: str = "<NetParameter>") -> bool:
-    """Upgrade `param` in place; True when every step was fully compatible (Caffe logs and continues)."""
+    """Upgrade `param` in place; True when every step was fully compatible (Caffe logs and continues).
+    An UpgradeError names `param_file`."""
+    try:
+        return _upgrade_net_as_needed(param, param_file)
+    except UpgradeError as exc:
+        if str(exc).startswith(f"{param_file}: "):
+            raise
+        raise UpgradeError(f"{param_file}: {exc}") from None
+
+
+def _upgrade_net_as_needed(param, param_file: str) -> bool:
     success = True
     if NetNeedsV0ToV1Upgrade(param):
         log.info("Attempting to upgrade input file specified using deprecated V0LayerParameter: %s", param_file)

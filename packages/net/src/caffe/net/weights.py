@@ -2,6 +2,9 @@
 
 Reading matches layers by name (unknown source layers are ignored, as in Caffe)
 and refuses a shape mismatch with the layer, blob index, both shapes and the file.
+Only regular files are read (caffe.blob.fileio). As Caffe's CopyTrainedLayersFrom logs
+each layer it copies, the net's layers with parameters that got nothing from the file
+are named in a warning (a caffemodel cut at a layer boundary, or one of another net).
 Writing streams each layer's wire bytes straight from the parameter arrays: the
 binary caffemodel is never built as one protobuf message (a CaffeNet-size model
 would otherwise be copied several times), and every write is atomic.
@@ -13,6 +16,7 @@ import os
 
 import numpy as np
 
+from caffe.blob.fileio import FileInputError, require_regular_file
 from caffe.blob.proto_io import varint
 from caffe.layers.layer import Layer
 from caffe.proto import caffe_pb2
@@ -119,8 +123,10 @@ class WeightsMixin:
             self._copy_trained_layers(source, "<NetParameter>")
             return
         path = os.fspath(source)
-        if not os.path.exists(path):
-            raise ProtoFileError(f"Cannot open weights file '{path}': no such file", path)
+        try:
+            require_regular_file(path, "weights file")  # before anything opens it: a FIFO would block
+        except FileInputError as exc:
+            raise ProtoFileError(str(exc), path) from None
         if path.endswith(".h5") or is_hdf5(path):
             self.CopyTrainedLayersFromHDF5(path)
         else:
@@ -138,12 +144,14 @@ class WeightsMixin:
         first: dict[str, int] = {}
         for i, name in enumerate(self.layer_names):
             first.setdefault(name, i)
+        copied: set[int] = set()
         for source_layer in param.layer:
             name = source_layer.name
             target_id = first.get(name)
             if target_id is None:
                 log.info("Ignoring source layer %s", name)
                 continue
+            log.info("Copying source layer %s Type:%s #blobs=%d", name, source_layer.type, len(source_layer.blobs))
             target_blobs = self.layers[target_id].blobs
             if len(target_blobs) != len(source_layer.blobs):
                 raise WeightsError(f"Incompatible number of blobs for layer '{name}': '{source}' has "
@@ -161,14 +169,47 @@ class WeightsMixin:
                 except ValueError as exc:
                     raise WeightsError(f"Cannot copy param {j} weights from layer '{name}' of '{source}': "
                                        f"{exc}") from None
+            copied.add(target_id)
+        self._report_uncopied(copied, source)
+
+    def _report_uncopied(self, copied: set, source: str) -> None:
+        """Warn about the net's layers with parameters that the weights file did not fill."""
+        missing = [i for i, layer in enumerate(self.layers)
+                   if layer.blobs and i not in copied and not self._params_shared_from_copied(i, copied)]
+        if not missing:
+            return
+        names = ", ".join(f"'{self.layer_names[i]}'" for i in missing)
+        if not any(self.layers[i].blobs for i in copied):
+            log.warning("No layer of the net got weights from '%s': none of its layers with parameters matches a "
+                        "layer of the file by name (is it a model of another net?); layers %s keep their "
+                        "initialization", source, names)
+        else:
+            log.warning("%d layer(s) with parameters got no weights from '%s' and keep their initialization: "
+                        "%s (the file has no layer of that name: a model of another net, or one cut short?)",
+                        len(missing), source, names)
+
+    def _params_shared_from_copied(self, layer_id: int, copied: set) -> bool:
+        """A layer whose every parameter is shared from a copied owner got its weights through the owner."""
+        ids = self.param_id_vecs[layer_id]
+        if not ids:
+            return False
+        for net_param_id in ids:
+            owner = self.param_owners[net_param_id]
+            if owner == -1 or self.param_layer_indices[owner][0] not in copied:
+                return False
+        return True
 
     def CopyTrainedLayersFromHDF5(self, path) -> None:
         import h5py
         path = os.fspath(path)
         try:
+            require_regular_file(path, "HDF5 weights file")
             f = h5py.File(path, "r")
+        except FileInputError as exc:
+            raise ProtoFileError(str(exc), path) from None
         except (OSError, ValueError) as exc:
             raise ProtoFileError(f"Couldn't open HDF5 weights file '{path}': {exc}", path) from None
+        copied: set[int] = set()
         with f:
             if "data" not in f or not isinstance(f["data"], h5py.Group):
                 raise WeightsError(f"Error reading weights from '{path}': no 'data' group (an HDF5 caffemodel "
@@ -181,6 +222,11 @@ class WeightsMixin:
                 target_id = self.layer_names_index[name]
                 target_blobs = self.layers[target_id].blobs
                 group = data[name]
+                if not isinstance(group, h5py.Group):
+                    raise WeightsError(f"Error reading weights from '{path}': data/{name} is a dataset, but an "
+                                       f"HDF5 caffemodel stores layer '{name}' as a group of datasets "
+                                       f"data/{name}/0, data/{name}/1, ...")
+                log.info("Copying source layer %s #blobs=%d", name, len(group))
                 if len(group) > len(target_blobs):
                     raise WeightsError(f"Incompatible number of blobs for layer '{name}': '{path}' has "
                                        f"{len(group)}, the net's layer has {len(target_blobs)}")
@@ -191,14 +237,9 @@ class WeightsMixin:
                             continue  # weight-shared in this net: its owner holds the data
                         raise WeightsError(f"Incompatible number of blobs for layer '{name}': '{path}' lacks "
                                            f"param {j}")
-                    ds = group[key]
-                    if tuple(ds.shape) != blob.shape:
-                        raise WeightsError(
-                            f"Cannot copy param {j} weights from layer '{name}'; shape mismatch.  Source param "
-                            f"shape is {_shape_string(ds.shape)}; target param shape is {blob.shape_string()} "
-                            f"(weights file '{path}').")
-                    if blob.count():
-                        ds.read_direct(blob.mutable_cpu_data())
+                    _read_hdf5_param(group[key], blob, f"data/{name}/{key}", name, j, path)
+                copied.add(target_id)
+        self._report_uncopied(copied, path)
 
     # -- writing ------------------------------------------------------------------------------------------
     def ToProto(self, write_diff: bool = False):
@@ -218,7 +259,7 @@ class WeightsMixin:
 
     def Save(self, filename, write_diff: bool = False) -> None:
         """Write a binary caffemodel (ToProto + WriteProtoToBinaryFile), streamed and atomic."""
-        with atomic_open(filename) as f:
+        with atomic_open(filename, "caffemodel") as f:
             f.write(caffe_pb2.NetParameter(name=self.name).SerializeToString())
             for layer in self.layers:
                 _write_layer(f, layer, write_diff)
@@ -226,7 +267,7 @@ class WeightsMixin:
     def ToHDF5(self, filename, write_diff: bool = False) -> None:
         """Write data/<layer>/<i> (owned params only) and, with write_diff, diff/<layer>/<i> (all)."""
         import h5py
-        with atomic_path(filename) as tmp:
+        with atomic_path(filename, "HDF5 caffemodel") as tmp:
             with h5py.File(tmp, "w") as f:
                 data = f.create_group("data")
                 diff = f.create_group("diff") if write_diff else None
@@ -241,3 +282,37 @@ class WeightsMixin:
                             layer_data.create_dataset(str(param_id), data=blob.cpu_data())
                         if layer_diff is not None:
                             layer_diff.create_dataset(str(param_id), data=blob.cpu_diff())
+
+
+def _read_hdf5_param(ds, blob, key: str, name: str, j: int, path: str) -> None:
+    """One parameter blob from dataset `key` of an HDF5 caffemodel, with errors naming file, layer and blob."""
+    import h5py
+    if not isinstance(ds, h5py.Dataset):
+        raise WeightsError(f"Error reading weights from '{path}': {key} (param {j} of layer '{name}') is a "
+                           f"{type(ds).__name__.lower()}, not a dataset of numbers")
+    if ds.dtype.kind not in "fiub":
+        raise WeightsError(f"Error reading weights from '{path}': {key} (param {j} of layer '{name}') holds "
+                           f"{_dtype_text(ds.dtype)}, not numbers")
+    if tuple(ds.shape or ()) != blob.shape:
+        raise WeightsError(
+            f"Cannot copy param {j} weights from layer '{name}'; shape mismatch.  Source param "
+            f"shape is {_shape_string(ds.shape or ())}; target param shape is {blob.shape_string()} "
+            f"(weights file '{path}').")
+    if not blob.count():
+        return
+    try:
+        if ds.dtype == blob.dtype:
+            ds.read_direct(blob.mutable_cpu_data())
+        else:
+            blob.mutable_cpu_data()[...] = ds[()]
+    except (OSError, ValueError, TypeError) as exc:
+        raise WeightsError(f"Error reading weights from '{path}': {key} (param {j} of layer '{name}') cannot "
+                           f"be read: {exc}") from None
+
+
+def _dtype_text(dtype) -> str:
+    if dtype.kind in "SUO":
+        return "strings"
+    if dtype.kind == "V":
+        return "compound records"
+    return f"values of type {dtype}"

@@ -28,6 +28,9 @@ def require_mpi(what: str = "MPI training"):
 def nccl_module():
     """CuPy's NCCL bindings if CuPy and the NCCL library are installed, else None (no GPU needed)."""
     try:
+        # `cupy` first: `from cupy.cuda import nccl` alone would find an already imported cupy.cuda.nccl in
+        # sys.modules even where cupy itself cannot be imported (or is hidden, as the tests do)
+        import cupy  # noqa: F401
         from cupy.cuda import nccl
     except Exception:  # ImportError, or CuPy failing to load its CUDA libraries
         return None

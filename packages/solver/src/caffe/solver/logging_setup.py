@@ -1,31 +1,16 @@
-"""glog-style log lines for Python logging: "I1130 05:55:11.123456 12345 solver.py:218] message".
+"""glog-style log lines for the solver: "I1130 05:55:11.123456 12345 solver.py:218] message".
 
-The solver logs through logging.getLogger("caffe.solver") (a child of "caffe"); a
-handler with glog_formatter() gives Caffe's line prefix, so tools such as Caffe's
-parse_log.py read the training log as they read Caffe's.
+The solver logs through logging.getLogger("caffe.solver") (a child of "caffe"); caffe.blob.glog holds the
+formatter every package uses (Caffe's parse_log.py reads these lines as it reads Caffe's) and pycaffe's
+default handler (stderr, set up by `import caffe`).
 """
 from __future__ import annotations
 
 import logging
-import os
-import time
 
-_LEVEL_LETTER = {logging.DEBUG: "I", logging.INFO: "I", logging.WARNING: "W", logging.ERROR: "E",
-                 logging.CRITICAL: "F"}
+from caffe.blob.glog import GlogFormatter
 
-
-class GlogFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        t = time.localtime(record.created)
-        micros = int((record.created - int(record.created)) * 1e6)
-        letter = _LEVEL_LETTER.get(record.levelno, "I" if record.levelno < logging.WARNING else "E")
-        prefix = (f"{letter}{t.tm_mon:02d}{t.tm_mday:02d} {t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}."
-                  f"{micros:06d} {record.process or os.getpid():>5d} "
-                  f"{record.filename}:{record.lineno}] ")
-        text = prefix + record.getMessage()
-        if record.exc_info:
-            text += "\n" + self.formatException(record.exc_info)
-        return text
+__all__ = ["GlogFormatter", "glog_formatter", "init_log"]
 
 
 def glog_formatter() -> logging.Formatter:
@@ -33,7 +18,8 @@ def glog_formatter() -> logging.Formatter:
 
 
 def init_log(level=logging.INFO, stream=None) -> logging.Handler:
-    """Attach a glog-formatted stream handler to the "caffe" logger (pycaffe's caffe.init_log)."""
+    """Attach a glog-formatted stream handler to the "caffe" logger (pycaffe's caffe.init_log is
+    caffe.blob.glog.init_log; this one writes to any stream)."""
     logger = logging.getLogger("caffe")
     handler = logging.StreamHandler(stream)
     handler.setFormatter(GlogFormatter())

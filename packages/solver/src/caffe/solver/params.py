@@ -73,20 +73,26 @@ def parse_text(text: str, message, source: str):
     try:
         text_format.Parse(text, message)
     except text_format.ParseError as exc:
-        raise SolverError(f"{source}: cannot parse as {type(message).__name__}: {exc}") from None
+        from caffe.net.protofile import shorten  # a 150 KB line is not echoed whole
+        raise SolverError(f"{source}: cannot parse as {type(message).__name__}: {shorten(str(exc))}") from None
     return message
+
+
+def _read_text(path: str, what: str) -> str:
+    """A regular text file, bounded (caffe.blob.fileio): /dev/zero or a FIFO is refused, not read."""
+    from caffe.blob.fileio import FileInputError, read_text_file
+    try:
+        return read_text_file(path, what, fmt="a prototxt")
+    except FileInputError as exc:
+        if not os.path.exists(path):
+            raise SolverError(f"{what} {path!r} not found (current directory: {os.getcwd()})") from None
+        raise SolverError(str(exc)) from None
 
 
 def read_solver_params(param_file) -> "caffe_pb2.SolverParameter":
     """ReadSolverParamsFromTextFileOrDie: parse, upgrade the solver type, default the snapshot prefix."""
     param_file = os.fspath(param_file)
-    try:
-        with open(param_file, "r") as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise SolverError(f"solver file {param_file!r} not found (current directory: {os.getcwd()})") from None
-    except OSError as exc:
-        raise SolverError(f"cannot read solver file {param_file!r}: {exc}") from None
+    text = _read_text(param_file, "solver file")
     param = parse_text(text, caffe_pb2.SolverParameter(), f"solver file {param_file!r}")
     upgrade_solver_as_needed(param, param_file)
     upgrade_snapshot_prefix(param, param_file)
@@ -112,8 +118,7 @@ def read_net_params(path: str, field: str, solver_source: str | None = None):
     reader = _net_reader()
     if reader is not None:
         return reader(path)
-    with open(path, "r") as f:
-        return parse_text(f.read(), pb.NetParameter(), f"{field} file {path!r}")
+    return parse_text(_read_text(path, f"{field} file"), pb.NetParameter(), f"{field} file {path!r}")
 
 
 def _net_reader():

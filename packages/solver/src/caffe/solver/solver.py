@@ -11,6 +11,22 @@ One deliberate addition: a non-finite training loss stops training with a
 NonFiniteLossError naming the iteration, before the update touches the weights and
 without writing any snapshot, so the last good snapshot stays the newest.
 
+GPU mode keeps the device busy: the loss of each iteration stays on the device (a
+caffe.blob.deferred.DeviceScalar) until the solver needs it: at display iterations, before
+a snapshot, when `losses` / `smoothed_loss` are read, and at least every LOSS_READ_EVERY
+iterations. Then all the losses waiting are read in one copy and folded into the smoothed
+loss in iteration order, so the displayed numbers are exactly those of reading every loss
+at once (CPU mode reads it at once, as before). The non-finite check then runs on those
+losses: in GPU mode training stops at the read, naming the first iteration whose loss was
+not finite; the updates of the iterations between it and the read have been applied (the
+snapshot is still not written).
+
+Two more: a training holds a lock on its snapshot_prefix (caffe.solver.snapshot_lock),
+so a second training on the same prefix fails with a clear error instead of silently
+overwriting the first one's snapshots (unless `overwrite_snapshots` is set); and
+snapshots are written atomically (caffe.blob.fileio), the weights streamed straight to
+one temporary file (Net.Save / Net.ToHDF5), a full disk reported with the file's name.
+
 Log lines keep glog's text (logger "caffe.solver", a child of "caffe") so log-parsing
 scripts written for Caffe keep working.
 """
@@ -23,6 +39,8 @@ import time
 
 import numpy as np
 
+from caffe.blob import deferred
+from caffe.blob.deferred import DeviceScalar
 from caffe.proto import caffe_pb2
 from caffe.solver.params import SolverError, read_net_params, read_solver_params, upgrade_solver_as_needed
 from caffe.solver.signals import SolverAction
@@ -31,6 +49,10 @@ log = logging.getLogger("caffe.solver")
 
 TRAIN = caffe_pb2.TRAIN
 TEST = caffe_pb2.TEST
+
+
+# GPU mode: read the losses waiting on the device at least this often (also at display iterations and snapshots).
+LOSS_READ_EVERY = 100
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -85,12 +107,17 @@ class Solver:
         self.callbacks = []
         self.requested_early_exit = False
         self._action_function = None
-        self.losses: list[float] = []
-        self.smoothed_loss = 0.0
+        self._losses: list[float] = []
+        self._smoothed_loss = 0.0
+        self._pending_losses: list = []  # GPU mode: [(iteration, loss on the device, counts for smoothing)]
+        self._smoothing = (0, 1)  # (start_iter, average_loss) of the Step the smoothed loss belongs to
         self.mean_scores: list[list[float]] = []
+        self.mean_scores_iter: list[int | None] = []  # the iteration each test net's mean_scores are from
         self.last_snapshot: tuple[str, str] | None = None
         self._iterations_last = 0
         self._output_cache = {}
+        self.overwrite_snapshots = False  # True: write snapshot_prefix even while another training holds it
+        self._prefix_locked: str | None = None
         self.Init(param)
 
     # -- construction ---------------------------------------------------------------
@@ -101,6 +128,9 @@ class Solver:
             raise SolverError(f"average_loss should be >= 1, got {param.average_loss}")
         if param.iter_size < 1:
             raise SolverError(f"iter_size should be >= 1, got {param.iter_size}")
+        if param.max_iter < 0:
+            raise SolverError(f"{self._where()}: max_iter is {param.max_iter}; it must be >= 0 (the number of "
+                              f"iterations to train)")
         self.check_param(param)
         self.CheckSnapshotWritePermissions()
         from caffe.blob import context
@@ -201,6 +231,7 @@ class Solver:
                 self._load_weights(net, model_list)
             self.test_nets.append(net)
         self.mean_scores = [[] for _ in self.test_nets]
+        self.mean_scores_iter = [None for _ in self.test_nets]
 
     def _load_weights(self, net, model_list: str) -> None:
         for name in model_list.split(","):
@@ -264,8 +295,11 @@ class Solver:
         stop_iter = self.iter + int(iters)
         average_loss = p.average_loss
         iter_size = p.iter_size
-        self.losses = []
-        self.smoothed_loss = 0.0
+        # losses of an earlier Step still on the device are checked at the next read, not smoothed
+        self._pending_losses = [(it, value, False) for it, value, _ in self._pending_losses]
+        self._losses = []
+        self._smoothed_loss = 0.0
+        self._smoothing = (start_iter, average_loss)
         self._iterations_last = self.iter
         timer = time.perf_counter()
         net = self.net
@@ -287,9 +321,16 @@ class Solver:
             for _ in range(iter_size):
                 loss += _as_loss(net.ForwardBackward())
             loss /= iter_size
-            if not math.isfinite(loss):
-                self._nonfinite(loss)
-            self.UpdateSmoothedLoss(loss, start_iter, average_loss)
+            if isinstance(loss, DeviceScalar) and loss.pending:  # GPU mode: read when needed (see the doc)
+                self._pending_losses.append((self.iter, loss, True))
+                if (display and root) or len(self._pending_losses) >= LOSS_READ_EVERY:
+                    self._read_losses()
+            else:
+                self._read_losses()
+                loss = float(loss)
+                if not math.isfinite(loss):
+                    self._nonfinite(loss)
+                self.UpdateSmoothedLoss(loss, start_iter, average_loss)
             if display and root:
                 lapse = time.perf_counter() - timer
                 per_s = (self.iter - self._iterations_last) / (lapse if lapse else 1.0)
@@ -310,14 +351,55 @@ class Solver:
                 self.requested_early_exit = True
                 break
 
-    def _nonfinite(self, loss: float) -> None:
+    def _nonfinite(self, loss: float, at: int | None = None) -> None:
         kept = (f"the last snapshot ({self.last_snapshot[0]}, {self.last_snapshot[1]}) is left as it was"
                 if self.last_snapshot else "no snapshot was written")
-        msg = (f"Iteration {self.iter}: the training loss is {fmt(loss)}; training stopped before this "
-               f"iteration's update (weights are those after iteration {self.iter - 1 if self.iter else 0} "
-               f"updates), {kept}. Lower base_lr, set clip_gradients, or check the data.")
+        if at is None or at == self.iter:
+            msg = (f"Iteration {self.iter}: the training loss is {fmt(loss)}; training stopped before this "
+                   f"iteration's update (weights are those after iteration {self.iter - 1 if self.iter else 0} "
+                   f"updates), {kept}. Lower base_lr, set clip_gradients, or check the data.")
+        else:
+            msg = (f"Iteration {at}: the training loss is {fmt(loss)}; found when the losses kept on the GPU were "
+                   f"read at iteration {self.iter}: training stopped there (the weights carry the updates of "
+                   f"iterations {at} to {self.iter - 1}), {kept}. Lower base_lr, set clip_gradients, or check "
+                   f"the data.")
         log.error(msg)
         raise NonFiniteLossError(msg)
+
+    def _read_losses(self) -> None:
+        """Read the losses waiting on the device (one copy) and fold them in, in iteration order."""
+        pending = self._pending_losses
+        if not pending:
+            return
+        self._pending_losses = []
+        start_iter, average_loss = self._smoothing
+        for (it, _, smooth), value in zip(pending, deferred.values([v for _, v, _ in pending])):
+            if not math.isfinite(value):
+                self._nonfinite(value, at=it)
+            if smooth:
+                self._update_smoothed(value, it, start_iter, average_loss)
+
+    @property
+    def losses(self) -> list[float]:
+        """The last `average_loss` training losses (Caffe's losses_; reads those still on the device)."""
+        self._read_losses()
+        return self._losses
+
+    @losses.setter
+    def losses(self, value) -> None:
+        self._read_losses()
+        self._losses = value
+
+    @property
+    def smoothed_loss(self) -> float:
+        """The training loss averaged over the last `average_loss` iterations (reads those on the device)."""
+        self._read_losses()
+        return self._smoothed_loss
+
+    @smoothed_loss.setter
+    def smoothed_loss(self, value) -> None:
+        self._read_losses()
+        self._smoothed_loss = value
 
     def Solve(self, resume_file=None) -> None:
         from caffe.blob import context
@@ -326,10 +408,21 @@ class Solver:
         log.info("Solving %s", getattr(self.net, "name", ""))
         log.info("Learning Rate Policy: %s", self.param.lr_policy)
         self.requested_early_exit = False
+        locked_here = self._lock_snapshot_prefix()
+        try:
+            self._solve(resume_file)
+        finally:
+            if locked_here:
+                self.release_snapshot_prefix()
+
+    def _solve(self, resume_file) -> None:
         if resume_file:
             log.info("Restoring previous solver status from %s", resume_file)
             self.Restore(resume_file)
         p = self.param
+        if self.iter > p.max_iter:
+            log.warning("The solver state is at iteration %d, past max_iter %d: nothing to train", self.iter,
+                        p.max_iter)
         start_iter = self.iter
         self.Step(p.max_iter - self.iter)
         # the after-training snapshot, unless the schedule has just written one
@@ -340,7 +433,8 @@ class Solver:
             return
         # a last forward pass (no update) to display the final loss, and a last test
         if p.display and self.iter % p.display == 0:
-            loss = _as_loss(self.net.Forward())
+            self._read_losses()
+            loss = float(_as_loss(self.net.Forward()))
             self.UpdateSmoothedLoss(loss, start_iter, p.average_loss)
             log.info("Iteration %d, loss = %s", self.iter, fmt(self.smoothed_loss))
         if p.test_interval and self.iter % p.test_interval == 0:
@@ -348,14 +442,19 @@ class Solver:
         log.info("Optimization Done.")
 
     def UpdateSmoothedLoss(self, loss: float, start_iter: int, average_loss: int) -> None:
-        if len(self.losses) < average_loss:
-            self.losses.append(loss)
-            size = len(self.losses)
-            self.smoothed_loss = (self.smoothed_loss * (size - 1) + loss) / size
+        self._read_losses()
+        self._update_smoothed(float(loss), self.iter, start_iter, average_loss)
+
+    def _update_smoothed(self, loss: float, it: int, start_iter: int, average_loss: int) -> None:
+        losses = self._losses
+        if len(losses) < average_loss:
+            losses.append(loss)
+            size = len(losses)
+            self._smoothed_loss = (self._smoothed_loss * (size - 1) + loss) / size
         else:
-            idx = (self.iter - start_iter) % average_loss
-            self.smoothed_loss += (loss - self.losses[idx]) / average_loss
-            self.losses[idx] = loss
+            idx = (it - start_iter) % average_loss
+            self._smoothed_loss += (loss - losses[idx]) / average_loss
+            losses[idx] = loss
 
     # -- testing --------------------------------------------------------------------------
     def TestAll(self) -> None:
@@ -382,7 +481,8 @@ class Solver:
                 request = self.GetRequestedAction()
             if self.requested_early_exit:
                 break
-            iter_loss = _as_loss(test_net.Forward())
+            iter_loss = float(_as_loss(test_net.Forward()))
+            deferred.flush()  # device-side checks (labels) of the test net: its outputs are read below anyway
             if p.test_compute_loss:
                 loss += iter_loss
             outputs = self._outputs(test_net)
@@ -410,6 +510,7 @@ class Solver:
                     log.info("    Test net output #%d: %s = %s%s", k, name, fmt(mean), extra)
                     k += 1
         self.mean_scores[test_net_id] = means
+        self.mean_scores_iter[test_net_id] = self.iter
 
     def _outputs(self, net):
         """[(blob, name, loss_weight)] for the net's outputs (fixed once the net is built)."""
@@ -461,6 +562,36 @@ class Solver:
                 raise SolverError(f"Cannot write to snapshot prefix '{p.snapshot_prefix}'.  Make sure that the "
                                   f"directory exists and is writable.") from None
 
+    def _lock_snapshot_prefix(self) -> bool:
+        """Hold the lock of snapshot_prefix (root solver); True when this call took it."""
+        from caffe.blob import context
+        from caffe.solver import snapshot_lock
+        prefix = self.param.snapshot_prefix
+        if self._prefix_locked is not None or not prefix or not context.root_solver():
+            return False
+        if self.overwrite_snapshots:
+            other = snapshot_lock.held_by_other(prefix)
+            if other:
+                log.warning("snapshot_prefix %s is in use by another training (%s); writing there anyway "
+                            "(overwrite_snapshots)", prefix, other)
+            return False
+        snapshot_lock.acquire(prefix)
+        self._prefix_locked = prefix
+        return True
+
+    def release_snapshot_prefix(self) -> None:
+        """Let another training use this solver's snapshot_prefix (done at the end of Solve)."""
+        if self._prefix_locked is not None:
+            from caffe.solver import snapshot_lock
+            snapshot_lock.release(self._prefix_locked)
+            self._prefix_locked = None
+
+    def __del__(self):
+        try:
+            self.release_snapshot_prefix()
+        except Exception:
+            pass
+
     def SnapshotFilename(self, extension: str, iter_: int | None = None) -> str:
         it = self.iter if iter_ is None else iter_
         return f"{self.param.snapshot_prefix}_iter_{it}{extension}"
@@ -469,6 +600,8 @@ class Solver:
         from caffe.blob import context
         if not context.root_solver():
             raise SolverError("Snapshot must be called on the root solver")
+        self._lock_snapshot_prefix()  # a solver driven by step(): from its first snapshot on
+        self._read_losses()  # GPU mode: a non-finite loss still on the device stops before the snapshot
         fmt_ = self.param.snapshot_format
         if fmt_ == caffe_pb2.SolverParameter.BINARYPROTO:
             model_filename = self.SnapshotToBinaryProto()
@@ -480,19 +613,15 @@ class Solver:
         self.last_snapshot = (model_filename, state_filename)
 
     def SnapshotToBinaryProto(self) -> str:
-        from caffe.solver.state_io import atomic_write_bytes
         model_filename = self.SnapshotFilename(".caffemodel")
         log.info("Snapshotting to binary proto file %s", model_filename)
-        net_param = self.net.ToProto(write_diff=self.param.snapshot_diff)
-        atomic_write_bytes(model_filename, net_param.SerializeToString())
+        self.net.Save(model_filename, write_diff=self.param.snapshot_diff)  # streamed, atomic
         return model_filename
 
     def SnapshotToHDF5(self) -> str:
-        from caffe.solver.state_io import atomic_path
         model_filename = self.SnapshotFilename(".caffemodel.h5")
         log.info("Snapshotting to HDF5 file %s", model_filename)
-        with atomic_path(model_filename) as tmp:
-            self.net.ToHDF5(tmp, write_diff=self.param.snapshot_diff)
+        self.net.ToHDF5(model_filename, write_diff=self.param.snapshot_diff)  # one temporary file, atomic
         return model_filename
 
     def Restore(self, state_file) -> None:
@@ -563,11 +692,12 @@ def _set_debug_info(net, flag: bool) -> None:
         fn(bool(flag))
 
 
-def _as_loss(value) -> float:
-    """Net.Forward/ForwardBackward return the loss (a number); accept (outputs, loss) pairs too."""
+def _as_loss(value):
+    """Net.Forward/ForwardBackward return the loss (a number, or in GPU mode a DeviceScalar, kept as it is);
+    accept (outputs, loss) pairs too."""
     if isinstance(value, tuple):
         value = value[-1]
-    return float(value)
+    return value if isinstance(value, DeviceScalar) else float(value)
 
 
 __all__ = ["Solver", "SolverError", "NonFiniteLossError", "fmt"]

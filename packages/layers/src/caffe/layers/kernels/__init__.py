@@ -1,8 +1,16 @@
 """caffe.layers.kernels: the compiled CPU kernels, one module per family of computation.
 
-  lowering   im2col / col2im (convolution's lowering to GEMM and its inverse)
+  lowering   im2col / col2im (convolution's lowering to GEMM and its inverse, by blocks of
+             output rows) and the batch <-> GEMM-rows layout changes
+  depthwise  direct grouped 2-D convolution, forward and both backward passes, for
+             depthwise / small-group layers (MobileNet)
   pooling    2-D MAX / AVE pooling forward and backward
+  elementwise    the neuron layers, Eltwise, Dropout (its SplitMix64 mask), Split's sum, Concat/Slice copies
+  channelwise    per-channel operands on (outer, dim, inner): Scale(+Bias), Bias, PReLU, BatchNorm global stats
+  normalization  BatchNorm with batch statistics (sums in double), LRN across channels
+  softmax        Softmax forward / backward, SoftmaxWithLoss's gradient
   _threads   (Cython include) how many OpenMP threads a kernel takes
+  _vmath     (Cython include) libm functions declared SIMD-callable (glibc's libmvec)
 
 Each kernel has a plain NumPy reference that the property tests compare it to (the
 layer's generic `forward_xp` path, or a reference function in the tests). The

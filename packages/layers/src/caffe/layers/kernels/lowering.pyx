@@ -1,24 +1,34 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """2-D im2col / col2im on the CPU, OpenMP-parallel (Caffe's util/im2col.cpp, batched).
 
-Caffe lowers one image at a time; here a whole batch (or a chunk of it) is
-lowered at once so that each group needs ONE large GEMM. The column buffer is
-addressed with two strides, so one kernel serves both layouts:
+Caffe lowers one image at a time; here a block of images, or a block of output
+rows of one image, is lowered at once (convolution sizes the block to stay in
+cache while its GEMM reads it: conv_cpu). The column buffer is addressed with two
+strides, so one kernel serves both layouts:
 
   batch layout  (convolution): col[r, n * P + p]   row_stride = nb * P, n_stride = P
   image layout  (Im2col layer): col[n, r, p]       row_stride = P,      n_stride = K * P
+
+(P: the block's positions per image, (oh1 - oh0) * OW.)
 
 with r = (c * kernel_h + i) * kernel_w + j (Caffe's row order: it matches the
 weight blob's (C, kh, kw) flattening) and p = oh * out_w + ow. Positions in the
 padding read as zero (im2col) and are dropped (col2im), as in Caffe.
 
-im is (nb, C, H, W) contiguous, flattened; float32 or float64 (the fused type
-makes mixing dtypes an error rather than a silent reinterpretation).
+im is (nb, C, H, W) contiguous, flattened; float32 or float64. The fused type
+makes mixing dtypes an error rather than a silent reinterpretation; the only
+mixes are the explicitly named conversions of the exact short-K forward
+(im2col_2d_f64, batch_to_rows_f64: float32 -> float64; rows_to_batch_f32: float64
+sums rounded once into float32).
 """
 from cython.parallel cimport prange
 include "_threads.pxi"
 
 ctypedef fused real:
+    float
+    double
+
+ctypedef fused real_out:  # a second type where float32 <-> float64 conversion is allowed
     float
     double
 
@@ -43,23 +53,56 @@ cdef inline void _col_range(Py_ssize_t w0, Py_ssize_t W, Py_ssize_t stride, Py_s
     hi[0] = b
 
 
-cdef inline void _im2col_rows(const real* im, real* dst, Py_ssize_t n0, Py_ssize_t n1,
+cdef inline void _im2col_rows(const real* im, real_out* dst, Py_ssize_t n0, Py_ssize_t n1,
                               Py_ssize_t n_stride, Py_ssize_t plane_stride, Py_ssize_t H, Py_ssize_t W,
                               Py_ssize_t i, Py_ssize_t j, Py_ssize_t pad_h, Py_ssize_t pad_w,
                               Py_ssize_t stride_h, Py_ssize_t stride_w,
                               Py_ssize_t dil_h, Py_ssize_t dil_w,
-                              Py_ssize_t OH, Py_ssize_t OW) noexcept nogil:
-    """Column-buffer row of kernel offset (i, j) for images n0..n1-1 (im: the channel plane of image 0)."""
-    cdef Py_ssize_t n, oh, ow, h, w0, lo, hi, base
+                              Py_ssize_t oh0, Py_ssize_t oh1, Py_ssize_t OW) noexcept nogil:
+    """Column-buffer row of kernel offset (i, j) for images n0..n1-1, output rows oh0..oh1-1
+    (im: the channel plane of image 0)."""
+    cdef Py_ssize_t n, oh, ow, h, w0, lo, hi, base, a, b, k, k0, k1, r
     cdef const real* src
-    cdef real* d
+    cdef real_out* d
     w0 = j * dil_w - pad_w
     _col_range(w0, W, stride_w, OW, &lo, &hi)
+    if stride_h == 1 and stride_w == 1 and OW == W:
+        # "Same" padding at stride 1: the rows a..b-1 that read the image are one shifted copy of
+        # consecutive image rows; the few entries that wrap across a row edge are zeroed after.
+        a = pad_h - i * dil_h
+        b = H + a
+        if a < oh0:
+            a = oh0
+        if b > oh1:
+            b = oh1
+        if b < a:
+            b = a
+        for n in range(n0, n1):
+            d = dst + n * n_stride - oh0 * OW
+            for k in range(oh0 * OW, a * OW):
+                d[k] = 0
+            for k in range(b * OW, oh1 * OW):
+                d[k] = 0
+            if b == a:
+                continue
+            d = d + a * OW
+            src = im + n * plane_stride + (a - pad_h + i * dil_h) * W + w0
+            k0 = -w0 if w0 < 0 else 0
+            k1 = (b - a) * W - (w0 if w0 > 0 else 0)
+            for k in range(k0, k1):
+                d[k] = src[k]
+            if lo > 0 or hi < OW:
+                for r in range(b - a):
+                    for ow in range(lo):
+                        d[r * OW + ow] = 0
+                    for ow in range(hi, OW):
+                        d[r * OW + ow] = 0
+        return
     for n in range(n0, n1):
         src = im + n * plane_stride
-        for oh in range(OH):
+        for oh in range(oh0, oh1):
             h = oh * stride_h - pad_h + i * dil_h
-            d = dst + n * n_stride + oh * OW
+            d = dst + n * n_stride + (oh - oh0) * OW
             if h < 0 or h >= H:
                 for ow in range(OW):
                     d[ow] = 0
@@ -81,9 +124,10 @@ cdef inline void _col2im_planes(const real* col, real* im, Py_ssize_t n0, Py_ssi
                                 Py_ssize_t n_stride, Py_ssize_t plane_stride, Py_ssize_t H, Py_ssize_t W,
                                 Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t pad_h, Py_ssize_t pad_w,
                                 Py_ssize_t stride_h, Py_ssize_t stride_w,
-                                Py_ssize_t dil_h, Py_ssize_t dil_w,
-                                Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t row_stride) noexcept nogil:
-    """Overwrite one channel's planes of images n0..n1-1 with the sum of its kh*kw column rows.
+                                Py_ssize_t dil_h, Py_ssize_t dil_w, Py_ssize_t oh0, Py_ssize_t oh1,
+                                Py_ssize_t OW, Py_ssize_t row_stride, bint accumulate) noexcept nogil:
+    """Add one channel's kh*kw column rows (output rows oh0..oh1-1) into its planes of images n0..n1-1,
+    zeroing the planes first unless accumulate.
 
     Row by row, image by image: each column row is read sequentially while the
     written planes (one channel of a block of images) stay in cache.
@@ -91,18 +135,19 @@ cdef inline void _col2im_planes(const real* col, real* im, Py_ssize_t n0, Py_ssi
     cdef Py_ssize_t i, j, n, oh, ow, h, w0, lo, hi, base, k
     cdef const real* s
     cdef real* dst
-    for n in range(n0, n1):
-        dst = im + n * plane_stride
-        for k in range(H * W):
-            dst[k] = 0
+    if not accumulate:
+        for n in range(n0, n1):
+            dst = im + n * plane_stride
+            for k in range(H * W):
+                dst[k] = 0
     for i in range(kh):
         for j in range(kw):
             w0 = j * dil_w - pad_w
             _col_range(w0, W, stride_w, OW, &lo, &hi)
             for n in range(n0, n1):
-                s = col + (i * kw + j) * row_stride + n * n_stride
+                s = col + (i * kw + j) * row_stride + n * n_stride - oh0 * OW
                 dst = im + n * plane_stride
-                for oh in range(OH):
+                for oh in range(oh0, oh1):
                     h = oh * stride_h - pad_h + i * dil_h
                     if h < 0 or h >= H:
                         continue
@@ -129,21 +174,48 @@ def im2col_2d(const real[::1] im, real[::1] col, Py_ssize_t nb, Py_ssize_t C,
               Py_ssize_t H, Py_ssize_t W, Py_ssize_t kh, Py_ssize_t kw,
               Py_ssize_t pad_h, Py_ssize_t pad_w, Py_ssize_t stride_h, Py_ssize_t stride_w,
               Py_ssize_t dil_h, Py_ssize_t dil_w, Py_ssize_t OH, Py_ssize_t OW,
-              Py_ssize_t row_stride, Py_ssize_t n_stride):
-    """Lower nb images (nb, C, H, W) into col (see the module doc for the strides)."""
+              Py_ssize_t row_stride, Py_ssize_t n_stride, Py_ssize_t oh0=0, Py_ssize_t oh1=-1):
+    """Lower nb images (nb, C, H, W) into col (see the module doc for the strides).
+
+    Only output rows oh0 <= oh < oh1 (default: all) are lowered, each image's block of
+    (oh1 - oh0) * OW columns starting at its n_stride offset: a cache-sized block of a big lowering.
+    """
+    _im2col(im, col, nb, C, H, W, kh, kw, pad_h, pad_w, stride_h, stride_w, dil_h, dil_w, OH, OW,
+            row_stride, n_stride, oh0, oh1)
+
+
+def im2col_2d_f64(const float[::1] im, double[::1] col, Py_ssize_t nb, Py_ssize_t C,
+                  Py_ssize_t H, Py_ssize_t W, Py_ssize_t kh, Py_ssize_t kw,
+                  Py_ssize_t pad_h, Py_ssize_t pad_w, Py_ssize_t stride_h, Py_ssize_t stride_w,
+                  Py_ssize_t dil_h, Py_ssize_t dil_w, Py_ssize_t OH, Py_ssize_t OW,
+                  Py_ssize_t row_stride, Py_ssize_t n_stride, Py_ssize_t oh0=0, Py_ssize_t oh1=-1):
+    """im2col_2d of a float32 im into a float64 col (the exact short-K forward's lowering)."""
+    _im2col(im, col, nb, C, H, W, kh, kw, pad_h, pad_w, stride_h, stride_w, dil_h, dil_w, OH, OW,
+            row_stride, n_stride, oh0, oh1)
+
+
+cdef _im2col(const real[::1] im, real_out[::1] col, Py_ssize_t nb, Py_ssize_t C,
+             Py_ssize_t H, Py_ssize_t W, Py_ssize_t kh, Py_ssize_t kw,
+             Py_ssize_t pad_h, Py_ssize_t pad_w, Py_ssize_t stride_h, Py_ssize_t stride_w,
+             Py_ssize_t dil_h, Py_ssize_t dil_w, Py_ssize_t OH, Py_ssize_t OW,
+             Py_ssize_t row_stride, Py_ssize_t n_stride, Py_ssize_t oh0, Py_ssize_t oh1):
     cdef Py_ssize_t rows = C * kh * kw
     cdef Py_ssize_t t, r, c, rem, blk, nblk, per, n0, n1
-    if nb * rows * OH * OW == 0:
+    if oh1 < 0:
+        oh1 = OH
+    if not 0 <= oh0 <= oh1 <= OH:
+        raise ValueError("im2col_2d: bad output row range")
+    if nb * rows * (oh1 - oh0) * OW == 0:
         return
     if im.shape[0] < nb * C * H * W:
         raise ValueError("im2col_2d: image buffer too small")
-    if col.shape[0] < (rows - 1) * row_stride + (nb - 1) * n_stride + OH * OW:
+    if col.shape[0] < (rows - 1) * row_stride + (nb - 1) * n_stride + (oh1 - oh0) * OW:
         raise ValueError("im2col_2d: column buffer too small")
     cdef const real* src = &im[0]
-    cdef real* dst = &col[0]
+    cdef real_out* dst = &col[0]
     nblk = _blocks(rows, nb)
     per = (nb + nblk - 1) // nblk
-    cdef int nt = _threads(nb * rows * OH * OW)
+    cdef int nt = _threads(nb * rows * (oh1 - oh0) * OW)
     with nogil:
         for t in prange(rows * nblk, schedule="static", num_threads=nt):
             r = t // nblk
@@ -156,31 +228,41 @@ def im2col_2d(const real[::1] im, real[::1] col, Py_ssize_t nb, Py_ssize_t C,
             rem = r - c * (kh * kw)
             _im2col_rows(src + c * H * W, dst + r * row_stride, n0, n1, n_stride, C * H * W,
                          H, W, rem // kw, rem - (rem // kw) * kw, pad_h, pad_w,
-                         stride_h, stride_w, dil_h, dil_w, OH, OW)
+                         stride_h, stride_w, dil_h, dil_w, oh0, oh1, OW)
 
 
 def col2im_2d(const real[::1] col, real[::1] im, Py_ssize_t nb, Py_ssize_t C,
               Py_ssize_t H, Py_ssize_t W, Py_ssize_t kh, Py_ssize_t kw,
               Py_ssize_t pad_h, Py_ssize_t pad_w, Py_ssize_t stride_h, Py_ssize_t stride_w,
               Py_ssize_t dil_h, Py_ssize_t dil_w, Py_ssize_t OH, Py_ssize_t OW,
-              Py_ssize_t row_stride, Py_ssize_t n_stride):
-    """Overwrite im (nb, C, H, W) with the sum of the column entries that read each pixel."""
+              Py_ssize_t row_stride, Py_ssize_t n_stride, Py_ssize_t oh0=0, Py_ssize_t oh1=-1,
+              bint accumulate=False):
+    """Overwrite im (nb, C, H, W) with the sum of the column entries that read each pixel.
+
+    With output rows oh0..oh1 (default: all) only that block of columns is read (laid out as
+    im2col_2d writes it); with accumulate the sums are added to im instead of overwriting it.
+    """
     cdef Py_ssize_t planes = nb * C
     cdef Py_ssize_t t, c, blk, nblk, per, n0, n1
+    if oh1 < 0:
+        oh1 = OH
+    if not 0 <= oh0 <= oh1 <= OH:
+        raise ValueError("col2im_2d: bad output row range")
     if planes * H * W == 0:
         return
     if im.shape[0] < planes * H * W:
         raise ValueError("col2im_2d: image buffer too small")
-    if OH * OW == 0 or kh * kw == 0:
-        im[:planes * H * W] = 0
+    if (oh1 - oh0) * OW == 0 or kh * kw == 0:
+        if not accumulate:
+            im[:planes * H * W] = 0
         return
-    if col.shape[0] < (C * kh * kw - 1) * row_stride + (nb - 1) * n_stride + OH * OW:
+    if col.shape[0] < (C * kh * kw - 1) * row_stride + (nb - 1) * n_stride + (oh1 - oh0) * OW:
         raise ValueError("col2im_2d: column buffer too small")
     cdef const real* src = &col[0]
     cdef real* dst = &im[0]
     nblk = _blocks(C, nb)
     per = (nb + nblk - 1) // nblk
-    cdef int nt = _threads(planes * kh * kw * OH * OW)
+    cdef int nt = _threads(planes * kh * kw * (oh1 - oh0) * OW)
     with nogil:
         for t in prange(C * nblk, schedule="static", num_threads=nt):
             c = t // nblk
@@ -191,55 +273,89 @@ def col2im_2d(const real[::1] col, real[::1] im, Py_ssize_t nb, Py_ssize_t C,
                 n1 = nb
             _col2im_planes(src + c * kh * kw * row_stride, dst + c * H * W, n0, n1, n_stride,
                            C * H * W, H, W, kh, kw, pad_h, pad_w, stride_h, stride_w, dil_h, dil_w,
-                           OH, OW, row_stride)
+                           oh0, oh1, OW, row_stride, accumulate)
 
 
 # -- the batched GEMM's layout changes ---------------------------------------------------------
-# One GEMM per group produces (C, nb * P); the blobs are (nb, C, P). These move whole
-# contiguous P-runs in parallel (NumPy's strided broadcast add is several times slower).
+# One GEMM per group produces (C, nb * Pb); the blobs are (nb, C, P). These move whole
+# contiguous runs in parallel (NumPy's strided broadcast add is several times slower). A block
+# of output positions p0 <= p < p0 + Pb of each image (a cache-sized block) is addressed by
+# P (positions per image in the blob), p0 and Pb (default: all P).
 
 def rows_to_batch(const real[::1] rows, real[::1] out, const real[::1] bias, Py_ssize_t nb,
-                  Py_ssize_t C, Py_ssize_t P):
-    """out[n, c, p] = rows[c, n, p] (+ bias[c] when bias is not None)."""
-    cdef Py_ssize_t t, n, c, p
+                  Py_ssize_t C, Py_ssize_t P, Py_ssize_t p0=0, Py_ssize_t Pb=-1):
+    """out[n, c, p0 + p] = rows[c, n * Pb + p] (+ bias[c] when bias is not None)."""
+    _rows_to_batch(rows, out, bias, nb, C, P, p0, Pb)
+
+
+def rows_to_batch_f32(const double[::1] rows, float[::1] out, const double[::1] bias, Py_ssize_t nb,
+                      Py_ssize_t C, Py_ssize_t P, Py_ssize_t p0=0, Py_ssize_t Pb=-1):
+    """rows_to_batch of float64 rows (and bias) into a float32 out, each sum rounded once (the exact
+    short-K forward)."""
+    _rows_to_batch(rows, out, bias, nb, C, P, p0, Pb)
+
+
+cdef _rows_to_batch(const real[::1] rows, real_out[::1] out, const real[::1] bias, Py_ssize_t nb,
+                    Py_ssize_t C, Py_ssize_t P, Py_ssize_t p0, Py_ssize_t Pb):
+    cdef Py_ssize_t t, n, c
     cdef bint has_bias = bias is not None
-    if nb * C * P == 0:
+    if Pb < 0:
+        Pb = P - p0
+    if not (0 <= p0 and p0 + Pb <= P):
+        raise ValueError("rows_to_batch: bad position block")
+    if nb * C * Pb == 0:
         return
-    if rows.shape[0] < nb * C * P or out.shape[0] < nb * C * P or (has_bias and bias.shape[0] < C):
+    if rows.shape[0] < nb * C * Pb or out.shape[0] < nb * C * P or (has_bias and bias.shape[0] < C):
         raise ValueError("rows_to_batch: buffer too small")
     cdef const real* src = &rows[0]
-    cdef real* dst = &out[0]
+    cdef real_out* dst = &out[0]
     cdef const real* b = &bias[0] if has_bias else NULL
-    cdef int nt = _threads(nb * C * P)
+    cdef int nt = _threads(nb * C * Pb)
     with nogil:
         for t in prange(nb * C, schedule="static", num_threads=nt):
             n = t // C
             c = t - n * C
-            _copy_run(src + (c * nb + n) * P, dst + t * P, P, b[c] if has_bias else 0)
+            _copy_run(src + (c * nb + n) * Pb, dst + t * P + p0, Pb, b[c] if has_bias else 0)
 
 
-def batch_to_rows(const real[::1] batch, real[::1] rows, Py_ssize_t nb, Py_ssize_t C, Py_ssize_t P):
-    """rows[c, n, p] = batch[n, c, p]."""
+def batch_to_rows(const real[::1] batch, real[::1] rows, Py_ssize_t nb, Py_ssize_t C, Py_ssize_t P,
+                  Py_ssize_t p0=0, Py_ssize_t Pb=-1):
+    """rows[c, n * Pb + p] = batch[n, c, p0 + p]."""
+    _batch_to_rows(batch, rows, nb, C, P, p0, Pb)
+
+
+def batch_to_rows_f64(const float[::1] batch, double[::1] rows, Py_ssize_t nb, Py_ssize_t C, Py_ssize_t P,
+                      Py_ssize_t p0=0, Py_ssize_t Pb=-1):
+    """batch_to_rows of a float32 batch into float64 rows (the exact short-K forward of a 1x1 layer)."""
+    _batch_to_rows(batch, rows, nb, C, P, p0, Pb)
+
+
+cdef _batch_to_rows(const real[::1] batch, real_out[::1] rows, Py_ssize_t nb, Py_ssize_t C, Py_ssize_t P,
+                    Py_ssize_t p0, Py_ssize_t Pb):
     cdef Py_ssize_t t, n, c
-    if nb * C * P == 0:
+    if Pb < 0:
+        Pb = P - p0
+    if not (0 <= p0 and p0 + Pb <= P):
+        raise ValueError("batch_to_rows: bad position block")
+    if nb * C * Pb == 0:
         return
-    if batch.shape[0] < nb * C * P or rows.shape[0] < nb * C * P:
+    if batch.shape[0] < nb * C * P or rows.shape[0] < nb * C * Pb:
         raise ValueError("batch_to_rows: buffer too small")
     cdef const real* src = &batch[0]
-    cdef real* dst = &rows[0]
-    cdef int nt = _threads(nb * C * P)
+    cdef real_out* dst = &rows[0]
+    cdef int nt = _threads(nb * C * Pb)
     with nogil:
         for t in prange(nb * C, schedule="static", num_threads=nt):
             c = t // nb
             n = t - c * nb
-            _copy_run(src + (n * C + c) * P, dst + t * P, P, 0)
+            _copy_run(src + (n * C + c) * P + p0, dst + t * Pb, Pb, 0)
 
 
-cdef inline void _copy_run(const real* src, real* dst, Py_ssize_t P, real add) noexcept nogil:
+cdef inline void _copy_run(const real* src, real_out* dst, Py_ssize_t P, real add) noexcept nogil:
     cdef Py_ssize_t p
     if add == 0:
         for p in range(P):
-            dst[p] = src[p]
+            dst[p] = <real_out>src[p]
     else:
         for p in range(P):
-            dst[p] = src[p] + add
+            dst[p] = <real_out>(src[p] + add)

@@ -1,4 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+# distutils: extra_compile_args = -fno-math-errno -fno-trapping-math
 """2-D MAX / AVE pooling on the CPU, OpenMP-parallel over (image, channel) planes.
 
 The loops are Caffe's PoolingLayer::Forward_cpu / Backward_cpu (pooling_layer.cpp),
@@ -46,7 +47,7 @@ cdef inline void _max_plane(const real* x, real* y, int* mask, Py_ssize_t H, Py_
                             Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t pad_h,
                             Py_ssize_t pad_w) noexcept nogil:
     # Window by window, as Caffe; the running max is selected without branches (the comparison
-    # is unpredictable on real data). Measured faster here than the row-at-a-time form AVE uses.
+    # is unpredictable on real data).
     cdef Py_ssize_t ph, pw, h, w, hs, he, ws, we
     cdef real m, v
     cdef int idx, sel
@@ -74,6 +75,59 @@ cdef inline void _max_plane(const real* x, real* y, int* mask, Py_ssize_t H, Py_
                     m = v if v > m else m
             y[ph * PW + pw] = m
             mask[ph * PW + pw] = idx
+
+
+cdef inline void _max_row(const real* src, real* yr, int* mr, Py_ssize_t lo, Py_ssize_t hi, int base,
+                          Py_ssize_t sw) noexcept nogil:
+    """Windows lo..hi of an output row against their pixel src[sw pw] (index base + sw pw)."""
+    cdef Py_ssize_t pw
+    cdef real v, m
+    cdef int old, sel
+    for pw in range(lo, hi):  # (no branch: selects by masks, so that it vectorizes)
+        v = src[sw * pw]
+        m = yr[pw]
+        old = mr[pw]
+        sel = -<int>(v > m)
+        mr[pw] = old ^ ((old ^ (base + <int>(sw * pw))) & sel)
+        yr[pw] = v if v > m else m
+
+
+cdef inline void _max_plane_rows(const real* x, real* y, int* mask, Py_ssize_t H, Py_ssize_t W,
+                                 Py_ssize_t PH, Py_ssize_t PW, Py_ssize_t kh, Py_ssize_t kw,
+                                 Py_ssize_t sh, Py_ssize_t pad_h, Py_ssize_t pad_w,
+                                 Py_ssize_t sw) noexcept nogil:
+    # Horizontal stride 1 or 2 (3x3/2 in ResNet, GoogLeNet, CaffeNet, SqueezeNet; 3x3/1 in
+    # GoogLeNet's inception modules), a whole output row at a time. For each image row h of the
+    # window and kernel column j, every window pw of the row compares its pixel (h, sw pw - pad_w
+    # + j): a window sees its pixels in row-major order and only a strictly greater value replaces
+    # the running max (from -FLT_MAX), so the first maximum wins, as in Caffe. _max_row is called
+    # with a literal stride, so that (inlined) its loop has a constant stride and vectorizes.
+    cdef Py_ssize_t ph, pw, h, j, hs, he, lo, hi
+    cdef real* yr
+    cdef int* mr
+    cdef const real* src
+    cdef int base
+    for ph in range(PH):
+        yr = y + ph * PW
+        mr = mask + ph * PW
+        for pw in range(PW):
+            yr[pw] = -FLT_MAX
+            mr[pw] = -1
+        hs = ph * sh - pad_h
+        he = hs + kh
+        if he > H:
+            he = H
+        if hs < 0:
+            hs = 0
+        for h in range(hs, he):
+            for j in range(kw):
+                _pw_range(j, W, sw, pad_w, PW, &lo, &hi)
+                src = x + h * W + j - pad_w
+                base = <int>(h * W + j - pad_w)
+                if sw == 1:
+                    _max_row(src, yr, mr, lo, hi, base, 1)
+                else:
+                    _max_row(src, yr, mr, lo, hi, base, 2)
 
 
 # AVE runs a whole output row at a time: for each image row h of the window and each kernel
@@ -159,6 +213,22 @@ cdef inline void _ave_back_plane(const real* dy, real* dx, Py_ssize_t H, Py_ssiz
                     row[pw * sw - pad_w + j] += dr[pw] / (hsize * (we - ws))
 
 
+cdef inline void _ave_plane_global(const real* x, real* y, Py_ssize_t HW) noexcept nogil:
+    """A window covering the whole (unpadded) plane: the sum in Caffe's row-major order / H * W."""
+    cdef Py_ssize_t k
+    cdef real acc = 0
+    for k in range(HW):
+        acc = acc + x[k]
+    y[0] = acc / HW
+
+
+cdef inline void _ave_back_plane_global(const real* dy, real* dx, Py_ssize_t HW) noexcept nogil:
+    cdef Py_ssize_t k
+    cdef real g = dy[0] / HW
+    for k in range(HW):
+        dx[k] = g
+
+
 def _check(Py_ssize_t have, Py_ssize_t need, str what):
     if have < need:
         raise ValueError(f"pooling kernel: {what} buffer holds {have} elements, needs {need}")
@@ -216,14 +286,23 @@ def max_pool_forward(const real[::1] x, real[::1] y, int[::1] mask, Py_ssize_t p
     cdef real* yp = &y[0]
     cdef int* mp = &mask[0]
     cdef int nt = _threads(planes * (H * W + PH * PW))
+    cdef Py_ssize_t g = _grab(H * W + PH * PW)
     cdef bint whole_2x2 = (kh == 2 and kw == 2 and sh == 2 and sw == 2 and pad_h == 0 and pad_w == 0
                            and 2 * PH == H and 2 * PW == W)
     with nogil:
         if whole_2x2:
-            for p in prange(planes, schedule="static", num_threads=nt):
+            for p in prange(planes, schedule="dynamic", chunksize=g, num_threads=nt):
                 _max_plane_2x2(xp + p * H * W, yp + p * PH * PW, mp + p * PH * PW, W, PH, PW)
+        elif sw == 2:
+            for p in prange(planes, schedule="dynamic", chunksize=g, num_threads=nt):
+                _max_plane_rows(xp + p * H * W, yp + p * PH * PW, mp + p * PH * PW, H, W, PH, PW,
+                                kh, kw, sh, pad_h, pad_w, 2)
+        elif sw == 1:
+            for p in prange(planes, schedule="dynamic", chunksize=g, num_threads=nt):
+                _max_plane_rows(xp + p * H * W, yp + p * PH * PW, mp + p * PH * PW, H, W, PH, PW,
+                                kh, kw, sh, pad_h, pad_w, 1)
         else:
-            for p in prange(planes, schedule="static", num_threads=nt):
+            for p in prange(planes, schedule="dynamic", chunksize=g, num_threads=nt):
                 _max_plane(xp + p * H * W, yp + p * PH * PW, mp + p * PH * PW, H, W, PH, PW,
                            kh, kw, sh, sw, pad_h, pad_w)
 
@@ -241,10 +320,16 @@ def ave_pool_forward(const real[::1] x, real[::1] y, Py_ssize_t planes,
     cdef const real* xp = &x[0] if H * W > 0 else NULL
     cdef real* yp = &y[0]
     cdef int nt = _threads(planes * (H * W + PH * PW))
+    cdef Py_ssize_t g = _grab(H * W + PH * PW)
+    cdef bint whole = PH == 1 and PW == 1 and kh == H and kw == W and pad_h == 0 and pad_w == 0
     with nogil:
-        for p in prange(planes, schedule="static", num_threads=nt):
-            _ave_plane(xp + p * H * W, yp + p * PH * PW, H, W, PH, PW, kh, kw, sh, sw,
-                       pad_h, pad_w)
+        if whole:  # global pooling
+            for p in prange(planes, schedule="dynamic", chunksize=g, num_threads=nt):
+                _ave_plane_global(xp + p * H * W, yp + p, H * W)
+        else:
+            for p in prange(planes, schedule="dynamic", chunksize=g, num_threads=nt):
+                _ave_plane(xp + p * H * W, yp + p * PH * PW, H, W, PH, PW, kh, kw, sh, sw,
+                           pad_h, pad_w)
 
 
 def max_pool_backward(const real[::1] dy, const int[::1] mask, real[::1] dx,
@@ -263,8 +348,9 @@ def max_pool_backward(const real[::1] dy, const int[::1] mask, real[::1] dx,
     cdef const int* mp = &mask[0]
     cdef real* dxp = &dx[0]
     cdef int nt = _threads(planes * (HW + PHW))
+    cdef Py_ssize_t g = _grab(HW + PHW)
     with nogil:
-        for p in prange(planes, schedule="static", num_threads=nt):
+        for p in prange(planes, schedule="dynamic", chunksize=g, num_threads=nt):
             _max_back_plane(dyp + p * PHW, mp + p * PHW, dxp + p * HW, HW, PHW)
 
 
@@ -284,7 +370,13 @@ def ave_pool_backward(const real[::1] dy, real[::1] dx, Py_ssize_t planes,
     cdef const real* dyp = &dy[0]
     cdef real* dxp = &dx[0]
     cdef int nt = _threads(planes * (H * W + PH * PW))
+    cdef Py_ssize_t g = _grab(H * W + PH * PW)
+    cdef bint whole = PH == 1 and PW == 1 and kh == H and kw == W and pad_h == 0 and pad_w == 0
     with nogil:
-        for p in prange(planes, schedule="static", num_threads=nt):
-            _ave_back_plane(dyp + p * PH * PW, dxp + p * H * W, H, W, PH, PW, kh, kw, sh, sw,
-                            pad_h, pad_w)
+        if whole:
+            for p in prange(planes, schedule="dynamic", chunksize=g, num_threads=nt):
+                _ave_back_plane_global(dyp + p, dxp + p * H * W, H * W)
+        else:
+            for p in prange(planes, schedule="dynamic", chunksize=g, num_threads=nt):
+                _ave_back_plane(dyp + p * PH * PW, dxp + p * H * W, H, W, PH, PW, kh, kw, sh, sw,
+                                pad_h, pad_w)

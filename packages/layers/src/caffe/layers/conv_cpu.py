@@ -1,0 +1,303 @@
+"""Convolution's CPU plans: a 1x1 GEMM, a direct grouped kernel, a cache-blocked lowering.
+
+conv_base picks one per layer and call (BaseConvolutionLayer.plan); the generic batched
+path in conv_base stays the GPU's and the N-d one. Every plan computes the same three
+products, named from the convolution's side (Deconvolution swaps the roles):
+
+  forward    out (N, C_col, P) = W * im (N, C_im, *S_im) + b
+  backward   from dout (N, C_col, P): weight_diff += dout (x) im, im_diff = W^T * dout,
+             bias_diff += sum of dout, and fwd_out = W * im without bias (Deconvolution's
+             bottom diff, sharing the lowering of im with its weight gradient).
+
+"1x1" (Caffe's is_1x1: every kernel side 1, stride 1, no pad): im already is the column
+buffer, so each image's GEMM reads and writes the blobs directly, no lowering (images of
+fewer than ONE_BY_ONE_VIEW_COLS positions are copied side by side into one wider GEMM).
+
+"direct" (group > 1 with at most DIRECT_MAX_PAIRS channel pairs per group: depthwise,
+MobileNet): the kernels of caffe.layers.kernels.depthwise, one (image, group) per OpenMP task.
+
+"blocked" (the rest, 2-D): the output positions are cut into blocks (several whole
+images, or a band of output rows of one image) whose column buffer is about
+COL_BLOCK_BYTES, so im2col writes it into the (L3) cache and the GEMMs read it from
+there instead of main memory (a whole-batch column buffer, CIFAR10-quick's conv2, is
+82 MB; VGG's first layers need 115 MB per image). Each block runs one GEMM per group on
+all cores (OpenBLAS); the lowering and layout changes between them are OpenMP kernels.
+The two pools run one after the other, never nested, so the cores are never
+oversubscribed; each hand-over between them costs, which is why blocks are not smaller.
+
+Numerics: a float32 forward whose dot products are at most conv_base.EXACT_FORWARD_MAX_K
+long is taken in float64 and rounded once (the column block is lowered straight into float64);
+the direct kernel always sums in float64.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+try:  # the compiled CPU kernels (built by the package's hatch hook)
+    from caffe.layers.kernels import depthwise as _dw
+    from caffe.layers.kernels import lowering as _k
+except ImportError:  # pragma: no cover - a source tree without the build
+    _dw = _k = None
+
+# A block's column buffer holds about this many bytes, but at least MIN_BLOCK_COLS columns. Measured on
+# the 2-core development machine (512 KiB L2 per core, 32 MiB L3): one thread's sgemm gains nothing from
+# blocks that fit L2 (the L3 holds a few MB as well) and loses on skinny products (M = 32: 70 GFLOP/s at
+# 2,560 columns, less below 512); and each block hands the cores over between the thread pools two or
+# three times, which costs far more than the L2 saves (CIFAR10-quick conv2, two threads: 1 MB blocks were
+# 2.6x slower than 8 MB ones on a busy machine). So blocks are L3-sized: a batch of small images goes in
+# a few blocks, and an image whose column buffer alone is larger (VGG's 224 x 224 layers: 115 MB) in
+# bands of output rows instead of through main memory.
+COL_BLOCK_BYTES = 8 << 20
+MIN_BLOCK_COLS = 1024
+
+# 1x1 layers read images of at least ONE_BY_ONE_VIEW_COLS positions in place, one GEMM per image; smaller
+# images are copied side by side into blocks of about ONE_BY_ONE_COLS columns (at most ONE_BY_ONE_BYTES):
+# ResNet-50's 7x7 layers ran 25% slower one image at a time.
+ONE_BY_ONE_VIEW_COLS = 512
+ONE_BY_ONE_COLS = 1024
+ONE_BY_ONE_BYTES = 8 << 20
+
+# The direct kernel takes grouped layers whose groups have at most this many (output, input) channel
+# pairs (depthwise: 1); above it one GEMM per group is faster (measured: 4 pairs, direct 3x faster
+# forward and 2x backward; 16 pairs, forward even, backward 1.6x slower).
+DIRECT_MAX_PAIRS = 8
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def tunables():
+    """The block-size settings (a cache key: tests and benchmarks change them)."""
+    return (COL_BLOCK_BYTES, MIN_BLOCK_COLS, ONE_BY_ONE_VIEW_COLS, ONE_BY_ONE_COLS, ONE_BY_ONE_BYTES)
+
+
+def available() -> bool:
+    return _k is not None and _dw is not None
+
+
+def _split(total: int, parts: int):
+    """total items in `parts` near-equal consecutive ranges."""
+    parts = max(1, min(parts, total))
+    return [(total * i // parts, total * (i + 1) // parts) for i in range(parts)]
+
+
+def plan_blocks(num: int, OH: int, OW: int, rows: int, itemsize: int, lowered: bool):
+    """The blocks (n0, n1, oh0, oh1) of a pass over num images of OH x OW outputs whose column
+    buffer has `rows` rows of `itemsize` bytes. Unlowered (1x1) blocks need no buffer when they
+    hold one image, so whole images go alone unless they are too small for a good GEMM."""
+    P = OH * OW
+    if num * P == 0:
+        return []
+    if not lowered:  # whole images; small ones are copied side by side for a wider GEMM
+        per = 1 if P >= ONE_BY_ONE_VIEW_COLS else min(num, -(-ONE_BY_ONE_COLS // P),
+                                                      max(1, ONE_BY_ONE_BYTES // (rows * P * itemsize)))
+        return [(n0, n1, 0, OH) for n0, n1 in _split(num, -(-num // per))]
+    per_image = rows * P * itemsize
+    if per_image <= COL_BLOCK_BYTES or P <= MIN_BLOCK_COLS:
+        per = max(1, min(num, COL_BLOCK_BYTES // max(1, per_image)))
+        return [(n0, n1, 0, OH) for n0, n1 in _split(num, -(-num // per))]
+    band = max(-(-MIN_BLOCK_COLS // OW), COL_BLOCK_BYTES // (rows * OW * itemsize))
+    bands = _split(OH, -(-OH // band))
+    return [(n, n + 1, oh0, oh1) for n in range(num) for oh0, oh1 in bands]
+
+
+class Blocks:
+    """One layer's blocked (or 1x1) geometry for arrays of one shape and dtype."""
+
+    def __init__(self, layer, num, dtype, exact):
+        g = layer.geom
+        self.one_by_one = layer.is_1x1
+        if self.one_by_one:  # any number of spatial axes: the positions are one row of P
+            self.OH, self.OW = 1, g.col_count
+        else:
+            self.OH, self.OW = g.col_shape
+        self.P = self.OH * self.OW
+        self.rows = layer.kernel_dim * layer.group  # column-buffer rows (= C_im for 1x1)
+        self.exact = exact
+        self.cdtype = np.dtype(np.float64) if exact else np.dtype(dtype)
+        self.blocks = plan_blocks(num, self.OH, self.OW, self.rows, self.cdtype.itemsize,
+                                  not self.one_by_one)
+
+
+def _lowered(layer, b: Blocks, im, n0, n1, oh0, oh1, dtype, name="col"):
+    """The column block (rows, nb * Pb) of images n0..n1-1, output rows oh0..oh1-1, in dtype."""
+    nb, Pb = n1 - n0, (oh1 - oh0) * b.OW
+    if b.one_by_one:
+        if nb == 1 and im.dtype == dtype:
+            return im[n0].reshape(b.rows, b.P)
+        col = layer.buffer(np, name, (b.rows, nb * Pb), dtype)
+        to_rows = _k.batch_to_rows if im.dtype == dtype else _k.batch_to_rows_f64
+        to_rows(im[n0:n1].reshape(-1), col.reshape(-1), nb, b.rows, b.P, 0, Pb)
+        return col
+    g = layer.geom
+    col = layer.buffer(np, name, (b.rows, nb * Pb), dtype)
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = g.kernel, g.stride, g.pad, g.dilation
+    H, W = g.im_shape
+    lower = _k.im2col_2d if im.dtype == dtype else _k.im2col_2d_f64
+    lower(im[n0:n1].reshape(-1), col.reshape(-1), nb, im.shape[1], H, W, kh, kw, ph, pw, sh, sw,
+          dh, dw, b.OH, b.OW, nb * Pb, Pb, oh0, oh1)
+    return col
+
+
+def _gemm_out(layer, b: Blocks, w3, col, out, bias, n0, n1, oh0, oh1):
+    """out's block (images n0..n1-1, positions of rows oh0..oh1-1) = W_g @ col_g per group (+ bias)."""
+    g, kd = layer.group, layer.kernel_dim
+    Co = out.shape[1]
+    og = Co // g
+    nb, p0, Pb = n1 - n0, oh0 * b.OW, (oh1 - oh0) * b.OW
+    if nb == 1 and col.dtype == out.dtype:  # straight into the blob (NumPy's matmul takes its row stride)
+        dst = out[n0][:, p0:p0 + Pb]
+        for gi in range(g):
+            np.matmul(w3[gi], col[gi * kd:(gi + 1) * kd], out=dst[gi * og:(gi + 1) * og])
+        if bias is not None:
+            dst += bias.reshape(Co, 1)
+        return
+    res = layer.buffer(np, "gemm", (Co, nb * Pb), col.dtype)
+    for gi in range(g):
+        np.matmul(w3[gi], col[gi * kd:(gi + 1) * kd], out=res[gi * og:(gi + 1) * og])
+    store = _k.rows_to_batch if res.dtype == out.dtype else _k.rows_to_batch_f32  # one rounding
+    store(res.reshape(-1), out[n0:n1].reshape(-1), bias, nb, Co, b.P, p0, Pb)
+
+
+def blocked_forward(layer, im, out, weight, bias, keep=None):
+    """out (N, C_col, P) = conv(im) + bias, block by block (im: (N, C_im, *S_im), both contiguous).
+    With `keep` (a buffer name) and the batch in one lowered block, the block stays in the layer's
+    buffer of that name and is returned, for the backward's weight gradient (the batched path's rule)."""
+    b = layer.cpu_blocks(im.shape[0], out.dtype, exact=_exact(layer, out.dtype))
+    g, kd = layer.group, layer.kernel_dim
+    w3 = weight.reshape(g, -1, kd).astype(b.cdtype, copy=False)
+    bias = None if bias is None else bias.astype(b.cdtype, copy=False)
+    keep = keep if len(b.blocks) == 1 and not b.exact and not b.one_by_one else None
+    col = None
+    for n0, n1, oh0, oh1 in b.blocks:
+        col = _lowered(layer, b, im, n0, n1, oh0, oh1, b.cdtype, keep or "col")
+        _gemm_out(layer, b, w3, col, out, bias, n0, n1, oh0, oh1)
+    return col if keep is not None else None
+
+
+def blocked_backward(layer, dout, weight, im=None, weight_diff=None, im_diff=None, bias_diff=None,
+                     fwd_out=None, kept=None):
+    """The backward products (module doc), block by block; dout is (N, C_col, P). `kept`: the forward's
+    column block of im (blocked_forward's keep), used instead of lowering im again."""
+    N, Co, P = dout.shape
+    g, kd = layer.group, layer.kernel_dim
+    og = Co // g
+    b = layer.cpu_blocks(N, dout.dtype, exact=False)
+    exact_fwd = fwd_out is not None and _exact(layer, fwd_out.dtype)
+    bf = layer.cpu_blocks(N, dout.dtype, exact=True) if exact_fwd else b
+    w3 = weight.reshape(g, og, kd)
+    w3f = w3.astype(bf.cdtype, copy=False)
+    wd3 = weight_diff.reshape(g, og, kd) if weight_diff is not None else None
+    bsum = np.zeros(Co, np.float64) if bias_diff is not None else None
+    want_rows = weight_diff is not None or im_diff is not None or bias_diff is not None
+    for n0, n1, oh0, oh1 in b.blocks:
+        nb, p0, Pb = n1 - n0, oh0 * b.OW, (oh1 - oh0) * b.OW
+        rows = None
+        if want_rows:
+            if nb == 1:
+                rows = dout[n0][:, p0:p0 + Pb]
+            else:
+                rows = layer.buffer(np, "rows", (Co, nb * Pb), dout.dtype)
+                _k.batch_to_rows(dout[n0:n1].reshape(-1), rows.reshape(-1), nb, Co, P, p0, Pb)
+        if bsum is not None:
+            bsum += np.matmul(rows, layer.ones(np, nb * Pb, rows.dtype),
+                              out=layer.buffer(np, "bgrad", (Co,), rows.dtype))
+        col = None
+        if weight_diff is not None or (fwd_out is not None and not exact_fwd):
+            one = len(b.blocks) == 1 and kept is not None and kept.dtype == dout.dtype
+            col = kept if one else _lowered(layer, b, im, n0, n1, oh0, oh1, dout.dtype)
+        if weight_diff is not None:
+            tmp = layer.buffer(np, "wgrad", (og, kd), weight_diff.dtype)
+            for gi in range(g):
+                np.matmul(rows[gi * og:(gi + 1) * og], col[gi * kd:(gi + 1) * kd].T, out=tmp)
+                wd3[gi] += tmp
+        if fwd_out is not None:
+            colf = _lowered(layer, bf, im, n0, n1, oh0, oh1, bf.cdtype, "col64") if exact_fwd else col
+            _gemm_out(layer, bf, w3f, colf, fwd_out, None, n0, n1, oh0, oh1)
+        if im_diff is not None:
+            _data_block(layer, b, w3, rows, im_diff, n0, n1, oh0, oh1)
+    if bsum is not None:
+        bias_diff += bsum.astype(bias_diff.dtype, copy=False)
+
+
+def _data_block(layer, b: Blocks, w3, rows, im_diff, n0, n1, oh0, oh1):
+    """im_diff's images n0..n1-1: W_g^T @ rows_g per group, col2im'ed (overwritten, or added to for a
+    band after an image's first)."""
+    g, kd = layer.group, layer.kernel_dim
+    og = w3.shape[1]
+    nb, Pb = n1 - n0, (oh1 - oh0) * b.OW
+    if b.one_by_one and nb == 1:  # straight into the blob
+        dst = im_diff[n0].reshape(b.rows, b.P)
+        for gi in range(g):
+            np.matmul(w3[gi].T, rows[gi * og:(gi + 1) * og], out=dst[gi * kd:(gi + 1) * kd])
+        return
+    dcol = layer.buffer(np, "dcol", (b.rows, nb * Pb), rows.dtype)
+    for gi in range(g):
+        np.matmul(w3[gi].T, rows[gi * og:(gi + 1) * og], out=dcol[gi * kd:(gi + 1) * kd])
+    if b.one_by_one:
+        _k.rows_to_batch(dcol.reshape(-1), im_diff[n0:n1].reshape(-1), None, nb, b.rows, b.P, 0, Pb)
+        return
+    geo = layer.geom
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geo.kernel, geo.stride, geo.pad, geo.dilation
+    H, W = geo.im_shape
+    _k.col2im_2d(dcol.reshape(-1), im_diff[n0:n1].reshape(-1), nb, im_diff.shape[1], H, W, kh, kw, ph, pw,
+                 sh, sw, dh, dw, b.OH, b.OW, nb * Pb, Pb, oh0, oh1, oh0 > 0)
+
+
+def _exact(layer, dtype) -> bool:
+    return layer.exact_forward(dtype)
+
+
+# -- the direct plan -------------------------------------------------------------------------------
+
+def _direct_args(layer, N):
+    g = layer.geom
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = g.kernel, g.stride, g.pad, g.dilation
+    (H, W), (OH, OW) = g.im_shape, g.col_shape
+    return (N, layer.conv_in_channels, H, W, layer.conv_out_channels, layer.group, kh, kw, sh, sw, ph, pw,
+            dh, dw, OH, OW)
+
+
+def direct_forward(layer, im, out, weight, bias):
+    _dw.forward(im.reshape(-1), weight.reshape(-1), bias, out.reshape(-1), *_direct_args(layer, im.shape[0]))
+
+
+def direct_backward(layer, dout, weight, im=None, weight_diff=None, im_diff=None, bias_diff=None,
+                    fwd_out=None):
+    N = dout.shape[0]
+    args = _direct_args(layer, N)
+    if bias_diff is not None:
+        bias_diff += np.matmul(dout, layer.ones(np, dout.shape[2], dout.dtype)).sum(axis=0)
+    if weight_diff is not None:
+        _dw.backward_weight(im.reshape(-1), dout.reshape(-1), weight_diff.reshape(-1), *args)
+    if im_diff is not None:
+        _direct_data(layer, dout, weight, im_diff, args)
+    if fwd_out is not None:
+        _dw.forward(im.reshape(-1), weight.reshape(-1), None, fwd_out.reshape(-1), *args)
+
+
+def _direct_data(layer, dout, weight, im_diff, args):
+    """im_diff = W^T * dout. At stride 1 that is a convolution of dout with the flipped filters (pad
+    dilation * (kernel - 1) - pad): the forward kernel's gather, faster than backward_data's scatter."""
+    N, C, H, W, Co, g, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW = args
+    qh, qw = dh * (kh - 1) - ph, dw * (kw - 1) - pw
+    if (sh, sw) != (1, 1) or qh < 0 or qw < 0:
+        _dw.backward_data(dout.reshape(-1), weight.reshape(-1), im_diff.reshape(-1), *args)
+        return
+    cg, og = C // g, Co // g
+    flipped = np.ascontiguousarray(
+        weight.reshape(g, og, cg, kh, kw)[:, :, :, ::-1, ::-1].transpose(0, 2, 1, 3, 4)).reshape(-1)
+    _dw.forward(dout.reshape(-1), flipped, None, im_diff.reshape(-1), N, Co, OH, OW, C, g, kh, kw, 1, 1, qh, qw,
+                dh, dw, H, W)
+
+
+def direct_fits(layer) -> bool:
+    """Depthwise and small-group layers (see DIRECT_MAX_PAIRS), 2-D, kernel at most 64 wide."""
+    cg = layer.conv_in_channels // layer.group
+    og = layer.conv_out_channels // layer.group
+    return (layer.group > 1 and cg * og <= DIRECT_MAX_PAIRS and layer.num_spatial_axes == 2
+            and layer.kernel_shape[1] <= 64)
+
+
+def fits(dtype) -> bool:
+    return available() and np.dtype(dtype) in _FLOATS
+

@@ -1,0 +1,516 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+# distutils: extra_compile_args = -fno-math-errno -fno-trapping-math
+# distutils: libraries = m
+"""Element-wise kernels: the neuron layers, Eltwise, Dropout, Split's sum, Concat/Slice copies.
+
+Every kernel makes one pass over memory: the arrays are cut into CHUNK-element pieces, spread
+over the OpenMP threads (one thread below PARALLEL_MIN_WORK elements); inside a piece each
+output element is computed in the same order of operations as the layer's NumPy code (the
+forward_xp / backward_xp reference), so results agree to the last bit except where a libm
+function is involved (libmvec's SIMD exp/tanh/log/pow, within 4 ulp). The pieces do not
+depend on the thread count, so neither do the results.
+
+In place (top is the bottom, or a bottom diff is the top diff) is safe: an output element is
+written only after every input element at that position has been read; where a piece reads
+an input that an earlier output of the same piece may overwrite, it reads a local copy.
+"""
+from cython.parallel cimport prange
+from libc.stdint cimport uint8_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy
+
+include "_threads.pxi"
+
+ctypedef fused real:
+    float
+    double
+
+include "_vmath.pxi"
+
+cdef enum:
+    CHUNK = 4096  # elements per piece (16 KB of float32: a few inputs and outputs stay in L1)
+
+# Neuron operations (forward: x -> y; backward: dy -> dx), parameters a, b, c as noted.
+cpdef enum Neuron:
+    RELU = 0       # y = x > 0 ? x : a * x                                  (a: negative_slope)
+    SIGMOID = 1    # y = 0.5 tanh(0.5 x) + 0.5
+    TANH = 2       # y = tanh x
+    ELU = 3        # y = max(x, 0) + a * expm1(min(x, 0))                     (a: alpha)
+    POWER = 4      # y = (a x + b) ^ c                                         (a scale, b shift, c power)
+    EXP = 5        # y = exp(a x) * b                                          (a inner, b outer scale)
+    LOG = 6        # y = log(a x + b) * c; dx = dy * (d / (a x + b))  (a scale, b shift, c base scale, d)
+    ABSVAL = 7     # y = |x|
+    BNLL = 8       # y = max(x, 0) + log1p(exp(-|x|))
+    THRESHOLD = 9  # y = x > a                                                 (a: threshold)
+    CLIP = 10      # y = min(max(x, a), b)
+    SWISH = 11     # s = sigmoid(a x) (aux), y = x s                           (a: beta)
+    AFFINE = 12    # y = a x + b; dx = dy * a
+
+
+cdef enum Eltwise:
+    PROD = 0
+    SUM = 1
+    MAX = 2
+
+
+def _need(Py_ssize_t have, Py_ssize_t need, str what):
+    if have < need:
+        raise ValueError(f"elementwise kernel: {what} holds {have} elements, needs {need}")
+
+
+cdef inline real* _ptr(real[::1] a, Py_ssize_t n) noexcept:
+    """The data pointer of an optional buffer: NULL when it is empty (not wanted)."""
+    return &a[0] if a.shape[0] >= n and n > 0 and a.shape[0] > 0 else NULL
+
+
+# -- neurons -----------------------------------------------------------------------------------
+
+cdef inline real _sigmoid(real v) noexcept nogil:
+    return <real>0.5 * _tanh(<real>0.5 * v) + <real>0.5
+
+
+cdef void _neuron_fwd(int op, const real* x, real* y, real* aux, Py_ssize_t n,
+                      real a, real b, real c) noexcept nogil:
+    cdef Py_ssize_t i
+    cdef real v, s, t
+    if op == RELU:
+        if a == 0:
+            for i in range(n):
+                v = x[i]
+                y[i] = v if v > 0 else 0
+        else:
+            for i in range(n):
+                v = x[i]
+                y[i] = v if v > 0 else a * v
+    elif op == SIGMOID:
+        for i in range(n):
+            y[i] = _sigmoid(x[i])
+    elif op == TANH:
+        for i in range(n):
+            y[i] = _tanh(x[i])
+    elif op == ELU:
+        for i in range(n):
+            v = x[i]
+            y[i] = (v if v > 0 else 0) + a * _expm1(v if v < 0 else 0)
+    elif op == POWER:
+        if a == 1 and b == 0:  # the base is x itself (so a -0.0 keeps its sign, as in NumPy's path)
+            for i in range(n):
+                y[i] = x[i] * x[i] if c == 2 else _pow(x[i], c)
+        elif c == 2:
+            for i in range(n):
+                v = x[i] * a + b
+                y[i] = v * v
+        else:
+            for i in range(n):
+                y[i] = _pow(x[i] * a + b, c)
+    elif op == EXP:
+        for i in range(n):
+            y[i] = _exp(x[i] * a) * b
+    elif op == LOG:
+        for i in range(n):
+            y[i] = _log(x[i] * a + b) * c
+    elif op == ABSVAL:
+        for i in range(n):
+            y[i] = fabsf(x[i]) if real is float else fabs(x[i])
+    elif op == BNLL:
+        for i in range(n):
+            v = x[i]
+            t = fabsf(v) if real is float else fabs(v)
+            y[i] = (v if v > 0 else 0) + _log1p(_exp(-t))
+    elif op == THRESHOLD:
+        for i in range(n):
+            y[i] = 1 if x[i] > a else 0
+    elif op == CLIP:
+        for i in range(n):
+            v = x[i]
+            v = a if v < a else v
+            y[i] = b if v > b else v
+    elif op == SWISH:
+        for i in range(n):
+            v = x[i]
+            s = _sigmoid(v * a)
+            aux[i] = s
+            y[i] = v * s
+    elif op == AFFINE:
+        for i in range(n):
+            y[i] = x[i] * a + b
+
+
+cdef void _neuron_bwd(int op, const real* x, const real* y, const real* aux, const real* dy, real* dx,
+                      Py_ssize_t n, real a, real b, real c, real d) noexcept nogil:
+    cdef Py_ssize_t i
+    cdef real v, e, g
+    if op == RELU:
+        for i in range(n):
+            dx[i] = dy[i] * (1 if x[i] > 0 else a)
+    elif op == SIGMOID:
+        for i in range(n):
+            v = y[i]
+            dx[i] = dy[i] * v * (1 - v)
+    elif op == TANH:
+        for i in range(n):
+            v = y[i]
+            dx[i] = dy[i] * (1 - v * v)
+    elif op == ELU:
+        for i in range(n):
+            v = y[i]  # loaded unconditionally: a load inside the select would keep the loop scalar
+            dx[i] = dy[i] * (1 if x[i] > 0 else a + v)
+    elif op == POWER:
+        if c == 2:
+            for i in range(n):
+                dx[i] = dy[i] * (d * (x[i] * a + b))
+        else:
+            for i in range(n):
+                dx[i] = dy[i] * (d * _pow(x[i] * a + b, c - 1))
+    elif op == EXP:
+        for i in range(n):
+            dx[i] = dy[i] * y[i] * a
+    elif op == LOG:
+        for i in range(n):
+            dx[i] = dy[i] * (d / (x[i] * a + b))
+    elif op == ABSVAL:
+        for i in range(n):
+            v = x[i]
+            dx[i] = dy[i] * (1 if v > 0 else (-1 if v < 0 else 0))
+    elif op == BNLL:
+        for i in range(n):
+            v = x[i]
+            e = _exp(v if v < 50 else 50)
+            dx[i] = dy[i] * e / (e + 1)
+    elif op == CLIP:
+        for i in range(n):
+            v = x[i]
+            dx[i] = dy[i] * (1 if (v >= a and v <= b) else 0)
+    elif op == SWISH:
+        for i in range(n):
+            g = a * y[i]
+            dx[i] = dy[i] * (g + aux[i] * (1 - g))
+    elif op == AFFINE:
+        for i in range(n):
+            dx[i] = dy[i] * a
+
+
+def neuron_forward(int op, const real[::1] x, real[::1] y, real[::1] aux, real[::1] save,
+                   double a=0, double b=0, double c=0):
+    """y = op(x). aux: a second output (Swish's sigmoid); save: a copy of x is written there first
+    (an in-place layer keeps its input for backward). Unused buffers are passed empty."""
+    cdef Py_ssize_t n = x.shape[0], ch, lo, m
+    if n == 0:
+        return
+    _need(y.shape[0], n, "top")
+    if op == SWISH:
+        _need(aux.shape[0], n, "aux")
+    cdef const real* xp = &x[0]
+    cdef real* yp = &y[0]
+    cdef real* ap = _ptr(aux, n)
+    cdef real* sp = _ptr(save, n)
+    cdef Py_ssize_t nch = (n + CHUNK - 1) // CHUNK
+    with nogil:
+        for ch in prange(nch, schedule="dynamic", chunksize=4, num_threads=_threads(n)):
+            lo = ch * CHUNK
+            m = n - lo if n - lo < CHUNK else CHUNK
+            if sp != NULL:
+                memcpy(sp + lo, xp + lo, m * sizeof(real))
+                _neuron_fwd(op, sp + lo, yp + lo, ap + lo if ap != NULL else NULL, m, a, b, c)
+            else:
+                _neuron_fwd(op, xp + lo, yp + lo, ap + lo if ap != NULL else NULL, m, a, b, c)
+
+
+def neuron_backward(int op, const real[::1] x, const real[::1] y, const real[::1] aux,
+                    const real[::1] dy, real[::1] dx, double a=0, double b=0, double c=0, double d=0):
+    """dx = dy * op'(x, y). x / y / aux are passed empty where the operation does not read them."""
+    cdef Py_ssize_t n = dy.shape[0], ch, lo, m
+    if n == 0:
+        return
+    _need(dx.shape[0], n, "bottom diff")
+    cdef const real* xp = &x[0] if x.shape[0] else NULL
+    cdef const real* yp = &y[0] if y.shape[0] else NULL
+    cdef const real* ap = &aux[0] if aux.shape[0] else NULL
+    if xp != NULL:
+        _need(x.shape[0], n, "bottom data")
+    if yp != NULL:
+        _need(y.shape[0], n, "top data")
+    if ap != NULL:
+        _need(aux.shape[0], n, "aux")
+    if (op in (RELU, ELU, POWER, LOG, ABSVAL, BNLL, CLIP) and xp == NULL) or \
+            (op in (SIGMOID, TANH, ELU, EXP, SWISH) and yp == NULL) or (op == SWISH and ap == NULL):
+        raise ValueError(f"elementwise kernel: neuron {op} backward is missing an input")
+    cdef const real* dyp = &dy[0]
+    cdef real* dxp = &dx[0]
+    cdef Py_ssize_t nch = (n + CHUNK - 1) // CHUNK
+    with nogil:
+        for ch in prange(nch, schedule="dynamic", chunksize=4, num_threads=_threads(n)):
+            lo = ch * CHUNK
+            m = n - lo if n - lo < CHUNK else CHUNK
+            _neuron_bwd(op, xp + lo if xp != NULL else NULL, yp + lo if yp != NULL else NULL,
+                        ap + lo if ap != NULL else NULL, dyp + lo, dxp + lo, m, a, b, c, d)
+
+
+# -- Eltwise (and Split's backward sum) ------------------------------------------------------------
+
+cdef void _eltwise_fwd(int op, real** xs, const double* coeff, int k, real* y, int* mask, Py_ssize_t lo,
+                       Py_ssize_t n) noexcept nogil:
+    # Accumulate in a local piece: y may be one of the bottoms (in place).
+    cdef real acc[CHUNK]
+    cdef int msk[CHUNK]
+    cdef Py_ssize_t j
+    cdef int i
+    cdef real ci, v
+    cdef const real* x0 = xs[0] + lo
+    cdef const real* x1 = xs[1] + lo
+    cdef const real* xi
+    cdef real c0, c1
+    cdef real* yo = y + lo
+    if k == 2 and op != MAX:  # one direct pass: each output element is written after its inputs are read
+        if op == SUM:
+            c0 = <real>coeff[0]
+            c1 = <real>coeff[1]
+            for j in range(n):
+                yo[j] = c0 * x0[j] + c1 * x1[j]
+        else:
+            for j in range(n):
+                yo[j] = x0[j] * x1[j]
+        return
+    if op == SUM:
+        ci = <real>coeff[0]
+        for j in range(n):
+            acc[j] = ci * x0[j]
+        for i in range(1, k):
+            ci = <real>coeff[i]
+            xi = xs[i] + lo
+            for j in range(n):
+                acc[j] = acc[j] + ci * xi[j]
+    elif op == PROD:
+        for j in range(n):
+            acc[j] = x0[j] * x1[j]
+        for i in range(2, k):
+            xi = xs[i] + lo
+            for j in range(n):
+                acc[j] = acc[j] * xi[j]
+    else:  # MAX: bottom[1] wins a tie with bottom[0]; a later bottom must be strictly larger
+        for j in range(n):
+            v = x0[j]
+            acc[j] = v if v > x1[j] else x1[j]
+            msk[j] = 0 if v > x1[j] else 1
+        for i in range(2, k):
+            xi = xs[i] + lo
+            for j in range(n):
+                v = xi[j]
+                msk[j] = i if v > acc[j] else msk[j]
+                acc[j] = v if v > acc[j] else acc[j]
+        memcpy(mask + lo, msk, n * sizeof(int))
+    memcpy(y + lo, acc, n * sizeof(real))
+
+
+cdef void _eltwise_bwd(int op, real** xs, real** dxs, const double* coeff, int k, bint stable,
+                       const real* y, const real* dy, const int* mask, Py_ssize_t lo,
+                       Py_ssize_t n) noexcept nogil:
+    # A local copy of the top diff: a bottom diff may be the top diff (in place).
+    cdef real d[CHUNK]
+    cdef Py_ssize_t j
+    cdef int i, o
+    cdef bint first
+    cdef real ci
+    cdef real* g
+    cdef const real* xo
+    memcpy(d, dy + lo, n * sizeof(real))
+    for i in range(k):
+        if dxs[i] == NULL:
+            continue
+        g = dxs[i] + lo
+        if op == SUM:
+            ci = <real>coeff[i]
+            for j in range(n):
+                g[j] = ci * d[j]
+        elif op == MAX:
+            for j in range(n):
+                g[j] = d[j] if mask[lo + j] == i else 0
+        elif stable:  # the product of the other bottoms, in bottom order, times the top diff
+            first = True
+            for o in range(k):
+                if o == i:
+                    continue
+                xo = xs[o] + lo
+                if first:
+                    memcpy(g, xo, n * sizeof(real))
+                    first = False
+                else:
+                    for j in range(n):
+                        g[j] = g[j] * xo[j]
+            for j in range(n):
+                g[j] = g[j] * d[j]
+        else:
+            xo = xs[i] + lo
+            for j in range(n):
+                g[j] = y[lo + j] / xo[j] * d[j]
+
+
+def eltwise_forward(int op, list bottoms, const double[::1] coeff, real[::1] y, int[::1] mask):
+    """y = PROD / SUM (coeff per bottom) / MAX (argmax into mask) of the bottoms (k >= 2)."""
+    cdef int k = len(bottoms), i
+    cdef Py_ssize_t n = y.shape[0], ch, lo, m
+    if k < 2:
+        raise ValueError("elementwise kernel: Eltwise needs at least two bottoms")
+    if n == 0:
+        return
+    if op == SUM:
+        _need(coeff.shape[0], k, "coeff")
+    if op == MAX:
+        _need(mask.shape[0], n, "mask")
+    cdef const real[::1] view
+    cdef real** xs = <real**> malloc(k * sizeof(real*))
+    try:
+        for i in range(k):
+            view = bottoms[i]
+            _need(view.shape[0], n, f"bottom[{i}]")
+            xs[i] = <real*> &view[0]  # read only
+        with nogil:
+            for ch in prange((n + CHUNK - 1) // CHUNK, schedule="dynamic", chunksize=4, num_threads=_threads(n * k)):
+                lo = ch * CHUNK
+                m = n - lo if n - lo < CHUNK else CHUNK
+                _eltwise_fwd(op, xs, &coeff[0] if op == SUM else NULL, k, &y[0],
+                             &mask[0] if op == MAX else NULL, lo, m)
+    finally:
+        free(xs)
+
+
+def eltwise_backward(int op, list bottoms, list bottom_diffs, const double[::1] coeff, const real[::1] y,
+                     const real[::1] dy, const int[::1] mask, bint stable_prod_grad):
+    """The bottom diffs (None: not wanted) of Eltwise; PROD reads the bottoms (and y unless stable)."""
+    cdef int k = len(bottoms), i
+    cdef Py_ssize_t n = dy.shape[0], ch, lo, m
+    if n == 0:
+        return
+    if len(bottom_diffs) != k:
+        raise ValueError("elementwise kernel: one bottom diff (or None) per bottom")
+    if op == SUM:
+        _need(coeff.shape[0], k, "coeff")
+    if op == MAX:
+        _need(mask.shape[0], n, "mask")
+    if op == PROD and not stable_prod_grad:
+        _need(y.shape[0], n, "top data")
+    cdef const real[::1] cview
+    cdef real[::1] view
+    cdef real** xs = <real**> malloc(k * sizeof(real*))
+    cdef real** dxs = <real**> malloc(k * sizeof(real*))
+    try:
+        for i in range(k):
+            xs[i] = NULL
+            if op == PROD:
+                cview = bottoms[i]
+                _need(cview.shape[0], n, f"bottom[{i}]")
+                xs[i] = <real*> &cview[0]  # read only
+            dxs[i] = NULL
+            if bottom_diffs[i] is not None:
+                view = bottom_diffs[i]
+                _need(view.shape[0], n, f"bottom[{i}] diff")
+                dxs[i] = &view[0]
+        with nogil:
+            for ch in prange((n + CHUNK - 1) // CHUNK, schedule="dynamic", chunksize=4, num_threads=_threads(n * k)):
+                lo = ch * CHUNK
+                m = n - lo if n - lo < CHUNK else CHUNK
+                _eltwise_bwd(op, xs, dxs, &coeff[0] if op == SUM else NULL, k, stable_prod_grad,
+                             &y[0] if y.shape[0] else NULL, &dy[0], &mask[0] if op == MAX else NULL, lo, m)
+    finally:
+        free(xs)
+        free(dxs)
+
+
+# -- Dropout -------------------------------------------------------------------------------------
+# The mask comes from SplitMix64 (Steele, Lea & Flood 2014): output number j + 1 of the stream
+# started at `seed` gives elements 4j .. 4j + 3, 16 bits each (lowest first); an element is kept
+# when its 16 bits are >= threshold (= round(ratio * 2^16): P(keep) = 1 - ratio within 2^-17). It
+# depends only on (seed, index): the same on any thread count, and reproducible in NumPy
+# (caffe.layers.dropout.mask_reference).
+
+cdef inline uint64_t _splitmix(uint64_t z) noexcept nogil:
+    z = (z ^ (z >> 30)) * <uint64_t>0xbf58476d1ce4e5b9ULL
+    z = (z ^ (z >> 27)) * <uint64_t>0x94d049bb133111ebULL
+    return z ^ (z >> 31)
+
+
+cdef void _dropout_piece(const real* x, real* y, uint8_t* mask, Py_ssize_t lo, Py_ssize_t n,
+                         uint64_t seed, uint32_t threshold, real scale, bint apply) noexcept nogil:
+    # lo is a multiple of 4 (CHUNK is), so a SplitMix64 output never straddles two pieces.
+    cdef Py_ssize_t p, q, n4 = n // 4
+    cdef uint64_t r, t = threshold
+    cdef uint64_t first = <uint64_t>(lo // 4 + 1)
+    cdef uint8_t* mk = mask + lo
+    for p in range(n4):  # whole groups of four: no branch, so the compiler can vectorize it
+        r = _splitmix(seed + (first + <uint64_t>p) * <uint64_t>0x9e3779b97f4a7c15ULL)
+        mk[4 * p] = (r & 0xFFFF) >= t
+        mk[4 * p + 1] = ((r >> 16) & 0xFFFF) >= t
+        mk[4 * p + 2] = ((r >> 32) & 0xFFFF) >= t
+        mk[4 * p + 3] = (r >> 48) >= t
+    if n4 * 4 < n:
+        r = _splitmix(seed + (first + <uint64_t>n4) * <uint64_t>0x9e3779b97f4a7c15ULL)
+        for q in range(n - n4 * 4):
+            mk[4 * n4 + q] = ((r >> (16 * q)) & 0xFFFF) >= t
+    if apply:
+        for p in range(n):
+            y[lo + p] = x[lo + p] * (scale if mk[p] else 0)
+
+
+def dropout_forward(const real[::1] x, real[::1] y, uint8_t[::1] mask, uint64_t seed, uint32_t threshold,
+                    double scale, bint apply=True):
+    """mask = SplitMix64 16-bit draws >= threshold; y = x * (mask ? scale : 0) (apply=False: the mask only)."""
+    cdef Py_ssize_t n = mask.shape[0], ch, lo, m
+    if n == 0:
+        return
+    if threshold > 65536:
+        raise ValueError(f"elementwise kernel: the dropout threshold {threshold} exceeds 2^16")
+    cdef const real* xp = NULL
+    cdef real* yp = NULL
+    if apply:
+        _need(x.shape[0], n, "bottom")
+        _need(y.shape[0], n, "top")
+        xp = &x[0]
+        yp = &y[0]
+    with nogil:
+        for ch in prange((n + CHUNK - 1) // CHUNK, schedule="dynamic", chunksize=4, num_threads=_threads(n)):
+            lo = ch * CHUNK
+            m = n - lo if n - lo < CHUNK else CHUNK
+            _dropout_piece(xp, yp, &mask[0], lo, m, seed, threshold, <real>scale, apply)
+
+
+def dropout_backward(const real[::1] dy, const uint8_t[::1] mask, real[::1] dx, double scale):
+    """dx = dy * (mask ? scale : 0)."""
+    cdef Py_ssize_t n = dy.shape[0], i, ch, lo, m
+    cdef real s = <real>scale
+    if n == 0:
+        return
+    _need(mask.shape[0], n, "mask")
+    _need(dx.shape[0], n, "bottom diff")
+    cdef const real* dyp = &dy[0]
+    cdef const uint8_t* mp = &mask[0]
+    cdef real* dxp = &dx[0]
+    with nogil:
+        for ch in prange((n + CHUNK - 1) // CHUNK, schedule="dynamic", chunksize=4, num_threads=_threads(n)):
+            lo = ch * CHUNK
+            m = n - lo if n - lo < CHUNK else CHUNK
+            for i in range(lo, lo + m):
+                dxp[i] = dyp[i] * (s if mp[i] else 0)
+
+
+# -- block copies (Concat, Slice) -----------------------------------------------------------------
+
+def copy_rows(const real[::1] src, Py_ssize_t src_offset, Py_ssize_t src_stride, real[::1] dst,
+              Py_ssize_t dst_offset, Py_ssize_t dst_stride, Py_ssize_t rows, Py_ssize_t row_len):
+    """dst[dst_offset + r * dst_stride + (0..row_len)] = src[src_offset + r * src_stride + (0..row_len)]."""
+    cdef Py_ssize_t r, piece, t, lo, m
+    if rows <= 0 or row_len <= 0:
+        return
+    _need(src.shape[0], src_offset + (rows - 1) * src_stride + row_len, "source")
+    _need(dst.shape[0], dst_offset + (rows - 1) * dst_stride + row_len, "destination")
+    # Long rows are cut in pieces so that one row (Concat on axis 0) still uses every thread.
+    piece = 65536 if row_len > 65536 else row_len
+    cdef Py_ssize_t per_row = (row_len + piece - 1) // piece
+    cdef const real* s = &src[0]
+    cdef real* d = &dst[0]
+    with nogil:
+        for t in prange(rows * per_row, schedule="dynamic", chunksize=1 if piece > 4096 else 16,
+                        num_threads=_threads(rows * row_len)):
+            r = t // per_row
+            lo = (t % per_row) * piece
+            m = row_len - lo if row_len - lo < piece else piece
+            memcpy(d + dst_offset + r * dst_stride + lo, s + src_offset + r * src_stride + lo, m * sizeof(real))

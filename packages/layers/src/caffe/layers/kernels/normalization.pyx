@@ -1,0 +1,318 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+# distutils: extra_compile_args = -fno-math-errno -fno-trapping-math
+# distutils: libraries = m
+"""BatchNorm (batch statistics) and LRN (across channels) on the CPU, OpenMP-parallel.
+
+BatchNorm works on (N, C, S) arrays, one channel per work item (the channel's N planes of S):
+  forward   one pass for the statistics: sums of (x - K) and (x - K)^2 in double, K the
+            channel's first value (a sample, so |mean - K| is of the order of the spread and
+            the shifted sums lose nothing to cancellation); then one pass y = (x - mean) * inv_std
+  backward  one pass for sum dy and sum dy * x_norm (double), then dx = (dy - mean dy -
+            x_norm * mean(dy * x_norm)) * inv_std; x_norm is read from a saved copy or
+            recomputed from x as the forward did (the same bits)
+A channel of a ResNet/MobileNet batch (N * S * 4 bytes, ~100-400 KB) stays in the core's L2
+cache between the two passes, so each kernel reads and writes main memory once.
+
+LRN ACROSS_CHANNELS works on (N, C, S): per image and piece of S, the window sum of x^2 over
+channels [c - r, c + r] slides along c in double (add the channel entering, subtract the one
+leaving), as Caffe's CrossChannelForward_cpu does in Dtype. The backward slides dy * y / scale
+the same way.
+"""
+from cython.parallel cimport prange
+from libc.stdlib cimport free, malloc
+
+include "_threads.pxi"
+
+ctypedef fused real:
+    float
+    double
+
+include "_vmath.pxi"
+
+cdef enum:
+    PIECE = 512  # LRN: spatial positions per work item (C rows of it stay in L1/L2)
+
+
+def _need(Py_ssize_t have, Py_ssize_t need, str what):
+    if have < need:
+        raise ValueError(f"normalization kernel: {what} holds {have} elements, needs {need}")
+
+
+# -- BatchNorm ---------------------------------------------------------------------------------
+
+cdef enum:
+    LANES = 8  # running sums per quantity: independent chains the compiler keeps in SIMD registers
+
+
+cdef void _bn_stats(const real* x, Py_ssize_t N, Py_ssize_t C, Py_ssize_t S, double* mean,
+                    double* var) noexcept nogil:
+    cdef Py_ssize_t n, i, j, S8 = S - S % LANES
+    cdef const real* p
+    cdef double sl[LANES]
+    cdef double ql[LANES]
+    cdef double k = x[0], d, s = 0, q = 0, m = <double>N * S
+    for j in range(LANES):
+        sl[j] = 0
+        ql[j] = 0
+    for n in range(N):
+        p = x + n * C * S
+        for i in range(0, S8, 8):  # LANES
+            for j in range(LANES):
+                d = p[i + j] - k
+                sl[j] += d
+                ql[j] += d * d
+        for i in range(S8, S):
+            d = p[i] - k
+            sl[0] += d
+            ql[0] += d * d
+    for j in range(LANES):
+        s += sl[j]
+        q += ql[j]
+    mean[0] = k + s / m
+    var[0] = q / m - (s / m) * (s / m)
+    if var[0] < 0:
+        var[0] = 0
+
+
+cdef void _bn_normalize(const real* x, real* y, real* xn, Py_ssize_t N, Py_ssize_t C, Py_ssize_t S,
+                        real mean, real inv) noexcept nogil:
+    cdef Py_ssize_t n, i
+    cdef const real* p
+    cdef real* q
+    cdef real* r
+    cdef real v
+    for n in range(N):
+        p = x + n * C * S
+        q = y + n * C * S
+        if xn != NULL:
+            r = xn + n * C * S
+            for i in range(S):
+                v = (p[i] - mean) * inv
+                q[i] = v
+                r[i] = v
+        else:
+            for i in range(S):
+                q[i] = (p[i] - mean) * inv
+
+
+def batch_norm_train_forward(const real[::1] x, real[::1] y, real[::1] x_norm, double[::1] mean,
+                             double[::1] var, Py_ssize_t N, Py_ssize_t C, Py_ssize_t S, double eps):
+    """Per channel: mean and (biased) variance of x over N and S (into mean / var, double), then
+    y = (x - mean) * (1 / sqrt(var + eps)) in x's precision; x_norm (unless empty) gets a copy of y."""
+    cdef Py_ssize_t n = N * C * S, c
+    cdef real* xnp = NULL
+    _need(mean.shape[0], C, "mean")
+    _need(var.shape[0], C, "variance")
+    if n == 0:
+        return
+    _need(x.shape[0], n, "bottom")
+    _need(y.shape[0], n, "top")
+    if x_norm.shape[0]:
+        _need(x_norm.shape[0], n, "x_norm")
+        xnp = &x_norm[0]
+    cdef const real* xp = &x[0]
+    cdef real* yp = &y[0]
+    cdef double* mp = &mean[0]
+    cdef double* vp = &var[0]
+    with nogil:
+        for c in prange(C, schedule="dynamic", chunksize=_grab(N * S), num_threads=_threads(n)):
+            _bn_stats(xp + c * S, N, C, S, mp + c, vp + c)
+            _bn_normalize(xp + c * S, yp + c * S, xnp + c * S if xnp != NULL else NULL, N, C, S,
+                          <real>mp[c], <real>(1.0 / sqrt(vp[c] + eps)))
+
+
+cdef void _bn_backward(const real* dy, const real* xn, const real* x, real* dx, Py_ssize_t N, Py_ssize_t C,
+                       Py_ssize_t S, real mean, real inv) noexcept nogil:
+    cdef Py_ssize_t n, i, j, S8 = S - S % LANES
+    cdef const real* d
+    cdef const real* p
+    cdef real* g
+    cdef double al[LANES]
+    cdef double bl[LANES]
+    cdef double a = 0, b = 0, m = <double>N * S
+    cdef real v, md, mdy
+    for j in range(LANES):
+        al[j] = 0
+        bl[j] = 0
+    for n in range(N):
+        d = dy + n * C * S
+        p = (xn if xn != NULL else x) + n * C * S
+        if xn != NULL:
+            for i in range(0, S8, 8):  # LANES
+                for j in range(LANES):
+                    al[j] += d[i + j]
+                    bl[j] += <double>d[i + j] * p[i + j]
+        else:
+            for i in range(0, S8, 8):  # LANES
+                for j in range(LANES):
+                    v = (p[i + j] - mean) * inv
+                    al[j] += d[i + j]
+                    bl[j] += <double>d[i + j] * v
+        for i in range(S8, S):
+            v = p[i] if xn != NULL else (p[i] - mean) * inv
+            al[0] += d[i]
+            bl[0] += <double>d[i] * v
+    for j in range(LANES):
+        a += al[j]
+        b += bl[j]
+    md = <real>(a / m)
+    mdy = <real>(b / m)
+    for n in range(N):
+        d = dy + n * C * S
+        p = (xn if xn != NULL else x) + n * C * S
+        g = dx + n * C * S
+        if xn != NULL:
+            for i in range(S):
+                g[i] = (d[i] - md - p[i] * mdy) * inv
+        else:
+            for i in range(S):
+                g[i] = (d[i] - md - (p[i] - mean) * inv * mdy) * inv
+
+
+def batch_norm_train_backward(const real[::1] dy, const real[::1] x_norm, const real[::1] x,
+                              const real[::1] mean, const real[::1] inv_std, real[::1] dx,
+                              Py_ssize_t N, Py_ssize_t C, Py_ssize_t S):
+    """dx = (dy - mean(dy) - x_norm * mean(dy * x_norm)) * inv_std, means per channel over N and S.
+    x_norm is read from x_norm, or (x_norm empty) recomputed as (x - mean) * inv_std."""
+    cdef Py_ssize_t n = N * C * S, c
+    if n == 0:
+        return
+    _need(dy.shape[0], n, "top diff")
+    _need(dx.shape[0], n, "bottom diff")
+    _need(mean.shape[0], C, "mean")
+    _need(inv_std.shape[0], C, "inv_std")
+    cdef const real* xnp = NULL
+    cdef const real* xp = NULL
+    if x_norm.shape[0]:
+        _need(x_norm.shape[0], n, "x_norm")
+        xnp = &x_norm[0]
+    else:
+        _need(x.shape[0], n, "bottom data")
+        xp = &x[0]
+    cdef const real* dyp = &dy[0]
+    cdef real* dxp = &dx[0]
+    with nogil:
+        for c in prange(C, schedule="dynamic", chunksize=_grab(N * S), num_threads=_threads(n)):
+            _bn_backward(dyp + c * S, xnp + c * S if xnp != NULL else NULL, xp + c * S if xp != NULL else NULL,
+                         dxp + c * S, N, C, S, mean[c], inv_std[c])
+
+
+# -- LRN across channels -------------------------------------------------------------------------
+
+cdef inline real _pow_neg(real s, real beta) noexcept nogil:
+    """s ^ -beta; beta = 0.75 (AlexNet's) as 1 / (sqrt(s) * sqrt(sqrt(s))), as the NumPy path."""
+    cdef real t
+    if beta == <real>0.75:
+        t = _sqrt(s)
+        return 1 / (_sqrt(t) * t)
+    return _pow(s, -beta)
+
+
+cdef void _lrn_fwd_piece(const real* x, real* y, real* scale, Py_ssize_t C, Py_ssize_t S, Py_ssize_t P,
+                         int r, real a, real k, real beta) noexcept nogil:
+    # x, y, scale point at channel 0, position lo of one image; P positions; channel stride S.
+    cdef double* acc = <double*> malloc(P * sizeof(double))
+    cdef Py_ssize_t c, j
+    cdef const real* xe
+    cdef const real* xl
+    cdef const real* xc
+    cdef real s
+    if acc == NULL:
+        return
+    for j in range(P):
+        acc[j] = 0
+    for c in range(r if r < C else C):
+        xe = x + c * S
+        for j in range(P):
+            acc[j] += <double>xe[j] * xe[j]
+    for c in range(C):
+        if c + r < C:
+            xe = x + (c + r) * S
+            for j in range(P):
+                acc[j] += <double>xe[j] * xe[j]
+        xc = x + c * S
+        for j in range(P):
+            s = k + a * <real>acc[j]
+            scale[c * S + j] = s
+            y[c * S + j] = xc[j] * _pow_neg(s, beta)
+        if c - r >= 0:
+            xl = x + (c - r) * S
+            for j in range(P):
+                acc[j] -= <double>xl[j] * xl[j]
+    free(acc)
+
+
+def lrn_across_forward(const real[::1] x, real[::1] y, real[::1] scale, Py_ssize_t N, Py_ssize_t C,
+                       Py_ssize_t S, int size, double alpha, double k, double beta):
+    """scale = k + alpha / size * (window sum of x^2 over channels [c - r, c + r]); y = x * scale^-beta."""
+    cdef Py_ssize_t n = N * C * S, t, img, lo, m
+    cdef int r = (size - 1) // 2
+    if n == 0:
+        return
+    _need(x.shape[0], n, "bottom")
+    _need(y.shape[0], n, "top")
+    _need(scale.shape[0], n, "scale")
+    cdef Py_ssize_t pieces = (S + PIECE - 1) // PIECE
+    cdef const real* xp = &x[0]
+    cdef real* yp = &y[0]
+    cdef real* sp = &scale[0]
+    with nogil:
+        for t in prange(N * pieces, schedule="dynamic", chunksize=_grab(C * PIECE), num_threads=_threads(n * size)):
+            img = t // pieces
+            lo = (t % pieces) * PIECE
+            m = S - lo if S - lo < PIECE else PIECE
+            _lrn_fwd_piece(xp + img * C * S + lo, yp + img * C * S + lo, sp + img * C * S + lo, C, S, m, r,
+                           <real>(alpha / size), <real>k, <real>beta)
+
+
+cdef inline real _ratio(const real* dy, const real* y, const real* scale, Py_ssize_t i) noexcept nogil:
+    return dy[i] * y[i] / scale[i]
+
+
+cdef void _lrn_bwd_piece(const real* x, const real* y, const real* scale, const real* dy, real* dx,
+                         Py_ssize_t C, Py_ssize_t S, Py_ssize_t P, int r, real cache, real beta) noexcept nogil:
+    cdef double* acc = <double*> malloc(P * sizeof(double))
+    cdef Py_ssize_t c, j, o
+    if acc == NULL:
+        return
+    for j in range(P):
+        acc[j] = 0
+    for c in range(r if r < C else C):
+        o = c * S
+        for j in range(P):
+            acc[j] += _ratio(dy, y, scale, o + j)
+    for c in range(C):
+        if c + r < C:
+            o = (c + r) * S
+            for j in range(P):
+                acc[j] += _ratio(dy, y, scale, o + j)
+        o = c * S
+        for j in range(P):
+            dx[o + j] = dy[o + j] * _pow_neg(scale[o + j], beta) - <real>acc[j] * x[o + j] * cache
+        if c - r >= 0:
+            o = (c - r) * S
+            for j in range(P):
+                acc[j] -= _ratio(dy, y, scale, o + j)
+    free(acc)
+
+
+def lrn_across_backward(const real[::1] x, const real[::1] y, const real[::1] scale, const real[::1] dy,
+                        real[::1] dx, Py_ssize_t N, Py_ssize_t C, Py_ssize_t S, int size, double alpha,
+                        double beta):
+    """dx = dy * scale^-beta - 2 alpha beta / size * x * (window sum over channels of dy * y / scale)."""
+    cdef Py_ssize_t n = N * C * S, t, img, lo, m, off
+    cdef int r = (size - 1) // 2
+    if n == 0:
+        return
+    for buf, what in ((x, "bottom"), (y, "top"), (scale, "scale"), (dy, "top diff"), (dx, "bottom diff")):
+        _need(len(buf), n, what)
+    cdef Py_ssize_t pieces = (S + PIECE - 1) // PIECE
+    cdef real cache = <real>(2.0 * alpha * beta / size)
+    with nogil:
+        for t in prange(N * pieces, schedule="dynamic", chunksize=_grab(C * PIECE), num_threads=_threads(n * size)):
+            img = t // pieces
+            lo = (t % pieces) * PIECE
+            m = S - lo if S - lo < PIECE else PIECE
+            off = img * C * S + lo
+            _lrn_bwd_piece(&x[0] + off, &y[0] + off, &scale[0] + off, &dy[0] + off, &dx[0] + off, C, S, m, r,
+                           cache, <real>beta)

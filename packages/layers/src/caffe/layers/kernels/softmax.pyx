@@ -1,0 +1,186 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+# distutils: extra_compile_args = -fno-math-errno -fno-trapping-math
+# distutils: libraries = m
+"""Softmax over the channel axis of an (outer, C, inner) array, forward and backward, and
+SoftmaxWithLoss's gradient; OpenMP-parallel over work items (o, piece of inner).
+
+For each position: the max over c is subtracted before exp (never overflows), the sum over c
+is taken in double, y = e / sum. Backward: dx = (dy - sum_c dy * y) * y with the sum in double.
+A piece holds at most PIECE / C positions' C values (in cache between the kernel's passes),
+so main memory is read and written once.
+"""
+from cython.parallel cimport prange
+from libc.stdint cimport int64_t, uint8_t
+from libc.stdlib cimport free, malloc
+
+include "_threads.pxi"
+
+ctypedef fused real:
+    float
+    double
+
+include "_vmath.pxi"
+
+cdef enum:
+    PIECE = 32768  # elements (positions x channels) per work item: 128 KB of float32 stay in L2
+
+
+def _need(Py_ssize_t have, Py_ssize_t need, str what):
+    if have < need:
+        raise ValueError(f"softmax kernel: {what} holds {have} elements, needs {need}")
+
+
+cdef Py_ssize_t _piece(Py_ssize_t C, Py_ssize_t inner) noexcept nogil:
+    # At least 64 positions: each channel row of a piece is then whole cache lines.
+    cdef Py_ssize_t p = PIECE // C if C < PIECE else 1
+    if p < 64:
+        p = 64
+    return p if p < inner else inner
+
+
+cdef void _fwd_row(const real* x, real* y, Py_ssize_t C) noexcept nogil:
+    # inner == 1: one contiguous row of C
+    cdef Py_ssize_t c, C4 = C - C % 4
+    cdef real m = x[0], e
+    cdef double s0 = 0, s1 = 0, s2 = 0, s3 = 0
+    cdef real s
+    for c in range(1, C):
+        m = x[c] if x[c] > m else m
+    for c in range(C):
+        y[c] = _exp(x[c] - m)
+    for c in range(0, C4, 4):
+        s0 += y[c]
+        s1 += y[c + 1]
+        s2 += y[c + 2]
+        s3 += y[c + 3]
+    for c in range(C4, C):
+        s0 += y[c]
+    s = <real>((s0 + s1) + (s2 + s3))
+    for c in range(C):
+        y[c] = y[c] / s
+
+
+cdef void _fwd_piece(const real* x, real* y, Py_ssize_t C, Py_ssize_t inner, Py_ssize_t P) noexcept nogil:
+    # x / y point at channel 0 of P positions; channel stride inner
+    cdef real* m = <real*> malloc(P * sizeof(real))
+    cdef double* s = <double*> malloc(P * sizeof(double))
+    cdef Py_ssize_t c, j
+    cdef const real* xc
+    cdef real* yc
+    cdef real v
+    if m == NULL or s == NULL:
+        free(m)
+        free(s)
+        return
+    for j in range(P):
+        m[j] = x[j]
+        s[j] = 0
+    for c in range(1, C):
+        xc = x + c * inner
+        for j in range(P):
+            v = xc[j]
+            m[j] = v if v > m[j] else m[j]
+    for c in range(C):
+        xc = x + c * inner
+        yc = y + c * inner
+        for j in range(P):
+            v = _exp(xc[j] - m[j])
+            yc[j] = v
+            s[j] += v
+    for j in range(P):
+        m[j] = <real>s[j]
+    for c in range(C):
+        yc = y + c * inner
+        for j in range(P):
+            yc[j] = yc[j] / m[j]
+    free(m)
+    free(s)
+
+
+def softmax_forward(const real[::1] x, real[::1] y, Py_ssize_t outer, Py_ssize_t C, Py_ssize_t inner):
+    """y = softmax of x over C, for (outer, C, inner)."""
+    cdef Py_ssize_t n = outer * C * inner, t, o, lo, P, pieces
+    if n == 0:
+        return
+    _need(x.shape[0], n, "bottom")
+    _need(y.shape[0], n, "top")
+    cdef const real* xp = &x[0]
+    cdef real* yp = &y[0]
+    P = _piece(C, inner)
+    pieces = (inner + P - 1) // P
+    with nogil:
+        if inner == 1:
+            for o in prange(outer, schedule="dynamic", chunksize=_grab(C), num_threads=_threads(n)):
+                _fwd_row(xp + o * C, yp + o * C, C)
+        else:
+            for t in prange(outer * pieces, schedule="dynamic", chunksize=_grab(C * P), num_threads=_threads(n)):
+                o = t // pieces
+                lo = (t % pieces) * P
+                _fwd_piece(xp + o * C * inner + lo, yp + o * C * inner + lo, C, inner,
+                           inner - lo if inner - lo < P else P)
+
+
+cdef void _bwd_piece(const real* y, const real* dy, real* dx, Py_ssize_t C, Py_ssize_t inner,
+                     Py_ssize_t P) noexcept nogil:
+    cdef double* s = <double*> malloc(P * sizeof(double))
+    cdef real* sr
+    cdef Py_ssize_t c, j, o
+    if s == NULL:
+        return
+    for j in range(P):
+        s[j] = 0
+    for c in range(C):
+        o = c * inner
+        for j in range(P):
+            s[j] += <double>dy[o + j] * y[o + j]
+    sr = <real*> s  # reuse the buffer: the sums in x's precision
+    for j in range(P):
+        sr[j] = <real>s[j]
+    for c in range(C):
+        o = c * inner
+        for j in range(P):
+            dx[o + j] = (dy[o + j] - sr[j]) * y[o + j]
+    free(s)
+
+
+def softmax_backward(const real[::1] y, const real[::1] dy, real[::1] dx, Py_ssize_t outer, Py_ssize_t C,
+                     Py_ssize_t inner):
+    """dx = (dy - sum_c dy * y) * y (dx may be dy: in place)."""
+    cdef Py_ssize_t n = outer * C * inner, t, o, lo, P, pieces
+    if n == 0:
+        return
+    for buf, what in ((y, "top"), (dy, "top diff"), (dx, "bottom diff")):
+        _need(len(buf), n, what)
+    P = _piece(C, inner)
+    pieces = (inner + P - 1) // P
+    with nogil:
+        for t in prange(outer * pieces, schedule="dynamic", chunksize=_grab(C * P), num_threads=_threads(n)):
+            o = t // pieces
+            lo = (t % pieces) * P
+            _bwd_piece(&y[0] + o * C * inner + lo, &dy[0] + o * C * inner + lo, &dx[0] + o * C * inner + lo,
+                       C, inner, inner - lo if inner - lo < P else P)
+
+
+def softmax_loss_backward(const real[::1] prob, const int64_t[::1] label, const uint8_t[::1] valid,
+                          real[::1] dx, Py_ssize_t outer, Py_ssize_t C, Py_ssize_t inner, double scale):
+    """dx = (prob - onehot(label)) * valid * scale over (outer, C, inner); label / valid are (outer, inner)
+    (a label is only read where valid)."""
+    cdef Py_ssize_t n = outer * C * inner, t, c, j, o, q
+    cdef real s = <real>scale, v, h
+    cdef int64_t lab
+    if n == 0:
+        return
+    _need(prob.shape[0], n, "prob")
+    _need(dx.shape[0], n, "bottom diff")
+    _need(label.shape[0], outer * inner, "label")
+    _need(valid.shape[0], outer * inner, "valid")
+    with nogil:
+        for t in prange(outer * C, schedule="dynamic", chunksize=_grab(inner), num_threads=_threads(n)):
+            o = t // C
+            c = t % C
+            q = t * inner
+            for j in range(inner):
+                v = <real>valid[o * inner + j]
+                lab = label[o * inner + j]
+                h = 1 if (v != 0 and lab == c) else 0
+                dx[q + j] = (prob[q + j] - h) * v * s

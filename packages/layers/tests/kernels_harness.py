@@ -1,0 +1,90 @@
+"""Shared by the test_layers_kernels_* properties (imported by path, like layers2_pylayers).
+
+run() sets a layer up and runs its forward and backward by either path: "cpu" (forward_cpu /
+backward_cpu: the compiled kernels) or "xp" (forward_xp / backward_xp with NumPy: the GPU
+path's code, which is the kernels' reference). check_paths() compares the CPU path with the
+reference, and the two mixed runs (forward by one path, backward by the other: the state
+backward needs goes through the layer's blobs, as a forward in CPU mode and a backward in
+GPU mode would).
+"""
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from caffe.blob import context
+from caffe.layers.testing import blobs_from_arrays, empty_tops, make_layer
+
+DTYPES = st.sampled_from([np.float32, np.float64])
+# Past CHUNK / PIECE and PARALLEL_MIN_WORK (32768), so pieces, remainders and both threads are exercised.
+BIG_SHAPES = [(2, 5, 67, 101), (3, 40011), (1, 3, 11111)]
+
+
+def shapes(min_dims=1, max_dims=4, max_side=6, big=BIG_SHAPES):
+    small = hnp.array_shapes(min_dims=min_dims, max_dims=max_dims, min_side=1, max_side=max_side)
+    big = [s for s in big if min_dims <= len(s) <= max_dims]
+    return st.one_of(small, st.sampled_from(big)) if big else small
+
+
+def arrays(seed, shape, low=-2.0, high=2.0):
+    return np.random.default_rng(seed).uniform(low, high, size=shape)
+
+
+def run(type_name, text, bottoms, top_diffs=None, dtype=np.float64, in_place=False, n_top=1, phase=0,
+        fwd="cpu", bwd="cpu", propagate_down=None, seed=3, setup=None):
+    """Forward (and with top_diffs, backward) by the chosen paths; returns the outputs as arrays."""
+    context.set_random_seed(seed)
+    layer = make_layer(type_name, text, phase=phase)
+    bottom = blobs_from_arrays(bottoms, dtype)
+    top = [bottom[0]] if in_place else empty_tops(n_top, dtype)
+    layer.SetUp(bottom, top)
+    if setup is not None:
+        setup(layer)
+    layer.reshape(bottom, top)
+    context.set_random_seed(seed + 1)
+    if fwd == "cpu":
+        layer.forward_cpu(bottom, top)
+    else:
+        layer.forward_xp(np, bottom, top)
+    out = {"top": [t.data.copy() for t in top], "params": [p.data.copy() for p in layer.blobs]}
+    if top_diffs is None:
+        return out
+    for t, d in zip(top, top_diffs):
+        t.diff[...] = d
+    pd = list(propagate_down) if propagate_down is not None else [True] * len(bottom)
+    if bwd == "cpu":
+        layer.backward_cpu(top, pd, bottom)
+    else:
+        layer.backward_xp(np, top, pd, bottom)
+    out["bottom_diff"] = [b.diff.copy() for b, p in zip(bottom, pd) if p]
+    out["param_diff"] = [p.diff.copy() for p in layer.blobs]
+    return out
+
+
+def tolerance(dtype, rtol=None):
+    """(rtol, atol relative to the reference's magnitude): float32 results differ from NumPy's by
+    summation order and libm ulps, float64 ones by rounding only."""
+    if rtol is not None:
+        return rtol, rtol
+    return (2e-5, 2e-5) if np.dtype(dtype) == np.float32 else (1e-11, 1e-11)
+
+
+def assert_close(got, ref, dtype, rtol=None, what=""):
+    r, a = tolerance(dtype, rtol)
+    assert len(got) == len(ref), what
+    for i, (g, e) in enumerate(zip(got, ref)):
+        assert g.shape == e.shape, f"{what}[{i}]: shape {g.shape} vs {e.shape}"
+        scale = max(1.0, float(np.abs(e).max())) if e.size else 1.0
+        np.testing.assert_allclose(g, e, rtol=r, atol=a * scale, equal_nan=False, err_msg=f"{what}[{i}]")
+
+
+def check_paths(type_name, text, bottoms, top_diffs, dtype, rtol=None, mixed=True, **kw):
+    """The CPU path, and forward/backward by mixed paths, agree with the NumPy reference."""
+    ref = run(type_name, text, bottoms, top_diffs, dtype, fwd="xp", bwd="xp", **kw)
+    combos = [("cpu", "cpu"), ("cpu", "xp"), ("xp", "cpu")] if mixed else [("cpu", "cpu")]
+    for f, b in combos:
+        got = run(type_name, text, bottoms, top_diffs, dtype, fwd=f, bwd=b, **kw)
+        for key in ref:
+            assert_close(got[key], ref[key], dtype, rtol, what=f"{type_name} {f}/{b} {key}")
+    return ref

@@ -1,0 +1,121 @@
+"""The AVX2 builds of the kernels (elementwise_avx2, softmax_avx2, normalization_avx2, pooling_avx2)
+against the baseline builds: the same source, so the same results up to libm's ulps (bit for bit
+elsewhere)."""
+import importlib
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from caffe.layers import _cpu
+
+SEEDS = st.integers(0, 2**31 - 1)
+DTYPES = st.sampled_from([np.float32, np.float64])
+
+
+def _pair(name):
+    if not _cpu.cpu_has_avx2():
+        pytest.skip("this CPU has no AVX2: only the baseline builds run here")
+    try:
+        return importlib.import_module(f"caffe.layers.kernels.{name}"), \
+            importlib.import_module(f"caffe.layers.kernels.{name}_avx2")
+    except ImportError as e:  # pragma: no cover
+        pytest.fail(f"kernel build missing: {e}")
+
+
+def _close(a, b, dtype, exact):
+    if exact:
+        np.testing.assert_array_equal(a, b)
+    else:
+        r = 4e-7 if dtype == np.float32 else 2e-15  # a few ulps
+        np.testing.assert_allclose(a, b, rtol=r, atol=r * max(1.0, float(np.abs(b).max(initial=0))))
+
+
+# (op, a, b, c, d, input range, libm involved)
+OPS = [(0, 0.1, 0, 0, 0, (-2, 2), False), (1, 0, 0, 0, 0, (-8, 8), True), (2, 0, 0, 0, 0, (-4, 4), True),
+       (3, 0.7, 0, 0, 0, (-3, 2), True), (4, 0.5, 1.5, 1.7, 0.85, (-2, 2), True),
+       (4, 0.5, 1.0, 2.0, 1.0, (-2, 2), False), (5, 0.5, 1.2, 0, 0, (-3, 3), True),
+       (6, 2.0, 5.0, 0.4, 0.8, (-2, 2), True), (7, 0, 0, 0, 0, (-2, 2), False), (8, 0, 0, 0, 0, (-60, 60), True),
+       (9, 0.3, 0, 0, 0, (-2, 2), False), (10, -0.5, 0.8, 0, 0, (-2, 2), False), (11, 1.3, 0, 0, 0, (-4, 4), True),
+       (12, 1.5, -0.5, 0, 0, (-2, 2), False)]
+
+
+@pytest.mark.parametrize("op, a, b, c, d, bounds, libm", OPS, ids=[str(o[0]) + "-" + str(i) for i, o in enumerate(OPS)])
+@given(n=st.sampled_from([1, 7, 4096, 4103, 40000]), dtype=DTYPES, seed=SEEDS)
+def test_neuron_builds_agree(op, a, b, c, d, bounds, libm, n, dtype, seed):
+    base, avx = _pair("elementwise")
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(*bounds, n).astype(dtype)
+    dy = rng.uniform(-1, 1, n).astype(dtype)
+    e = np.empty(0, dtype)
+    outs = []
+    for mod in (base, avx):
+        y, aux, dx = np.empty_like(x), np.empty_like(x), np.empty_like(x)
+        mod.neuron_forward(op, x, y, aux if op == 11 else e, e, a, b, c)
+        if op != 9:
+            mod.neuron_backward(op, x, y, aux if op == 11 else e, dy, dx, a, b, c, d)
+        outs.append((y, dx if op != 9 else y))
+    _close(outs[1][0], outs[0][0], dtype, not libm)
+    _close(outs[1][1], outs[0][1], dtype, not libm)
+
+
+@given(shape=st.sampled_from([(3, 7, 5), (2, 1000, 1), (2, 33, 300)]), dtype=DTYPES, seed=SEEDS)
+def test_softmax_builds_agree(shape, dtype, seed):
+    base, avx = _pair("softmax")
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(shape) * 5).astype(dtype).ravel()
+    dy = rng.standard_normal(x.size).astype(dtype)
+    res = []
+    for mod in (base, avx):
+        y, dx = np.empty_like(x), np.empty_like(x)
+        mod.softmax_forward(x, y, *shape)
+        mod.softmax_backward(y, dy, dx, *shape)
+        res.append((y, dx))
+    for g, e in zip(res[1], res[0]):
+        _close(g, e, dtype, False)
+
+
+@given(shape=st.sampled_from([(3, 4, 5), (2, 7, 3001), (1, 2, 9)]), dtype=DTYPES, seed=SEEDS)
+def test_normalization_builds_agree(shape, dtype, seed):
+    base, avx = _pair("normalization")
+    rng = np.random.default_rng(seed)
+    n, c, s = shape
+    x = (rng.standard_normal(n * c * s) + 3).astype(dtype)
+    dy = rng.standard_normal(x.size).astype(dtype)
+    e = np.empty(0, dtype)
+    res = []
+    for mod in (base, avx):
+        y, dx, m, v = np.empty_like(x), np.empty_like(x), np.zeros(c), np.zeros(c)
+        mod.batch_norm_train_forward(x, y, e, m, v, n, c, s, 1e-5)
+        inv = (1 / np.sqrt(v + 1e-5)).astype(dtype)
+        mod.batch_norm_train_backward(dy, e, x, m.astype(dtype), inv, dx, n, c, s)
+        sc, yl, dxl = np.empty_like(x), np.empty_like(x), np.empty_like(x)
+        mod.lrn_across_forward(x, yl, sc, n, c, s, 3, 0.5, 1.0, 0.6)
+        mod.lrn_across_backward(x, yl, sc, dy, dxl, n, c, s, 3, 0.5, 0.6)
+        res.append((m, v, y, dx, sc, yl, dxl))
+    for g, e_ in zip(res[1], res[0]):
+        _close(g, e_, dtype, False)
+
+
+@given(hw=st.sampled_from([(7, 7), (13, 17), (56, 56)]), k=st.sampled_from([2, 3]), s=st.sampled_from([1, 2, 3]),
+       pad=st.sampled_from([0, 1]), dtype=DTYPES, seed=SEEDS)
+def test_pooling_builds_agree_bit_for_bit(hw, k, s, pad, dtype, seed):
+    base, avx = _pair("pooling")
+    from caffe.layers.pooling import pooled_size
+    H, W = hw
+    pad = min(pad, k - 1)
+    PH, PW = pooled_size(H, k, s, pad), pooled_size(W, k, s, pad)
+    planes = 3
+    x = np.random.default_rng(seed).integers(-3, 4, planes * H * W).astype(dtype)  # ties on purpose
+    dy = np.random.default_rng(seed + 1).standard_normal(planes * PH * PW).astype(dtype)
+    res = []
+    for mod in (base, avx):
+        y, m = np.empty(planes * PH * PW, dtype), np.empty(planes * PH * PW, np.int32)
+        ya, dx, dxa = np.empty_like(y), np.empty_like(x), np.empty_like(x)
+        mod.max_pool_forward(x, y, m, planes, H, W, PH, PW, k, k, s, s, pad, pad)
+        mod.max_pool_backward(dy, m, dx, planes, H * W, PH * PW)
+        mod.ave_pool_forward(x, ya, planes, H, W, PH, PW, k, k, s, s, pad, pad)
+        mod.ave_pool_backward(dy, dxa, planes, H, W, PH, PW, k, k, s, s, pad, pad)
+        res.append((y, m, dx, ya, dxa))
+    for g, e in zip(res[1], res[0]):
+        np.testing.assert_array_equal(g, e)

@@ -1,0 +1,188 @@
+"""kernels.channelwise and kernels.normalization against the layers' NumPy paths: Scale, Bias, PReLU,
+BatchNorm (global and batch statistics, moving averages), LRN."""
+import os
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from caffe.blob import Blob
+from caffe.layers import _cpu
+from caffe.layers.kernels import channelwise, normalization
+from caffe.layers.testing import blobs_from_arrays, empty_tops, make_layer
+from caffe.proto import caffe_pb2
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # for the helper module kernels_harness
+from kernels_harness import DTYPES, arrays, check_paths, run, shapes  # noqa: E402
+
+SEEDS = st.integers(0, 2**31 - 1)
+
+
+def _fill_params(seed):
+    """Random parameter values (so scales, biases and slopes are not the fillers' constants)."""
+    def setup(layer):
+        rng = np.random.default_rng(seed)
+        for b in layer.blobs:
+            b.data[...] = rng.uniform(-1.5, 1.5, b.shape)
+            b.diff[...] = rng.uniform(-1, 1, b.shape)  # parameter gradients accumulate onto this
+    return setup
+
+
+@given(shape=shapes(min_dims=2), dtype=DTYPES, seed=SEEDS, bias=st.booleans(), in_place=st.booleans(),
+       data=st.data())
+def test_scale_kernels_match_numpy(shape, dtype, seed, bias, in_place, data):
+    axis = data.draw(st.integers(0, len(shape) - 1))
+    num_axes = data.draw(st.integers(-1, len(shape) - axis))
+    text = f"scale_param {{ axis: {axis} num_axes: {num_axes} bias_term: {str(bias).lower()} }}"
+    x, dy = arrays(seed, shape), arrays(seed + 1, shape)
+    check_paths("Scale", text, [x], [dy], dtype, in_place=in_place, setup=_fill_params(seed))
+
+
+@given(shape=shapes(min_dims=2), dtype=DTYPES, seed=SEEDS, bias=st.booleans(), pd=st.sampled_from(
+    [(True, True), (True, False), (False, True)]), data=st.data())
+def test_scale_by_a_second_bottom_matches_numpy(shape, dtype, seed, bias, pd, data):
+    axis = data.draw(st.integers(0, len(shape) - 1))
+    end = data.draw(st.integers(axis, len(shape)))
+    s = arrays(seed + 2, shape[axis:end])
+    text = f"scale_param {{ axis: {axis} bias_term: {str(bias).lower()} }}"
+    check_paths("Scale", text, [arrays(seed, shape), s], [arrays(seed + 1, shape)], dtype, propagate_down=pd,
+                setup=_fill_params(seed))
+
+
+@given(shape=shapes(min_dims=1), dtype=DTYPES, seed=SEEDS, in_place=st.booleans(), two=st.booleans(),
+       data=st.data())
+def test_bias_kernels_match_numpy(shape, dtype, seed, in_place, two, data):
+    axis = data.draw(st.integers(0, len(shape) - 1))
+    x, dy = arrays(seed, shape), arrays(seed + 1, shape)
+    if two:
+        end = data.draw(st.integers(axis, len(shape)))
+        check_paths("Bias", f"bias_param {{ axis: {axis} }}", [x, arrays(seed + 2, shape[axis:end])], [dy], dtype,
+                    in_place=in_place, setup=_fill_params(seed))
+    else:
+        check_paths("Bias", f"bias_param {{ axis: {axis} num_axes: 1 }}", [x], [dy], dtype, in_place=in_place,
+                    setup=_fill_params(seed))
+
+
+@given(shape=shapes(min_dims=2), dtype=DTYPES, seed=SEEDS, shared=st.booleans(), in_place=st.booleans())
+def test_prelu_kernels_match_numpy(shape, dtype, seed, shared, in_place):
+    x = arrays(seed, shape)
+    check_paths("PReLU", f"prelu_param {{ channel_shared: {str(shared).lower()} }}", [x], [arrays(seed + 1, shape)],
+                dtype, in_place=in_place, setup=_fill_params(seed))
+
+
+def _bn_stats_setup(seed):
+    def setup(layer):
+        rng = np.random.default_rng(seed)
+        c = layer.blobs[0].count()
+        layer.blobs[0].data[...] = rng.uniform(-1, 1, c) * 3
+        layer.blobs[1].data[...] = rng.uniform(0.5, 2, c) * 3
+        layer.blobs[2].data[...] = 3
+    return setup
+
+
+@given(shape=shapes(min_dims=1), dtype=DTYPES, seed=SEEDS, in_place=st.booleans(),
+       mode=st.sampled_from(["train", "global", "test"]), offset=st.sampled_from([0.0, 100.0]))
+def test_batch_norm_kernels_match_numpy(shape, dtype, seed, in_place, mode, offset):
+    x = arrays(seed, shape) * 2 + offset  # an offset far from the spread: the statistics must not cancel
+    dy = arrays(seed + 1, shape)
+    text = "batch_norm_param { use_global_stats: true eps: 0.001 }" if mode == "global" else \
+        "batch_norm_param { moving_average_fraction: 0.9 }"
+    phase = caffe_pb2.TEST if mode == "test" else caffe_pb2.TRAIN  # TEST defaults to the global statistics
+    # float32 backward subtracts means of the order of |dy|: compare relative to that
+    check_paths("BatchNorm", text, [x], [dy], dtype, in_place=in_place, phase=phase, setup=_bn_stats_setup(seed),
+                rtol=1e-4 if dtype == np.float32 else None)
+
+
+def test_batch_norm_train_statistics_are_exact_in_float32_far_from_zero():
+    """Per-channel sums in double: mean and variance of float32 data at an offset of 1e4 times the spread."""
+    rng = np.random.default_rng(0)
+    x = (1e4 + rng.standard_normal((16, 3, 50, 50))).astype(np.float32)
+    out = run("BatchNorm", "batch_norm_param { moving_average_fraction: 0 }", [x], dtype=np.float32)
+    xd = x.astype(np.float64)
+    m = xd.size // 3
+    np.testing.assert_allclose(out["params"][0], xd.mean(axis=(0, 2, 3)), rtol=1e-7)
+    np.testing.assert_allclose(out["params"][1], xd.var(axis=(0, 2, 3)) * m / (m - 1), rtol=1e-5)
+    y = out["top"][0].astype(np.float64)
+    np.testing.assert_allclose(y.mean(axis=(0, 2, 3)), 0, atol=1e-3)
+    np.testing.assert_allclose(y.std(axis=(0, 2, 3)), 1, rtol=1e-3)
+
+
+def test_batch_norm_in_place_backward_reads_x_norm_and_out_of_place_recomputes_it():
+    x = arrays(0, (2, 3, 5, 7)).astype(np.float32)
+    dy = arrays(1, x.shape).astype(np.float32)
+    a = run("BatchNorm", "", [x], [dy], np.float32, in_place=True)
+    b = run("BatchNorm", "", [x], [dy], np.float32, in_place=False)
+    np.testing.assert_array_equal(a["top"][0], b["top"][0])
+    np.testing.assert_array_equal(a["bottom_diff"][0], b["bottom_diff"][0])  # the same bits
+
+
+def test_batch_norm_state_lives_in_blobs():
+    x = arrays(0, (2, 3, 4))
+    layer = make_layer("BatchNorm")
+    bottom = blobs_from_arrays([x])
+    layer.SetUp(bottom, bottom)
+    layer.Forward(bottom, bottom)
+    for name in ("mean_", "inv_std_", "x_norm_"):
+        assert isinstance(getattr(layer, name), Blob), name
+    assert not any(isinstance(v, np.ndarray) for v in vars(layer).values())
+
+
+@given(shape=shapes(min_dims=4, max_dims=4, max_side=6, big=[(2, 7, 67, 101), (1, 3, 300, 2)]), dtype=DTYPES,
+       seed=SEEDS, size=st.sampled_from([1, 3, 5, 7]), beta=st.sampled_from([0.75, 0.6]),
+       k=st.sampled_from([1.0, 2.0]))
+def test_lrn_across_channels_kernels_match_numpy(shape, dtype, seed, size, beta, k):
+    text = f"lrn_param {{ local_size: {size} alpha: 0.3 beta: {beta} k: {k} }}"
+    check_paths("LRN", text, [arrays(seed, shape)], [arrays(seed + 1, shape)], dtype)
+
+
+def test_lrn_within_channel_keeps_its_scale_in_a_blob():
+    x = arrays(0, (2, 3, 5, 4))
+    ref = check_paths("LRN", "lrn_param { local_size: 3 norm_region: WITHIN_CHANNEL alpha: 0.5 }", [x],
+                      [arrays(1, x.shape)], np.float64)
+    assert ref["top"][0].shape == x.shape
+
+
+def test_channel_kernels_refuse_short_buffers():
+    x = np.zeros(12, np.float32)
+    e = np.empty(0, np.float32)
+    with pytest.raises(ValueError, match="scale holds 2 elements, needs 3"):
+        channelwise.channel_forward(_cpu.CH_AFFINE, x, np.ones(2, np.float32), e, x.copy(), e, 2, 3, 2)
+    with pytest.raises(ValueError, match="mean holds 1 elements, needs 3"):
+        normalization.batch_norm_train_forward(x, x.copy(), e, np.zeros(1), np.zeros(3), 2, 3, 2, 1e-5)
+    with pytest.raises(ValueError, match="scale holds 11"):
+        normalization.lrn_across_forward(x, x.copy(), x[:11].copy(), 1, 3, 4, 3, 1.0, 1.0, 0.75)
+
+
+@pytest.mark.parametrize("type_name, text, n_bottom", [
+    ("Scale", "scale_param { bias_term: true }", 1), ("Bias", "", 1), ("PReLU", "", 1),
+    ("BatchNorm", "", 1), ("BatchNorm", "batch_norm_param { use_global_stats: true }", 1),
+    ("LRN", "lrn_param { local_size: 3 }", 1)])
+def test_the_cpu_path_runs_the_kernels(type_name, text, n_bottom):
+    """forward_cpu / backward_cpu never fall back to the NumPy path for float32 / float64 blobs."""
+    for dtype in (np.float32, np.float64):
+        layer = make_layer(type_name, text)
+        bottom = blobs_from_arrays([arrays(0, (2, 3, 4, 5))], dtype)
+        top = empty_tops(1, dtype)
+        layer.SetUp(bottom, top)
+
+        def fail(*_):
+            raise AssertionError("fell back to the NumPy path")
+        layer.forward_xp = layer.backward_xp = fail
+        layer.Forward(bottom, top)
+        top[0].diff[...] = 1
+        layer.Backward(top, [True], bottom)
+
+
+@pytest.mark.parametrize("type_name, text, in_place", [
+    ("BatchNorm", "", False), ("BatchNorm", "", True), ("BatchNorm", "batch_norm_param { use_global_stats: true }", True),
+    ("Scale", "scale_param { bias_term: true }", True), ("Bias", "", False), ("PReLU", "", True),
+    ("LRN", "lrn_param { local_size: 5 alpha: 0.5 }", False), ("Softmax", "", False), ("ReLU", "", True),
+    ("Sigmoid", "", False), ("ELU", "", True), ("Dropout", "", True)])
+def test_big_blobs_use_every_thread_and_piece_and_still_match(type_name, text, in_place):
+    """A blob past PARALLEL_MIN_WORK and the piece sizes, with odd dimensions: both threads, remainders."""
+    shape = (3, 7, 67, 101)
+    setup = _bn_stats_setup(5) if type_name == "BatchNorm" else _fill_params(5)
+    ref = check_paths(type_name, text, [arrays(5, shape)], [arrays(6, shape)], np.float32, in_place=in_place,
+                      setup=setup, rtol=1e-4)
+    assert all(np.isfinite(a).all() for v in ref.values() for a in v)

@@ -1,0 +1,163 @@
+"""kernels.elementwise against the layers' NumPy paths: neurons, Eltwise, Dropout, Concat/Slice/Split."""
+import os
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from caffe.blob import context
+from caffe.layers import _cpu
+from caffe.layers.dropout import mask_reference, mask_threshold
+from caffe.layers.kernels import elementwise
+from caffe.layers.testing import blobs_from_arrays, empty_tops, make_layer
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # for the helper module kernels_harness
+from kernels_harness import DTYPES, arrays, check_paths, shapes  # noqa: E402
+
+# type, prototxt, input range, may run in place
+NEURONS = [
+    ("ReLU", "", (-2, 2), True),
+    ("ReLU", "relu_param { negative_slope: 0.2 }", (-2, 2), True),
+    ("Sigmoid", "", (-6, 6), True),
+    ("TanH", "", (-4, 4), True),
+    ("ELU", "elu_param { alpha: 0.7 }", (-3, 2), True),
+    ("Swish", "swish_param { beta: 1.3 }", (-4, 4), True),
+    ("BNLL", "", (-60, 60), True),
+    ("AbsVal", "", (-2, 2), False),
+    ("Clip", "clip_param { min: -0.5 max: 0.8 }", (-2, 2), True),
+    ("Power", "power_param { power: 2 scale: 0.5 shift: 1 }", (-2, 2), True),
+    ("Power", "power_param { power: 1.7 scale: 0.5 shift: 1.5 }", (-2, 2), True),
+    ("Power", "power_param { power: -0.5 }", (0.2, 3), True),
+    ("Exp", "exp_param { base: 2 scale: 0.5 shift: 0.25 }", (-3, 3), True),
+    ("Exp", "", (-3, 3), True),
+    ("Log", "log_param { base: 10 scale: 2 shift: 5 }", (-2, 2), True),
+    ("Log", "", (0.1, 3), True),
+    ("Threshold", "threshold_param { threshold: 0.3 }", (-2, 2), True),
+    ("Dropout", "dropout_param { dropout_ratio: 0.3 }", (-2, 2), True),
+    ("Dropout", "dropout_param { dropout_ratio: 0.3 }", (-2, 2), False),
+]
+
+
+def test_operation_codes_match_the_kernel():
+    for name in ("RELU", "SIGMOID", "TANH", "ELU", "POWER", "EXP", "LOG", "ABSVAL", "BNLL", "THRESHOLD", "CLIP",
+                 "SWISH", "AFFINE"):
+        assert int(getattr(elementwise.Neuron, name)) == getattr(_cpu, name), name
+
+
+@pytest.mark.parametrize("type_name, text, bounds, in_place_ok", NEURONS,
+                         ids=[f"{t}-{i}" for i, (t, *_) in enumerate(NEURONS)])
+@given(shape=shapes(), dtype=DTYPES, seed=st.integers(0, 2**31 - 1), in_place=st.booleans())
+def test_neuron_kernels_match_numpy(type_name, text, bounds, in_place_ok, shape, dtype, seed, in_place):
+    in_place = in_place and in_place_ok
+    x = arrays(seed, shape, *bounds)
+    dy = arrays(seed + 1, shape)
+    no_backward = type_name == "Threshold"
+    check_paths(type_name, text, [x], None if no_backward else [dy], dtype, in_place=in_place)
+
+
+@pytest.mark.parametrize("op", ["SUM", "PROD", "MAX"])
+@given(shape=shapes(), dtype=DTYPES, seed=st.integers(0, 2**31 - 1), k=st.integers(2, 4),
+       coeff=st.booleans(), stable=st.booleans(), in_place=st.booleans(), which=st.integers(0, 3))
+def test_eltwise_kernels_match_numpy(op, shape, dtype, seed, k, coeff, stable, in_place, which):
+    xs = [arrays(seed + i, shape, 0.2, 2) * np.where(arrays(seed + 9 + i, shape) > 0, 1, -1) for i in range(k)]
+    if op == "MAX":  # ties: bottom[1] wins over bottom[0], later bottoms need strictly more
+        xs[1].reshape(-1)[::3] = xs[0].reshape(-1)[::3]
+    dy = arrays(seed + 7, shape)
+    text = f"eltwise_param {{ operation: {op} stable_prod_grad: {str(stable).lower()} "
+    if coeff and op == "SUM":
+        text += " ".join(f"coeff: {c}" for c in (0.5, -1.5, 2.0, 0.25)[:k])
+    text += " }"
+    pd = [i != which for i in range(k)] if which < k else None
+    check_paths("Eltwise", text, xs, [dy], dtype, in_place=in_place, propagate_down=pd)
+
+
+@given(n=st.integers(0, 20000), seed=st.integers(0, 2**64 - 1), ratio=st.sampled_from([0.0, 0.1, 0.5, 0.9]))
+def test_dropout_mask_is_the_splitmix_reference(n, seed, ratio):
+    thr = mask_threshold(ratio)
+    mask = np.full(n, 7, np.uint8)
+    elementwise.dropout_forward(np.empty(0, np.float32), np.empty(0, np.float32), mask, seed, thr, 1.0, False)
+    np.testing.assert_array_equal(mask, mask_reference(seed, n, thr))
+
+
+def test_dropout_mask_statistics_and_thread_independence():
+    n = 1 << 20
+    m1 = np.empty(n, np.uint8)
+    elementwise.dropout_forward(np.empty(0), np.empty(0), m1, 12345, mask_threshold(0.3), 1.0, False)
+    assert abs(m1.mean() - 0.7) < 0.002  # 1M draws: std of the kept fraction 0.0005
+    # neighbours are independent: P(both kept) = 0.49
+    assert abs((m1[1:] & m1[:-1]).mean() - 0.49) < 0.003
+    x = np.arange(n, dtype=np.float32)
+    y = np.empty_like(x)
+    m2 = np.empty(n, np.uint8)
+    elementwise.dropout_forward(x, y, m2, 12345, mask_threshold(0.3), 2.0, True)
+    np.testing.assert_array_equal(m1, m2)  # the mask alone, or drawn and applied (both threads): the same
+    np.testing.assert_array_equal(y, x * m1 * np.float32(2.0))
+
+
+def _axis_shapes(max_dims=4):
+    return shapes(min_dims=1, max_dims=max_dims, max_side=5, big=[(2, 6, 67, 101), (4, 40011)])
+
+
+@given(shape=_axis_shapes(), dtype=DTYPES, seed=st.integers(0, 2**31 - 1), data=st.data())
+def test_concat_and_slice_kernels_match_numpy(shape, dtype, seed, data):
+    axis = data.draw(st.integers(0, len(shape) - 1))
+    sizes = data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=3))
+    pieces = []
+    for i, s in enumerate(sizes):
+        sh = list(shape)
+        sh[axis] = s
+        pieces.append(arrays(seed + i, sh))
+    whole = np.concatenate(pieces, axis=axis)
+    pd = data.draw(st.lists(st.booleans(), min_size=len(sizes), max_size=len(sizes)))
+    ref = check_paths("Concat", f"concat_param {{ axis: {axis} }}", pieces, [arrays(seed + 5, whole.shape)], dtype,
+                      propagate_down=pd)
+    np.testing.assert_array_equal(ref["top"][0], whole.astype(dtype))
+    points = " ".join(f"slice_point: {p}" for p in np.cumsum(sizes)[:-1])
+    tops = [arrays(seed + 9 + i, p.shape) for i, p in enumerate(pieces)]
+    ref = check_paths("Slice", f"slice_param {{ axis: {axis} {points} }}", [whole], tops, dtype, n_top=len(sizes))
+    for got, piece in zip(ref["top"], pieces):
+        np.testing.assert_array_equal(got, piece.astype(dtype))
+
+
+@given(shape=shapes(), dtype=DTYPES, seed=st.integers(0, 2**31 - 1), n_top=st.integers(2, 4))
+def test_split_backward_kernel_matches_numpy(shape, dtype, seed, n_top):
+    tops = [arrays(seed + i, shape) for i in range(n_top)]
+    check_paths("Split", "", [arrays(seed, shape)], tops, dtype, n_top=n_top)
+
+
+def test_in_place_layers_keep_their_state_in_blobs():
+    """Backward's state is a Blob attribute (Caffe's names), not a NumPy one, whichever path ran forward."""
+    x = arrays(0, (2, 3, 4))
+    for type_name, text, attr in [("ELU", "", "bottom_memory_"), ("Dropout", "", "rand_vec_"),
+                                  ("Swish", "", "sigmoid_output_"), ("Clip", "clip_param { min: 0 max: 1 }",
+                                                                     "bottom_memory_"),
+                                  ("Eltwise", "eltwise_param { operation: MAX }", "max_idx_")]:
+        layer = make_layer(type_name, text)
+        bottom = blobs_from_arrays([x, x[::-1].copy()] if type_name == "Eltwise" else [x])
+        top = empty_tops(1) if type_name == "Eltwise" else bottom[:1]
+        layer.SetUp(bottom, top)
+        layer.Forward(bottom, top)
+        from caffe.blob import Blob
+        assert isinstance(getattr(layer, attr), Blob), (type_name, attr)
+
+
+def test_kernels_refuse_short_buffers():
+    x = np.zeros(10, np.float32)
+    with pytest.raises(ValueError, match="top holds 5 elements, needs 10"):
+        elementwise.neuron_forward(0, x, np.zeros(5, np.float32), np.empty(0, np.float32), np.empty(0, np.float32))
+    with pytest.raises(ValueError, match=r"bottom\[1\] holds 3"):
+        elementwise.eltwise_forward(1, [x, x[:3]], np.ones(2), np.zeros(10, np.float32), np.empty(0, np.int32))
+    with pytest.raises(ValueError, match="destination holds"):
+        elementwise.copy_rows(x, 0, 5, np.zeros(4, np.float32), 0, 5, 2, 5)
+
+
+def test_relu_and_dropout_are_identical_on_cpu_and_reference_bit_for_bit():
+    """Where no libm function is involved the kernel does the NumPy path's arithmetic exactly."""
+    x = arrays(1, (3, 70000)).astype(np.float32)
+    dy = arrays(2, x.shape).astype(np.float32)
+    for type_name, text in [("ReLU", "relu_param { negative_slope: 0.1 }"), ("Dropout", ""), ("Eltwise", "")]:
+        bottoms = [x, dy] if type_name == "Eltwise" else [x]
+        context.set_random_seed(4)
+        ref = check_paths(type_name, text, bottoms, [dy], np.float32, rtol=0)
+        assert ref["top"][0].shape == x.shape

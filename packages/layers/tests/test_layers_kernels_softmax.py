@@ -1,0 +1,66 @@
+"""kernels.softmax against the layers' NumPy paths: Softmax and SoftmaxWithLoss, any axis."""
+import os
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from caffe.layers.kernels import softmax
+from caffe.layers.testing import blobs_from_arrays, empty_tops, make_layer
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # for the helper module kernels_harness
+from kernels_harness import DTYPES, arrays, check_paths, shapes  # noqa: E402
+
+SEEDS = st.integers(0, 2**31 - 1)
+BIG = [(2, 5, 67, 101), (3, 40011), (70, 1000)]
+
+
+@given(shape=shapes(big=BIG), dtype=DTYPES, seed=SEEDS, data=st.data(), spread=st.sampled_from([1.0, 40.0]))
+def test_softmax_kernels_match_numpy(shape, dtype, seed, data, spread):
+    axis = data.draw(st.integers(-len(shape), len(shape) - 1))
+    x = arrays(seed, shape) * spread  # a wide spread: exp would overflow without the max subtracted
+    ref = check_paths("Softmax", f"softmax_param {{ axis: {axis} }}", [x], [arrays(seed + 1, shape)], dtype)
+    np.testing.assert_allclose(ref["top"][0].sum(axis=axis), 1, rtol=1e-5 if dtype == np.float32 else 1e-12)
+
+
+@given(shape=shapes(min_dims=2, big=BIG), dtype=DTYPES, seed=SEEDS, data=st.data(),
+       norm=st.sampled_from(["FULL", "VALID", "BATCH_SIZE", "NONE"]), ignore=st.booleans(), two_tops=st.booleans())
+def test_softmax_loss_kernels_match_numpy(shape, dtype, seed, data, norm, ignore, two_tops):
+    axis = data.draw(st.integers(1, len(shape) - 1))  # the labels share the first axis
+    c = shape[axis]
+    labels = np.random.default_rng(seed).integers(0, c, shape[:axis] + shape[axis + 1:]).astype(np.float64)
+    text = f"softmax_param {{ axis: {axis} }} loss_param {{ normalization: {norm} "
+    if ignore:
+        text += "ignore_label: 0 "
+    text += "} loss_weight: 1"
+    if two_tops:
+        text += " loss_weight: 0"
+    diffs = [np.array(1.7)] + ([np.zeros(shape)] if two_tops else [])
+    check_paths("SoftmaxWithLoss", text, [arrays(seed, shape) * 5, labels], diffs, dtype,
+                n_top=2 if two_tops else 1, propagate_down=[True, False])
+
+
+def test_softmax_kernels_refuse_short_buffers():
+    x = np.zeros(12)
+    with pytest.raises(ValueError, match="top holds 11"):
+        softmax.softmax_forward(x, np.zeros(11), 2, 3, 2)
+    with pytest.raises(ValueError, match="label holds 3"):
+        softmax.softmax_loss_backward(x, np.zeros(3, np.int64), np.ones(4, np.uint8), np.zeros(12), 2, 3, 2, 1.0)
+
+
+@pytest.mark.parametrize("type_name", ["Softmax", "SoftmaxWithLoss"])
+def test_the_cpu_path_runs_the_kernels(type_name, monkeypatch):
+    from caffe.layers import _cpu
+    calls = []
+    for name in ("softmax_forward", "softmax_backward", "softmax_loss_backward"):
+        real = getattr(_cpu.softmax, name)
+        monkeypatch.setattr(_cpu.softmax, name, lambda *a, _r=real, _n=name: (calls.append(_n), _r(*a))[1])
+    layer = make_layer(type_name)
+    arrs = [arrays(0, (4, 5, 3))] + ([np.zeros((4, 3))] if type_name == "SoftmaxWithLoss" else [])
+    bottom, top = blobs_from_arrays(arrs, np.float32), empty_tops(1, np.float32)
+    layer.SetUp(bottom, top)
+    layer.Forward(bottom, top)
+    top[0].diff[...] = 1
+    layer.Backward(top, [True, False][:len(bottom)], bottom)
+    assert calls[0] == "softmax_forward" and calls[1] in ("softmax_backward", "softmax_loss_backward")

@@ -1,0 +1,89 @@
+"""GPU mode: the training loss stays on the device until the solver needs it (display, snapshots, reads of
+`smoothed_loss`), and the numbers shown are exactly those of reading every loss at once (issue 14, item 3).
+Needs a device: a real GPU, or the CuPy stand-in (scripts/test.sh's second run)."""
+import logging
+import re
+
+import numpy as np
+import pytest
+
+pytest.importorskip("caffe.net", reason="caffe-net (caffe.net.Net) is not installed")
+
+from caffe.blob import context  # noqa: E402
+from caffe.solver import NonFiniteLossError, Solver  # noqa: E402
+from caffe.solver.solver import fmt  # noqa: E402
+from caffe.solver.testing import Feeder, least_squares_net, random_batches, solver_param  # noqa: E402
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not context.gpu_available(), reason="no GPU (CuPy with a CUDA device, or the CuPy "
+                                                                     "stand-in)")]
+
+NUM, DIM = 4, 3
+
+
+@pytest.fixture
+def gpu():
+    context.set_mode_gpu()
+    yield
+    context.set_mode_cpu()
+
+
+def make(tmp, **fields):
+    context.set_random_seed(3)
+    base = dict(type="SGD", base_lr=0.05, lr_policy="fixed", momentum=0.9, display=0, max_iter=7,
+                snapshot_prefix=str(tmp / "ls"), snapshot_after_train=False, solver_mode=1)
+    base.update(fields)
+    return Solver(solver_param(least_squares_net(NUM, DIM), **base))
+
+
+def caffe_smoothed(losses, average_loss):
+    """Caffe's UpdateSmoothedLoss, written out: the smoothed loss after each iteration."""
+    window, smoothed, out = [], 0.0, []
+    for it, loss in enumerate(losses):
+        if len(window) < average_loss:
+            window.append(loss)
+            smoothed = (smoothed * (len(window) - 1) + loss) / len(window)
+        else:
+            idx = it % average_loss
+            smoothed += (loss - window[idx]) / average_loss
+            window[idx] = loss
+        out.append(smoothed)
+    return out
+
+
+@pytest.mark.parametrize("display", [1, 3])
+def test_displayed_losses_are_the_eager_numbers(tmp_path, caplog, gpu, display):
+    s = make(tmp_path, display=display, average_loss=3)
+    Feeder(random_batches(0, 7, NUM, DIM)).attach(s.net)
+    raw = []  # each iteration's loss as the CPU reads it: the loss top's float32, times its weight 1, as a float
+    s.add_callback(lambda: None, lambda: raw.append(0.0 + float(np.vdot(s.net.blobs["loss"].data.ravel(),
+                                                                         s.net.blobs["loss"].diff.ravel()))))
+    with caplog.at_level(logging.INFO, logger="caffe"):
+        s.step(7)
+    shown = [(int(m.group(1)), m.group(2)) for r in caplog.records
+             if (m := re.fullmatch(r"Iteration (\d+) \(\S+ iter/s, \S+s/\d+ iters\), loss = (\S+)", r.getMessage()))]
+    want = caffe_smoothed(raw, 3)
+    assert shown == [(i, fmt(want[i])) for i in range(0, 7, display)]
+    assert s.smoothed_loss == want[-1]  # the losses after the last display are read on demand, bit for bit
+    assert s.losses == [raw[6], raw[4], raw[5]]  # Caffe's ring: iteration i in slot i % average_loss
+
+
+def test_a_nan_loss_is_found_at_the_next_display(tmp_path, gpu):
+    s = make(tmp_path, display=4, max_iter=10)
+    batches = random_batches(0, 10, NUM, DIM)
+    batches[2] = dict(batches[2], data=np.full((NUM, DIM), np.nan, np.float32))
+    Feeder(batches).attach(s.net)
+    with pytest.raises(NonFiniteLossError, match=r"Iteration 2: the training loss is nan; found when the losses kept "
+                                                 r"on the GPU were read at iteration 4"):
+        s.solve()
+    assert s.iter == 4
+
+
+def test_a_nan_loss_stops_before_the_snapshot(tmp_path, gpu):
+    s = make(tmp_path, display=0, max_iter=10, snapshot=3, snapshot_after_train=True)
+    batches = random_batches(0, 10, NUM, DIM)
+    batches[4] = dict(batches[4], data=np.full((NUM, DIM), np.nan, np.float32))
+    Feeder(batches).attach(s.net)
+    with pytest.raises(NonFiniteLossError, match=r"Iteration 4: .* read at iteration 6.*ls_iter_3"):
+        s.solve()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ls_iter_3.caffemodel", "ls_iter_3.solverstate"]
