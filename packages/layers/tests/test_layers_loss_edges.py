@@ -23,7 +23,7 @@ def test_contrastive_loss_bottom_and_label_shapes():
 def test_an_out_of_range_axis_is_named(type_, field):
     x, labels = np.zeros((2, 3)), np.zeros(2)
     extra = [np.eye(3)] if type_ == "InfogainLoss" else []
-    with pytest.raises(LayerError, match=rf"{field}.axis"):
+    with pytest.raises(LayerError, match=rf"\({type_}\): {field}\.axis = 2 is out of range"):
         run_forward(make_layer(type_, f"{field} {{ axis: 2 }}"), [x, labels] + extra)
 
 
