@@ -286,3 +286,30 @@ def test_mvn_on_1d_and_2d_bottoms(across):
 
     with pytest.raises(LayerError, match=r"bottom\[0\] must have at least one axis, got shape \(\)"):
         run_forward(make_layer("MVN", text), [np.array(1.0)])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_bias_backward_touches_only_what_was_asked(dtype):
+    """Caffe's BiasLayer::Backward: the bottom diff only with propagate_down[0], the learned bias's diff only
+    with param_propagate_down(0), a second bottom's diff only with propagate_down[1]."""
+    rng = np.random.default_rng(0)
+    x, dy = rng.normal(size=(2, 3, 4)), rng.normal(size=(2, 3, 4))
+    layer = make_layer("Bias", "bias_param { axis: 1 num_axes: 1 }")
+    bottom, top = run_forward(layer, [x], dtype=dtype)
+    top[0].diff[...] = dy
+    layer.set_param_propagate_down(0, False)  # a fixed bias (lr_mult 0): the bottom still gets its diff
+    layer.Backward(top, [True], bottom)
+    np.testing.assert_array_equal(bottom[0].diff, dy.astype(dtype))
+    assert not layer.blobs[0].diff.any()
+    bottom[0].diff[...] = 0
+    layer.set_param_propagate_down(0, True)
+    layer.Backward(top, [False], bottom)
+    assert not bottom[0].diff.any()
+    np.testing.assert_allclose(layer.blobs[0].diff, dy.sum(axis=(0, 2)), rtol=1e-5)
+    # two bottoms: the bias bottom's diff only when asked
+    layer = make_layer("Bias", "bias_param { axis: 1 }")
+    bottom, top = run_forward(layer, [x, rng.normal(size=(3, 4))], dtype=dtype)
+    top[0].diff[...] = dy
+    layer.Backward(top, [True, False], bottom)
+    np.testing.assert_array_equal(bottom[0].diff, dy.astype(dtype))
+    assert not bottom[1].diff.any()
