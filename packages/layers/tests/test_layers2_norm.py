@@ -313,3 +313,44 @@ def test_bias_backward_touches_only_what_was_asked(dtype):
     layer.Backward(top, [True, False], bottom)
     np.testing.assert_array_equal(bottom[0].diff, dy.astype(dtype))
     assert not bottom[1].diff.any()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_scale_backward_touches_only_what_was_asked(dtype, in_place):
+    """As Caffe's ScaleLayer::Backward: the bottom diff only with propagate_down[0], the learned scale's diff
+    only with param_propagate_down(0); in place, the scale's diff still uses the bottom's data."""
+    rng = np.random.default_rng(1)
+    x, dy = rng.normal(size=(2, 3, 4)), rng.normal(size=(2, 3, 4))
+    layer = make_layer("Scale", "scale_param { axis: 1 num_axes: 1 filler { type: 'gaussian' } }")
+    b = Blob(x.shape, dtype=dtype)
+    b.data[...] = x
+    top = [b] if in_place else [Blob(dtype=dtype)]
+    layer.SetUp([b], top)
+    layer.Forward([b], top)
+    s = layer.blobs[0].data.astype(np.float64).reshape(1, 3, 1)
+    top[0].diff[...] = dy
+    layer.set_param_propagate_down(0, False)
+    layer.Backward(top, [True], [b])
+    np.testing.assert_allclose(b.diff, dy * s, rtol=1e-5)
+    assert not layer.blobs[0].diff.any()
+    if in_place:
+        return
+    b.diff[...] = 0
+    layer.set_param_propagate_down(0, True)
+    layer.Backward(top, [False], [b])
+    assert not b.diff.any()
+    np.testing.assert_allclose(layer.blobs[0].diff, (dy * x).sum(axis=(0, 2)), rtol=1e-5)
+
+
+def test_scale_in_place_gradient_of_the_scale_uses_the_bottom_data():
+    rng = np.random.default_rng(2)
+    x, dy = rng.normal(size=(2, 3, 4)).astype(np.float32), rng.normal(size=(2, 3, 4)).astype(np.float32)
+    layer = make_layer("Scale", "scale_param { axis: 1 num_axes: 1 filler { type: 'gaussian' } }")
+    b = Blob(x.shape, dtype=np.float32)
+    b.data[...] = x
+    layer.SetUp([b], [b])
+    layer.Forward([b], [b])
+    b.diff[...] = dy
+    layer.Backward([b], [True], [b])
+    np.testing.assert_allclose(layer.blobs[0].diff, (dy * x).sum(axis=(0, 2)), rtol=1e-4)
