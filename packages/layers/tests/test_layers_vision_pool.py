@@ -309,6 +309,14 @@ def test_stochastic_is_reproducible_under_the_seed():
      r"With Global_pooling: true; only pad = 0 and stride = 1"),
     ("pooling_param { pool: MAX kernel_size: 2 }", (1, 4, 4), r"Input must have 4 axes"),
     ("pooling_param { pool: MAX kernel_size: 5 }", (1, 1, 3, 3), r"pooled output size"),
+    # the boundaries: pad equal to the kernel, one of a pair given alone, an output of 0 on one axis only
+    ("pooling_param { pool: AVE kernel_size: 2 pad: 2 }", (1, 1, 4, 4), r"must be smaller"),
+    ("pooling_param { pool: MAX kernel_size: 2 kernel_h: 2 }", (1, 1, 4, 4), r"kernel_size OR kernel_h and kernel_w"),
+    ("pooling_param { pool: MAX global_pooling: true kernel_h: 2 }", (1, 1, 4, 4),
+     r"With Global_pooling: true Filter size cannot specified"),
+    ("pooling_param { pool: MAX kernel_size: 3 pad_h: 1 }", (1, 1, 4, 4), r"pad is pad OR pad_h"),
+    ("pooling_param { pool: MAX kernel_h: 4 kernel_w: 1 }", (1, 1, 3, 3), r"pooled output size 0x3"),
+    ("pooling_param { pool: MAX kernel_h: 1 kernel_w: 4 }", (1, 1, 3, 3), r"pooled output size 3x0"),
 ])
 def test_bad_parameters_name_the_layer_and_field(text, shape, match):
     layer = make_layer("Pooling", text, name="pool")
