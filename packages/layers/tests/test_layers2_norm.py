@@ -354,3 +354,20 @@ def test_scale_in_place_gradient_of_the_scale_uses_the_bottom_data():
     b.diff[...] = dy
     layer.Backward([b], [True], [b])
     np.testing.assert_allclose(layer.blobs[0].diff, (dy * x).sum(axis=(0, 2)), rtol=1e-4)
+
+
+@pytest.mark.parametrize("path", ["cpu", "xp"])
+def test_scale_in_place_backward_before_forward_is_named(path):
+    """In place, the scale's gradient needs the bottom data forward saved (Caffe's temp_): a backward with no
+    forward before it (or after a reshape to a new shape) is refused by name, on both paths."""
+    layer = make_layer("Scale", "scale_param { axis: 1 num_axes: 1 }", name="sc")
+    b = Blob((2, 3, 4), dtype=np.float32)
+    layer.SetUp([b], [b])
+    backward = layer.backward_cpu if path == "cpu" else (lambda *a: layer.backward_xp(np, *a))
+    with pytest.raises(LayerError, match=r"'sc' \(Scale\): backward in place needs a forward pass first"):
+        backward([b], [True], [b])
+    layer.Forward([b], [b])
+    b.Reshape((2, 3, 5))
+    layer.reshape([b], [b])
+    with pytest.raises(LayerError, match=r"'sc' \(Scale\): backward in place needs a forward pass first"):
+        backward([b], [True], [b])

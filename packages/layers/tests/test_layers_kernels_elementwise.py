@@ -13,7 +13,7 @@ from caffe.layers.kernels import elementwise
 from caffe.layers.testing import blobs_from_arrays, empty_tops, make_layer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # for the helper module kernels_harness
-from kernels_harness import DTYPES, arrays, check_paths, shapes  # noqa: E402
+from kernels_harness import DTYPES, arrays, assert_close, check_paths, run, shapes  # noqa: E402
 
 # type, prototxt, input range, may run in place
 NEURONS = [
@@ -54,6 +54,20 @@ def test_neuron_kernels_match_numpy(type_name, text, bounds, in_place_ok, shape,
     dy = arrays(seed + 1, shape)
     no_backward = type_name == "Threshold"
     check_paths(type_name, text, [x], None if no_backward else [dy], dtype, in_place=in_place)
+
+
+@pytest.mark.parametrize("type_name, text, bounds, in_place_ok", NEURONS,
+                         ids=[f"{t}-{i}" for i, (t, *_) in enumerate(NEURONS)])
+def test_neuron_cpu_path_without_the_kernels(type_name, text, bounds, in_place_ok, monkeypatch):
+    """A source tree without the compiled kernels: forward_cpu / backward_cpu fall back to the NumPy path
+    and compute the same (the dispatch itself: a fallback that is skipped leaves the top unwritten)."""
+    x, dy = arrays(11, (2, 3, 5), *bounds), arrays(12, (2, 3, 5))
+    dys = None if type_name == "Threshold" else [dy]
+    ref = run(type_name, text, [x], dys, np.float32, in_place=in_place_ok)
+    monkeypatch.setattr(_cpu, "elementwise", None)
+    got = run(type_name, text, [x], dys, np.float32, in_place=in_place_ok)
+    for key in ref:
+        assert_close(got[key], ref[key], np.float32, what=f"{type_name} {key}")
 
 
 @pytest.mark.parametrize("op", ["SUM", "PROD", "MAX"])

@@ -10,7 +10,7 @@ from hypothesis import given, strategies as st
 from caffe.blob import Blob
 from caffe.layers import GradientCheckError, LayerError
 from caffe.layers.strategies import random_array, seeds, shapes
-from caffe.layers.testing import check_layer_gradient, make_layer, run_forward
+from caffe.layers.testing import blobs_from_arrays, check_layer_gradient, empty_tops, make_layer, run_forward
 
 SHAPES = shapes(min_dims=1, max_dims=4, max_side=3)
 
@@ -84,6 +84,22 @@ def test_absval_forward_and_gradient(shape, seed):
     np.testing.assert_array_equal(y, np.abs(x))
     check_layer_gradient(make_layer("AbsVal"), [x], mode="eltwise", threshold=1e-5,
                          kink=0.0, kink_range=0.005)
+
+
+@pytest.mark.parametrize("path", ["cpu", "xp"])
+def test_absval_gradient_is_zero_at_zero(path):
+    """Caffe's caffe_cpu_sign(0) is 0: nothing flows back through an exact 0 (either sign), on both paths."""
+    x, dy = np.array([-1.5, 0.0, 2.0, -0.0]), np.array([1.0, 2.0, 3.0, 4.0])
+    layer = make_layer("AbsVal")
+    b, t = blobs_from_arrays([x]), empty_tops(1)
+    layer.SetUp(b, t)
+    layer.Forward(b, t)
+    t[0].diff[...] = dy
+    if path == "cpu":
+        layer.backward_cpu(t, [True], b)
+    else:
+        layer.backward_xp(np, t, [True], b)
+    np.testing.assert_array_equal(b[0].diff, [-1.0, 0.0, 3.0, 0.0])
 
 
 def test_absval_rejects_in_place():

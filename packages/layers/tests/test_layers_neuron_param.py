@@ -183,6 +183,11 @@ def test_threshold_forward(shape, seed, t):
     _, y = forward("Threshold", f"threshold_param {{ threshold: {t} }}", x)
     np.testing.assert_array_equal(y, (x > t).astype(float))
     assert y.flat[0] == 0
+    layer = make_layer("Threshold", f"threshold_param {{ threshold: {t} }}")  # the generic (GPU) path too
+    b, top = blobs_from_arrays([x]), empty_tops(1)
+    layer.SetUp(b, top)
+    layer.forward_xp(np, b, top)
+    np.testing.assert_array_equal(top[0].data, y)
 
 
 def test_threshold_has_no_backward():

@@ -311,6 +311,8 @@ def test_stochastic_is_reproducible_under_the_seed():
     ("pooling_param { pool: MAX kernel_size: 5 }", (1, 1, 3, 3), r"pooled output size"),
     # the boundaries: pad equal to the kernel, one of a pair given alone, an output of 0 on one axis only
     ("pooling_param { pool: AVE kernel_size: 2 pad: 2 }", (1, 1, 4, 4), r"must be smaller"),
+    ("pooling_param { pool: MAX kernel_h: 2 kernel_w: 3 pad_h: 2 pad_w: 1 }", (1, 1, 4, 4), r"must be smaller"),
+    ("pooling_param { pool: MAX kernel_h: 3 kernel_w: 2 pad_h: 1 pad_w: 2 }", (1, 1, 4, 4), r"must be smaller"),
     ("pooling_param { pool: MAX kernel_size: 2 kernel_h: 2 }", (1, 1, 4, 4), r"kernel_size OR kernel_h and kernel_w"),
     ("pooling_param { pool: MAX global_pooling: true kernel_h: 2 }", (1, 1, 4, 4),
      r"With Global_pooling: true Filter size cannot specified"),
@@ -358,3 +360,35 @@ def test_max_2x2_stride_2_fast_path_matches_caffe_with_ties(n, c, h, w, seed, dt
     np.testing.assert_array_equal(tops[0], ref)
     np.testing.assert_array_equal(tops[1], mask)
     np.testing.assert_allclose(dx, dref, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("generic", [False, True])
+def test_max_ties_pick_the_first_maximum_on_both_paths(generic):
+    """As Caffe's loops (a strictly greater value replaces the best): of equal maxima the first in row-major
+    order is the argmax, with a general window (3x3, stride 2, pad 1) on the kernels and the generic path."""
+    x = np.random.default_rng(5).integers(-1, 2, size=(2, 2, 7, 6)).astype(np.float64)  # many ties
+    ref, mask = caffe_pool(x, (3, 3), (2, 2), (1, 1), "MAX")
+    dy = np.random.default_rng(6).normal(size=ref.shape)
+    dref = caffe_pool_backward(dy, mask, x.shape, (3, 3), (2, 2), (1, 1), "MAX")
+    saved = pooling._k
+    if generic:
+        pooling._k = None
+    try:
+        tops, dx = _forward_backward("pooling_param { pool: MAX kernel_size: 3 stride: 2 pad: 1 }", x, dy,
+                                     n_top=2)
+    finally:
+        pooling._k = saved
+    np.testing.assert_array_equal(tops[0], ref)
+    np.testing.assert_array_equal(tops[1], mask)
+    np.testing.assert_allclose(dx, dref, rtol=1e-12)
+
+
+@pytest.mark.parametrize("uniform, expect", [(0.0, 0), (0.1, 1), (0.25, 1), (0.5, 2), (0.75, 3), (1.0, 3)])
+def test_stochastic_train_takes_the_first_cumulative_sum_reaching_the_draw(uniform, expect):
+    """Caffe's StoPoolForwardTrain picks the first element whose cumulative sum is >= draw * window sum:
+    a draw landing exactly on a cumulative sum takes that element, a draw of 0 the first (even a 0)."""
+    x = np.array([0.0, 1.0, 1.0, 2.0]).reshape(1, 1, 2, 2)  # cumulative sums 0, 1, 2, 4
+    spec = pooling.PoolSpec(pooling.STOCHASTIC, (2, 2), (1, 1), (0, 0))
+    y, idx = np.zeros((1, 1, 1, 1)), np.zeros((1, 1, 1, 1), np.int32)
+    pooling.stochastic_forward_train(np, spec, x, y, idx, np.full((1, 1, 1, 1), uniform))
+    assert idx.item() == expect and y.item() == x.ravel()[expect]
