@@ -363,19 +363,21 @@ def test_max_2x2_stride_2_fast_path_matches_caffe_with_ties(n, c, h, w, seed, dt
 
 
 @pytest.mark.parametrize("generic", [False, True])
-def test_max_ties_pick_the_first_maximum_on_both_paths(generic):
+@pytest.mark.parametrize("k, s, p, ceil", [(3, 2, 1, True), (2, 3, 1, False)])
+def test_max_ties_pick_the_first_maximum_on_both_paths(generic, k, s, p, ceil):
     """As Caffe's loops (a strictly greater value replaces the best): of equal maxima the first in row-major
-    order is the argmax, with a general window (3x3, stride 2, pad 1) on the kernels and the generic path."""
-    x = np.random.default_rng(5).integers(-1, 2, size=(2, 2, 7, 6)).astype(np.float64)  # many ties
-    ref, mask = caffe_pool(x, (3, 3), (2, 2), (1, 1), "MAX")
+    order is the argmax, with general windows on the kernels and the generic path: 3x3 stride 2 pad 1, and
+    FLOOR rounding with the stride past the pad (the last window stops short of the padded edge)."""
+    x = np.random.default_rng(5).integers(-1, 2, size=(2, 2, 5, 5)).astype(np.float64)  # many ties
+    ref, mask = caffe_pool(x, (k, k), (s, s), (p, p), "MAX", ceil)
     dy = np.random.default_rng(6).normal(size=ref.shape)
-    dref = caffe_pool_backward(dy, mask, x.shape, (3, 3), (2, 2), (1, 1), "MAX")
+    dref = caffe_pool_backward(dy, mask, x.shape, (k, k), (s, s), (p, p), "MAX")
+    text = f"pooling_param {{ pool: MAX kernel_size: {k} stride: {s} pad: {p} round_mode: {'CEIL' if ceil else 'FLOOR'} }}"
     saved = pooling._k
     if generic:
         pooling._k = None
     try:
-        tops, dx = _forward_backward("pooling_param { pool: MAX kernel_size: 3 stride: 2 pad: 1 }", x, dy,
-                                     n_top=2)
+        tops, dx = _forward_backward(text, x, dy, n_top=2)
     finally:
         pooling._k = saved
     np.testing.assert_array_equal(tops[0], ref)
