@@ -245,6 +245,31 @@ def test_every_plan_matches_the_batched_path(plan, geometry, deconv, dtype, bloc
     _compare_plans(case)
 
 
+@pytest.mark.parametrize("geometry", [
+    dict(k=(3, 3), s=(1, 1), p=(1, 1), d=(1, 1), group=1),
+    dict(k=(2, 3), s=(2, 1), p=(1, 0), d=(1, 2), group=3),
+    dict(k=(5, 4), s=(1, 2), p=(1, 1), d=(1, 1), group=1),  # kernel_dim 40: float32 past the exact forward
+])
+@pytest.mark.parametrize("deconv", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("N", [1, 3])
+@pytest.mark.parametrize("bias", [False, True])
+def test_batched_path_without_the_kernels(geometry, deconv, dtype, N, bias):
+    """A source tree without the compiled lowering kernels: the batched path's NumPy fallbacks (im2col,
+    col2im, the rows/batch layouts, the bias) compute what the kernels do, one image or several."""
+    case = dict(plan="blocked", deconv=deconv, N=N, C=2 * geometry["group"], num_output=2 * geometry["group"],
+                HW=(7, 6), bias=bias, dtype=dtype, block_bytes=1 << 20, min_cols=256, seed=23, **geometry)
+    with pytest.MonkeyPatch.context() as mp:
+        plan, ref = _run_layer(case, False, mp)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(conv_base, "_k", None)
+        plan, got = _run_layer(case, False, mp)
+    assert plan == "batched"
+    tol = 1e-11 if dtype == np.float64 else 1e-4
+    for a, b in zip(got, ref):
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+
+
 @given(num=st.integers(1, 9), OH=st.integers(1, 20), OW=st.integers(1, 20), rows=st.integers(1, 300),
        itemsize=st.sampled_from([4, 8]), lowered=st.booleans(), block=st.sampled_from([16, 1000, 50000, 1 << 20]),
        min_cols=st.sampled_from([1, 7, 256]))
