@@ -365,6 +365,10 @@ BAD = [
     ("convolution_param { num_output: 3 kernel_size: 2 group: 2 }", (1, 2, 4, 4),
      r"num_output 3 is not a multiple of convolution_param.group 2"),
     ("convolution_param { num_output: 2 kernel_size: 5 }", (1, 1, 4, 4), r"kernel extent 5"),
+    # the boundaries: group 0, and a kernel one past the padded input (4 > 1 + 2*1)
+    ("convolution_param { num_output: 2 kernel_size: 2 group: 0 }", (1, 2, 4, 4),
+     r"convolution_param.group must be positive, got 0"),
+    ("convolution_param { num_output: 2 kernel_size: 4 pad: 1 }", (1, 1, 1, 4), r"kernel extent 4 .* input size 1 \+ 2\*1"),
     ("convolution_param { num_output: 2 kernel_size: 2 axis: 4 }", (1, 1, 4, 4), r"convolution_param.axis 4"),
     ("convolution_param { num_output: 2 kernel_size: 2 weight_filler { type: 'nope' } }", (1, 1, 4, 4),
      r"convolution_param.weight_filler"),
@@ -466,3 +470,44 @@ def test_short_float32_forward_is_the_correctly_rounded_float64_one(num, group):
         layer.Forward(bottom, top)
         outs.append(top[0].data.copy())
     np.testing.assert_array_equal(outs[0], outs[1].astype(np.float32))
+
+
+@pytest.mark.parametrize("type_name", ["Convolution", "Deconvolution"])
+@pytest.mark.parametrize("path", ["cpu", "xp"])
+def test_backward_touches_only_what_was_asked(type_name, path):
+    """As Caffe's Backward loops over the bottom/top pairs: a bottom diff only with its propagate_down, the
+    weight (bias) diff only with param_propagate_down(0) (1), from every pair, whichever bottoms are off."""
+    rng = np.random.default_rng(3)
+    xs = [rng.normal(size=(2, 2, 4, 3)) for _ in range(2)]
+    dys = None
+
+    def run(propagate_down, params):
+        nonlocal dys
+        context.set_random_seed(5)
+        layer = make_layer(type_name, f"convolution_param {{ num_output: 3 kernel_size: 2 pad: 1 {FILL} }}")
+        bottom, top = blobs_from_arrays(xs), empty_tops(2)
+        layer.SetUp(bottom, top)
+        layer.Forward(bottom, top)
+        if dys is None:
+            dys = [rng.normal(size=t.shape) for t in top]
+        for t, d in zip(top, dys):
+            t.diff[...] = d
+        for b in bottom + layer.blobs:
+            b.diff[...] = 7.0
+        for i, on in enumerate(params):
+            layer.set_param_propagate_down(i, on)
+        if path == "cpu":
+            layer.Backward(top, propagate_down, bottom)
+        else:
+            layer.backward_xp(np, top, propagate_down, bottom)
+        return [b.diff.copy() for b in bottom + layer.blobs]
+
+    full = run([True, True], [True, True])
+    for pd, params in [([False, True], [False, False]), ([False, False], [True, False]),
+                       ([True, False], [False, True]), ([False, False], [False, False])]:
+        got = run(pd, params)
+        for j, on in enumerate(pd + params):
+            if on:
+                np.testing.assert_allclose(got[j], full[j], rtol=1e-12, err_msg=f"{pd} {params} [{j}]")
+            else:
+                assert (got[j] == 7.0).all(), f"{pd} {params}: diff [{j}] written though not asked for"
