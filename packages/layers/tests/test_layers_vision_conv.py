@@ -429,6 +429,21 @@ def test_cpu_gpu_parity(type_name):
     check_cpu_gpu_parity(param, [rng.normal(size=(2, 4, 6, 5))], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="no GPU (CuPy with a CUDA device) available")
+@pytest.mark.parametrize("type_name", ["Convolution", "Deconvolution"])
+@pytest.mark.parametrize("dtype, channels, num", [(np.float64, 4, 2), (np.float32, 8, 2), (np.float32, 8, 1),
+                                                 (np.float64, 4, 1)])
+def test_cpu_gpu_parity_past_the_exact_forward(type_name, dtype, channels, num):
+    """The device's plain (not float64-exact) GEMM: float64 blobs, or float32 with more than
+    EXACT_FORWARD_MAX_K terms per dot product (8 channels x 3x3 = 72), one image and several."""
+    rng = np.random.default_rng(1)
+    param = layer_param(type_name, f"convolution_param {{ num_output: 4 kernel_size: 3 stride: 2 pad: 1 "
+                                   f"{FILL} }}")
+    tol = 1e-9 if dtype == np.float64 else 1e-4
+    check_cpu_gpu_parity(param, [rng.normal(size=(num, channels, 6, 5))], rtol=tol, atol=tol, dtype=dtype)
+
+
 @pytest.mark.parametrize("type_name", ["Convolution", "Deconvolution"])
 def test_no_spatial_axes_is_a_fully_connected_layer(type_name):
     # Caffe allows num_spatial_axes == 0 (bottom (N, C)): a grouped inner product.
