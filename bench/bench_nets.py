@@ -166,7 +166,7 @@ def main() -> int:
     ap.add_argument("--layers", action="store_true", help="also print the slowest layers")
     args = ap.parse_args()
     limit_threads(args.threads)
-    env = dict(os.environ)
+    env = dict(os.environ, GLOG_minloglevel="0")  # caffe-cli time reports its figures at INFO
     runner = torch_runner(args)
     print(f"load average {os.getloadavg()[0]:.1f} ({os.cpu_count()} CPUs); PyTorch twin: "
           f"{'yes' if runner else 'no'}")
