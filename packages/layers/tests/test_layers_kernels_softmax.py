@@ -10,7 +10,7 @@ from caffe.layers.kernels import softmax
 from caffe.layers.testing import blobs_from_arrays, empty_tops, make_layer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # for the helper module kernels_harness
-from kernels_harness import DTYPES, arrays, check_paths, shapes  # noqa: E402
+from kernels_harness import DTYPES, arrays, assert_close, check_paths, run, shapes  # noqa: E402
 
 SEEDS = st.integers(0, 2**31 - 1)
 BIG = [(2, 5, 67, 101), (3, 40011), (70, 1000)]
@@ -64,3 +64,24 @@ def test_the_cpu_path_runs_the_kernels(type_name, monkeypatch):
     top[0].diff[...] = 1
     layer.Backward(top, [True, False][:len(bottom)], bottom)
     assert calls[0] == "softmax_forward" and calls[1] in ("softmax_backward", "softmax_loss_backward")
+
+
+@pytest.mark.parametrize("path", ["cpu", "xp"])
+def test_softmax_subtracts_each_rows_own_max(path):
+    """Rows 1000 apart: with one max over every row, exp of the lower row underflows (float64 too) to 0 / 0."""
+    x = np.array([[0.0, 1.0, 2.0], [-1000.0, -999.0, -998.0]])
+    got = run("Softmax", "", [x], [np.ones_like(x)], np.float64, fwd=path, bwd=path)
+    e = np.exp([-2.0, -1.0, 0.0])
+    np.testing.assert_allclose(got["top"][0], np.stack([e / e.sum()] * 2), rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_softmax_cpu_path_without_the_kernels(dtype, monkeypatch):
+    """A source tree without the compiled kernels: Softmax's forward_cpu / backward_cpu fall back to NumPy."""
+    from caffe.layers import _cpu
+    x, dy = arrays(3, (2, 4, 3)) * 5, arrays(4, (2, 4, 3))
+    ref = run("Softmax", "", [x], [dy], dtype)
+    monkeypatch.setattr(_cpu, "softmax", None)
+    got = run("Softmax", "", [x], [dy], dtype)
+    for key in ref:
+        assert_close(got[key], ref[key], dtype, what=f"Softmax {key}")
