@@ -133,3 +133,27 @@ def test_cpu_gpu_parity(transpose):
     x = np.random.default_rng(0).normal(size=(4, 3, 2))
     check_cpu_gpu_parity(layer_param("InnerProduct", f"inner_product_param {{ num_output: 5 transpose: {transpose} "
                                                      f"{FILL} }}"), [x], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+@pytest.mark.parametrize("block", [1, 7, 12, 10**6])
+def test_inner_product_weight_gradient_in_blocks_accumulates(monkeypatch, transpose, block):
+    """The weight gradient goes through a scratch block of WGRAD_BLOCK elements (several blocks, a partial
+    last one, a block smaller than one row) and is added to the diff already there, as Caffe's GEMM with
+    beta = 1 does (iter_size and shared weights rely on it)."""
+    from caffe.layers import inner_product
+    monkeypatch.setattr(inner_product, "WGRAD_BLOCK", block)
+    M, K, N = 3, 5, 7
+    text = (f"inner_product_param {{ num_output: {N} transpose: {str(transpose).lower()} {FILL} }}")
+    x = random_array(1, (M, K))
+    layer = make_layer("InnerProduct", text)
+    bottom, top = run_forward(layer, [x])
+    dy = random_array(2, (M, N))
+    top[0].diff[...] = dy
+    before = random_array(3, layer.blobs[0].shape)
+    layer.blobs[0].diff[...] = before
+    layer.blobs[1].diff[...] = 0
+    layer.Backward(top, [True], bottom)
+    grad = x.T @ dy if transpose else dy.T @ x  # (K, N) or (N, K)
+    np.testing.assert_allclose(layer.blobs[0].diff, before + grad, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(layer.blobs[1].diff, dy.sum(axis=0), rtol=1e-5, atol=1e-6)
