@@ -11,6 +11,7 @@ stand-in's device memory of the communicator's device.
 """
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 import socket
@@ -95,6 +96,12 @@ def groupEnd() -> None:
     if g.depth:
         return
     calls, g.calls = g.calls, []
+    _on_threads(calls)
+
+
+def _on_threads(calls) -> None:
+    """Run each callable on its own thread (ranks meet in their collectives), wait for all, re-raise the first
+    error."""
     errors: list[BaseException] = []
 
     def run(fn):
@@ -338,22 +345,12 @@ class NcclCommunicator:
         devices = list(range(devices)) if isinstance(devices, int) else [int(d) for d in devices]
         uid = get_unique_id()
         comms: list = [None] * len(devices)
-        errors: list[BaseException] = []
 
         def make(i, d):
-            try:
-                with Device(d):
-                    comms[i] = NcclCommunicator(len(devices), uid, i)
-            except BaseException as exc:  # noqa: BLE001 (re-raised below)
-                errors.append(exc)
+            with Device(d):
+                comms[i] = NcclCommunicator(len(devices), uid, i)
 
-        threads = [threading.Thread(target=make, args=(i, d), daemon=True) for i, d in enumerate(devices)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
+        _on_threads([functools.partial(make, i, d) for i, d in enumerate(devices)])
         return comms
 
 
