@@ -100,10 +100,11 @@ def save_bottom(layer, xp, bottom, top):
     return saved
 
 
-def saved_bottom(layer, xp, bottom, top):
-    """The bottom data as forward saw it: the saved copy in place, else the bottom blob's data."""
+def saved_bottom(layer, xp, bottom, top, name="bottom_memory_"):
+    """The bottom data as forward saw it: in place, the copy saved in the layer's blob `name` (Caffe's
+    bottom_memory_; Scale's temp_), else the bottom blob's data."""
     if bottom[0] is top[0]:
-        saved = getattr(layer, "bottom_memory_", None)
+        saved = getattr(layer, name, None)
         if saved is None or saved.shape != bottom[0].shape:
             raise layer.error("backward in place needs a forward pass first (no saved bottom data)")
         return saved.data_xp(xp)

@@ -112,12 +112,7 @@ class ScaleLayer(Layer):
 
     def _bottom_data(self, xp, bottom, top):
         """The bottom data forward saw: in place, the copy in temp_."""
-        if bottom[0] is top[0]:
-            temp = getattr(self, "temp_", None)
-            if temp is None or temp.shape != bottom[0].shape:
-                raise self.error("backward in place needs a forward pass first (no saved bottom data)")
-            return temp.data_xp(xp)
-        return bottom[0].data_xp(xp)
+        return _cpu.saved_bottom(self, xp, bottom, top, "temp_")
 
     def forward_xp(self, xp, bottom, top):
         x = bottom[0].data_xp(xp)
