@@ -187,6 +187,17 @@ def _fast_layout(xp, a, b) -> bool:
             and a.flags.c_contiguous and b.flags.c_contiguous)
 
 
+def _regroup(xp, rows, out, bias) -> None:
+    """out (nb, C_out, P) = rows (C_out, nb * P, or per group (g, C_out / g, nb * P)) regrouped per image,
+    plus bias (C_out) in the precision the caller gave it; the sum is rounded once into out."""
+    nb, c_out, P = out.shape
+    src = rows.reshape(c_out, nb, P).transpose(1, 0, 2)
+    if bias is None:
+        out[...] = src
+    else:
+        xp.add(src, bias.reshape(1, c_out, 1), out=out)
+
+
 def _strides(layout, nb, rows, P):
     # batch layout: col[r, n * P + p]; image layout: col[n, r, p]
     return (nb * P, P) if layout == "batch" else (P, rows * P)
@@ -530,11 +541,7 @@ class BaseConvolutionLayer(Layer):
         if _fast_layout(xp, res, out) and (bias is None or bias.dtype == res.dtype):
             _k.rows_to_batch(res.reshape(-1), out.reshape(-1), bias, nb, c_out, P)
             return
-        src = res.reshape(c_out, nb, P).transpose(1, 0, 2)
-        if bias is not None:
-            xp.add(src, bias.reshape(1, c_out, 1), out=out)
-        else:
-            out[...] = src
+        _regroup(xp, res, out, bias)
 
     def _gemm_forward_device(self, xp, col, w3, out, bias):
         """gemm_forward on the device: every group in ONE batched matmul (a depthwise layer too); the exact
@@ -545,11 +552,8 @@ class BaseConvolutionLayer(Layer):
             col64 = col if col.dtype == np.float64 else col.astype(np.float64)  # (Deconvolution's backward)
             res = self.buffer(xp, "gemm64", (g, og, nb * P), np.float64)
             xp.matmul(w3.astype(np.float64), col64.reshape(g, kd, nb * P), out=res)
-            src = res.reshape(c_out, nb, P).transpose(1, 0, 2)
-            if bias is None:
-                out[...] = src
-            else:  # the bias added in float64, the sum rounded once into out
-                xp.add(src, bias.astype(np.float64).reshape(1, c_out, 1), out=out)
+            # the bias added in float64, the sum rounded once into out
+            _regroup(xp, res, out, None if bias is None else bias.astype(np.float64))
             return
         res = out[0].reshape(g, og, P) if nb == 1 else self.buffer(xp, "gemm", (g, og, nb * P), out.dtype)
         xp.matmul(w3, col.reshape(g, kd, nb * P), out=res)
@@ -557,11 +561,7 @@ class BaseConvolutionLayer(Layer):
             if bias is not None:
                 out[0] += bias.reshape(c_out, 1)
             return
-        src = res.reshape(c_out, nb, P).transpose(1, 0, 2)
-        if bias is not None:
-            xp.add(src, bias.reshape(1, c_out, 1), out=out)
-        else:
-            out[...] = src
+        _regroup(xp, res, out, bias)
 
     def gemm_backward(self, xp, rows, weight):
         """The column buffer W_g^T @ rows_g per group: the gradient (or deconvolution) before col2im."""
