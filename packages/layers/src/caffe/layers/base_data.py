@@ -102,24 +102,21 @@ class _Failure:
         self.exc = exc
 
 
-def assign_top(top, array: np.ndarray) -> None:
-    """Make `top` hold `array`: borrow its memory when sizes agree (Caffe's set_cpu_data), else copy."""
+def assign_top(top, array, on_device: bool = False) -> None:
+    """Make `top` hold `array` (a host array, or a device array with on_device): borrow its memory when sizes
+    agree (Caffe's set_cpu_data / set_gpu_data), else copy."""
     top.reshape(array.shape)
     mem = top.data_mem
-    if array.dtype == top.dtype and array.flags.c_contiguous and mem.size == array.nbytes:
+    borrow = array.dtype == top.dtype and array.flags.c_contiguous and mem.size == array.nbytes
+    if on_device:
+        if borrow:
+            mem.set_gpu_data(array)
+        else:
+            top.mutable_gpu_data()[...] = array
+    elif borrow:
         top.set_cpu_data(array)
     else:
         top.mutable_cpu_data()[...] = array
-
-
-def assign_top_gpu(top, array) -> None:
-    """Make `top` hold the device array: borrow its memory when sizes agree (Caffe's set_gpu_data), else copy."""
-    top.reshape(array.shape)
-    mem = top.data_mem
-    if array.dtype == top.dtype and array.flags.c_contiguous and mem.size == array.nbytes:
-        mem.set_gpu_data(array)
-    else:
-        top.mutable_gpu_data()[...] = array
 
 
 class BaseDataLayer(Layer):
@@ -303,9 +300,9 @@ class BasePrefetchingDataLayer(BaseDataLayer):
         batch = self._next_batch()
         if not (batch.pushed and batch.gpu_data.device.id == context.device()):
             return self._assign_host(batch, top)  # loaded before pushing began: uploaded on first use
-        assign_top_gpu(top[0], batch.gpu_data)
+        assign_top(top[0], batch.gpu_data, on_device=True)
         if self.output_labels:
-            assign_top_gpu(top[1], batch.gpu_label)
+            assign_top(top[1], batch.gpu_label, on_device=True)
 
     def _assign_host(self, batch, top):
         assign_top(top[0], batch.data)
