@@ -3,9 +3,12 @@
 Needs a device: a real GPU, or the CuPy stand-in (scripts/test.sh's second run)."""
 import logging
 import re
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import example, given, strategies as st
 
 pytest.importorskip("caffe.net", reason="caffe-net (caffe.net.Net) is not installed")
 
@@ -87,3 +90,52 @@ def test_a_nan_loss_stops_before_the_snapshot(tmp_path, gpu):
     with pytest.raises(NonFiniteLossError, match=r"Iteration 4: .* read at iteration 6.*ls_iter_3"):
         s.solve()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ls_iter_3.caffemodel", "ls_iter_3.solverstate"]
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+@given(display=st.integers(0, 4), average_loss=st.integers(1, 5), iters=st.integers(1, 9),
+       read_every=st.integers(1, 4))
+@example(display=0, average_loss=2, iters=9, read_every=1)  # no display: only the read-every bound reads
+@example(display=5, average_loss=5, iters=3, read_every=4)  # nothing read before smoothed_loss is asked for
+def test_deferred_losses_equal_reading_each_loss_at_once(display, average_loss, iters, read_every):
+    """Whatever the display interval, smoothing window and read bound, the losses kept on the device give the
+    displayed lines, smoothed_loss and Caffe's ring of losses that reading every loss at once gives."""
+    from caffe.solver import solver as solver_module
+    records = _Records()
+    log = logging.getLogger("caffe")
+    old_level, old_every = log.level, solver_module.LOSS_READ_EVERY
+    context.set_mode_gpu()
+    log.addHandler(records)
+    log.setLevel(logging.INFO)
+    solver_module.LOSS_READ_EVERY = read_every
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            s = make(Path(tmp), display=display, average_loss=average_loss, max_iter=iters)
+            Feeder(random_batches(0, iters, NUM, DIM)).attach(s.net)
+            raw = []
+            s.add_callback(lambda: None, lambda: raw.append(0.0 + float(np.vdot(
+                s.net.blobs["loss"].data.ravel(), s.net.blobs["loss"].diff.ravel()))))
+            s.step(iters)
+            smoothed = s.smoothed_loss
+            ring = list(s.losses)
+    finally:
+        solver_module.LOSS_READ_EVERY = old_every
+        log.removeHandler(records)
+        log.setLevel(old_level)
+        context.set_mode_cpu()
+    shown = [(int(m.group(1)), m.group(2)) for msg in records.messages
+             if (m := re.fullmatch(r"Iteration (\d+) \(\S+ iter/s, \S+s/\d+ iters\), loss = (\S+)", msg))]
+    want = caffe_smoothed(raw, average_loss)
+    assert shown == ([(i, fmt(want[i])) for i in range(0, iters, display)] if display else [])
+    assert smoothed == want[-1]
+    expect_ring = raw[:average_loss] if iters <= average_loss else \
+        [raw[max(i for i in range(iters) if i % average_loss == slot)] for slot in range(average_loss)]
+    assert ring == expect_ring
