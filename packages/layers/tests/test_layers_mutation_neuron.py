@@ -89,3 +89,21 @@ def test_neuron_parameter_errors_name_the_value():
     with pytest.raises(LayerError, match=r"AbsVal.*does not allow in-place computation"):
         b = blobs_from_arrays([X])
         make_layer("AbsVal").SetUp(b, b)
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["cpu", "generic"])
+@pytest.mark.parametrize("shared", [False, True])
+def test_prelu_gradient_at_zero_is_the_slope(generic, shared, monkeypatch):
+    # Caffe: dx = dy * ((x > 0) + slope * (x <= 0)): an exact 0 takes the slope
+    if generic:
+        monkeypatch.setattr(_cpu, "channelwise", None)
+    x = np.array([[[-1.0, 0.0, 2.0]], [[0.0, 3.0, -2.0]]])  # (2, 1, 3): one channel
+    layer = make_layer("PReLU", f"prelu_param {{ channel_shared: {str(shared).lower()} "
+                                "filler { type: 'constant' value: 0.25 } }")
+    bottom, top = blobs_from_arrays([x]), empty_tops(1)
+    layer.SetUp(bottom, top)
+    layer.Forward(bottom, top)
+    top[0].diff[...] = 2
+    layer.Backward(top, [True], bottom)
+    np.testing.assert_array_equal(bottom[0].diff, np.where(x > 0, 2.0, 0.5))
+    np.testing.assert_array_equal(layer.blobs[0].diff, [2 * (-1.0 - 2.0)])
