@@ -3,15 +3,24 @@ cases the property tests did not draw, on the CPU path (compiled kernels) and th
 import numpy as np
 import pytest
 
+from caffe.blob import context
 from caffe.layers import _cpu
-from caffe.layers.testing import make_layer, run_forward
+from caffe.layers.testing import gpu_available, make_layer, run_forward
+
+GPU = pytest.param("gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(not gpu_available(), reason="no GPU (CuPy "
+                                                                     "with a CUDA device) available")])
 
 
-@pytest.fixture(params=["cpu", "generic"])
+@pytest.fixture(params=["cpu", "generic", GPU])
 def path(request, monkeypatch):
     if request.param == "generic":
         monkeypatch.setattr(_cpu, "elementwise", None)
-    return request.param
+    if request.param == "gpu":
+        context.set_mode_gpu()
+        yield request.param
+        context.set_mode_cpu()
+        return
+    yield request.param
 
 
 def test_eltwise_max_ties_follow_caffe_on_both_paths(path):
@@ -23,3 +32,26 @@ def test_eltwise_max_ties_follow_caffe_on_both_paths(path):
     top[0].diff[...] = 1
     layer.Backward(top, [True] * 3, bottom)
     np.testing.assert_array_equal([b.diff for b in bottom], [[0, 1, 0, 0], [1, 0, 1, 1], [0, 0, 0, 0]])
+
+
+X = np.arange(24.0).reshape(2, 3, 4)
+CASES = [("Concat", "concat_param { axis: 1 }", [X, X[:, :2]], 1),
+         ("Slice", "slice_param { axis: 2 slice_point: 1 }", [X], 2),
+         ("Split", "", [X], 3),
+         ("Eltwise", "eltwise_param { operation: MAX }", [X, X[::-1]], 1),
+         ("Eltwise", "eltwise_param { operation: PROD }", [X, X[::-1]], 1)]
+
+
+@pytest.mark.parametrize("type_name, text, xs, n_top", CASES, ids=[c[0] + str(i) for i, c in enumerate(CASES)])
+def test_backward_writes_only_the_diffs_asked_for(type_name, text, xs, n_top, path):
+    layer = make_layer(type_name, text)
+    bottom, top = run_forward(layer, xs, n_top=n_top)
+    for t in top:
+        t.diff[...] = 1
+    for k in range(len(bottom)):
+        for b in bottom:
+            b.diff[...] = 7
+        down = [i == k for i in range(len(bottom))] if len(bottom) > 1 else [False]
+        layer.Backward(top, down, bottom)
+        for i, b in enumerate(bottom):
+            assert np.all(b.diff == 7) != down[i], (type_name, k, i)
