@@ -3,9 +3,9 @@ cases the property tests did not draw, on the CPU path (compiled kernels) and th
 import numpy as np
 import pytest
 
-from caffe.blob import context
-from caffe.layers import _cpu
-from caffe.layers.testing import gpu_available, make_layer, run_forward
+from caffe.blob import Blob, context
+from caffe.layers import LayerError, _cpu
+from caffe.layers.testing import blobs_from_arrays, gpu_available, make_layer, run_forward
 
 GPU = pytest.param("gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(not gpu_available(), reason="no GPU (CuPy "
                                                                      "with a CUDA device) available")])
@@ -55,3 +55,32 @@ def test_backward_writes_only_the_diffs_asked_for(type_name, text, xs, n_top, pa
         layer.Backward(top, down, bottom)
         for i, b in enumerate(bottom):
             assert np.all(b.diff == 7) != down[i], (type_name, k, i)
+
+
+def test_concat_and_slice_of_three_pieces(path):
+    # the third piece's offset is the sum of the first two sizes
+    xs = [X[:, :1], X[:, 1:2], X]
+    layer = make_layer("Concat", "concat_param { axis: 1 }")
+    bottom, top = run_forward(layer, xs)
+    np.testing.assert_array_equal(top[0].data, np.concatenate(xs, axis=1))
+    top[0].diff[...] = np.arange(top[0].count()).reshape(top[0].shape)
+    layer.Backward(top, [True] * 3, bottom)
+    np.testing.assert_array_equal(np.concatenate([b.diff for b in bottom], axis=1), top[0].diff)
+    layer = make_layer("Slice", "slice_param { axis: 1 slice_point: 1 slice_point: 2 }")
+    bottom, top = run_forward(layer, [X], n_top=3)
+    for t, want in zip(top, (X[:, :1], X[:, 1:2], X[:, 2:])):
+        np.testing.assert_array_equal(t.data, want)
+        t.diff[...] = -t.data
+    layer.Backward(top, [True], bottom)
+    np.testing.assert_array_equal(bottom[0].diff, -X)
+
+
+def test_split_in_place_only_on_top_0():
+    layer = make_layer("Split")
+    bottom = blobs_from_arrays([X])
+    top = [bottom[0], Blob(dtype=np.float64)]
+    layer.SetUp(bottom, top)
+    layer.Forward(bottom, top)
+    np.testing.assert_array_equal(top[1].data, X)
+    with pytest.raises(LayerError, match=r"Split layer does not allow in-place computation \(top\[1\] is the bottom\)"):
+        make_layer("Split").SetUp(bottom, [Blob(), bottom[0]])

@@ -107,3 +107,42 @@ def test_prelu_gradient_at_zero_is_the_slope(generic, shared, monkeypatch):
     layer.Backward(top, [True], bottom)
     np.testing.assert_array_equal(bottom[0].diff, np.where(x > 0, 2.0, 0.5))
     np.testing.assert_array_equal(layer.blobs[0].diff, [2 * (-1.0 - 2.0)])
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["cpu", "generic"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("want_slope, want_bottom", [(True, False), (False, True)])
+def test_prelu_backward_writes_only_what_was_asked(generic, dtype, want_slope, want_bottom, monkeypatch):
+    if generic:
+        monkeypatch.setattr(_cpu, "channelwise", None)
+    x = np.random.default_rng(4).normal(size=(2, 3, 4))
+    layer = make_layer("PReLU")
+    bottom, top = blobs_from_arrays([x], dtype), empty_tops(1, dtype)
+    layer.SetUp(bottom, top)
+    layer.Forward(bottom, top)
+    np.testing.assert_allclose(top[0].data, np.where(x > 0, x, 0.25 * x), rtol=1e-6)
+    top[0].diff[...] = 1
+    bottom[0].diff[...] = 7
+    layer.blobs[0].diff[...] = 0
+    layer.set_param_propagate_down(0, want_slope)
+    layer.Backward(top, [want_bottom], bottom)
+    assert np.all(bottom[0].diff == 7) != want_bottom
+    assert np.all(layer.blobs[0].diff == 0) != want_slope
+    if want_slope:
+        np.testing.assert_allclose(layer.blobs[0].diff, (x * (x <= 0)).sum(axis=(0, 2)), rtol=1e-5)
+
+
+def test_prelu_shape_errors():
+    with pytest.raises(LayerError, match=r"PReLU.*at least 2 axes \(N, C, ...\), got shape \(3,\)"):
+        make_layer("PReLU").SetUp(blobs_from_arrays([np.zeros(3)]), empty_tops(1))
+    layer = make_layer("PReLU")
+    bottom, top = blobs_from_arrays([np.zeros((2, 3))]), empty_tops(1)
+    layer.SetUp(bottom, top)
+    bottom[0].reshape((6,))
+    with pytest.raises(LayerError, match=r"PReLU.*at least 2 axes \(N, C, ...\), got shape \(6,\)"):
+        layer.Reshape(bottom, top)
+    for shared, count, text in [(True, 3, "channel_shared needs 1"), (False, 1, "3 channels need 3")]:
+        layer = make_layer("PReLU", f"prelu_param {{ channel_shared: {str(shared).lower()} }}")
+        layer.blobs = blobs_from_arrays([np.zeros(count)])
+        with pytest.raises(LayerError, match=rf"negative slope blob has {count} values but {text}"):
+            layer.SetUp(blobs_from_arrays([np.zeros((2, 3))]), empty_tops(1))
