@@ -84,3 +84,26 @@ def test_split_in_place_only_on_top_0():
     np.testing.assert_array_equal(top[1].data, X)
     with pytest.raises(LayerError, match=r"Split layer does not allow in-place computation \(top\[1\] is the bottom\)"):
         make_layer("Split").SetUp(bottom, [Blob(), bottom[0]])
+
+
+@pytest.mark.parametrize("type_name, text, xs, n_top, message", [
+    ("Slice", "slice_param { axis: 1 slice_dim: 1 }", [X], 2,
+     r"Either slice_param.axis or slice_param.slice_dim should be specified; not both"),
+    ("Slice", "slice_param { axis: 3 }", [X], 2, r"slice_param.axis 3 is out of range for bottom\[0\] with shape \(2, 3, 4\)"),
+    ("Slice", "slice_param { slice_dim: 3 }", [X], 2, r"slice_param.slice_dim 3 is out of range"),
+    ("Slice", "slice_param { axis: 2 slice_point: 1 }", [X], 3, r"slice_point has 1 entries for 3 tops \(needs 2\)"),
+    ("Slice", "slice_param { axis: 2 slice_point: 2 slice_point: 2 }", [X], 3,
+     r"slice_point \[2, 2\] must be strictly increasing and positive"),
+    ("Slice", "slice_param { axis: 2 slice_point: 0 }", [X], 2, r"slice_point \[0\] must be strictly increasing"),
+    ("Slice", "slice_param { axis: 2 slice_point: 4 }", [X], 2, r"slice_point \[4\] out of range for axis 2 of size 4"),
+    ("Slice", "slice_param { axis: 1 }", [X], 2, r"Number of top blobs \(2\) should evenly divide input slice axis 1 of size 3"),
+    ("Concat", "concat_param { axis: 1 concat_dim: 1 }", [X, X], 1,
+     r"Either concat_param.axis or concat_param.concat_dim should be specified; not both"),
+    ("Concat", "concat_param { axis: -4 }", [X, X], 1, r"concat_param.axis -4 is out of range for bottom\[0\] with shape \(2, 3, 4\)"),
+    ("Concat", "concat_param { concat_dim: 3 }", [X, X], 1, r"concat_param.concat_dim 3 is out of range"),
+    ("Concat", "concat_param { axis: 1 }", [X, X[:, :, :2]], 1,
+     r"same shape, except at concat axis 1: bottom\[0\] has shape \(2, 3, 4\), bottom\[1\] has shape \(2, 3, 2\)"),
+])
+def test_concat_and_slice_errors_name_the_parameter(type_name, text, xs, n_top, message):
+    with pytest.raises(LayerError, match=rf"{type_name}.*{message}"):
+        run_forward(make_layer(type_name, text), xs, n_top=n_top)
