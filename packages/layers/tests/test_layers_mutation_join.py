@@ -107,3 +107,13 @@ def test_split_in_place_only_on_top_0():
 def test_concat_and_slice_errors_name_the_parameter(type_name, text, xs, n_top, message):
     with pytest.raises(LayerError, match=rf"{type_name}.*{message}"):
         run_forward(make_layer(type_name, text), xs, n_top=n_top)
+
+
+def test_eltwise_prod_gradient_at_a_zero_is_the_product_of_the_others(path):
+    # stable_prod_grad (the default) multiplies the other bottoms: no 0 / 0 where a bottom is 0
+    xs = [np.array([0.0, 2.0, 0.0]), np.array([3.0, 0.0, 0.0]), np.array([2.0, 5.0, 4.0])]
+    layer = make_layer("Eltwise", "eltwise_param { operation: PROD }")
+    bottom, top = run_forward(layer, xs)
+    top[0].diff[...] = 1
+    layer.Backward(top, [True] * 3, bottom)
+    np.testing.assert_array_equal([b.diff for b in bottom], [[6.0, 0.0, 0.0], [0.0, 10.0, 0.0], [0.0, 0.0, 0.0]])
