@@ -41,6 +41,20 @@ def test_softmax_loss_kernels_match_numpy(shape, dtype, seed, data, norm, ignore
                 n_top=2 if two_tops else 1, propagate_down=[True, False])
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_softmax_loss_forward_kernel_clamps_and_keeps_nan(dtype):
+    """Caffe's -log(std::max(p, FLT_MIN)): a zero probability costs -log(FLT_MIN), NaN stays NaN; only valid
+    positions count, and an out-of-range label is refused (not read out of bounds)."""
+    prob = np.array([0.5, 0.0, 0.25, np.nan, 0.2, 0.8], dtype)  # (outer 1, C 2, inner 3)
+    label = np.array([0, 0, 1], np.int64)  # the last position is not valid: its label is not read
+    got = softmax.softmax_loss_forward(prob, label, np.array([1, 1, 0], np.uint8), 1, 2, 3)
+    flt_min = np.finfo(np.float32).tiny
+    assert got == pytest.approx(-np.log(dtype(0.5)) - np.log(dtype(flt_min)), rel=1e-6)
+    assert np.isnan(softmax.softmax_loss_forward(prob, np.array([1, 1, 0], np.int64), np.ones(3, np.uint8), 1, 2, 3))
+    with pytest.raises(ValueError, match="label 2 out of range"):
+        softmax.softmax_loss_forward(prob, np.array([0, 2, 0], np.int64), np.ones(3, np.uint8), 1, 2, 3)
+
+
 def test_softmax_kernels_refuse_short_buffers():
     x = np.zeros(12)
     with pytest.raises(ValueError, match="top holds 11"):
@@ -53,7 +67,7 @@ def test_softmax_kernels_refuse_short_buffers():
 def test_the_cpu_path_runs_the_kernels(type_name, monkeypatch):
     from caffe.layers import _cpu
     calls = []
-    for name in ("softmax_forward", "softmax_backward", "softmax_loss_backward"):
+    for name in ("softmax_forward", "softmax_backward", "softmax_loss_forward", "softmax_loss_backward"):
         real = getattr(_cpu.softmax, name)
         monkeypatch.setattr(_cpu.softmax, name, lambda *a, _r=real, _n=name: (calls.append(_n), _r(*a))[1])
     layer = make_layer(type_name)
@@ -63,7 +77,10 @@ def test_the_cpu_path_runs_the_kernels(type_name, monkeypatch):
     layer.Forward(bottom, top)
     top[0].diff[...] = 1
     layer.Backward(top, [True, False][:len(bottom)], bottom)
-    assert calls[0] == "softmax_forward" and calls[1] in ("softmax_backward", "softmax_loss_backward")
+    if type_name == "Softmax":
+        assert calls == ["softmax_forward", "softmax_backward"]
+    else:
+        assert calls == ["softmax_forward", "softmax_loss_forward", "softmax_loss_backward"]
 
 
 @pytest.mark.parametrize("path", ["cpu", "xp"])

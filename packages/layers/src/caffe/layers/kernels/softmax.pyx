@@ -12,6 +12,7 @@ so main memory is read and written once.
 from cython.parallel cimport prange
 from libc.stdint cimport int64_t, uint8_t
 from libc.stdlib cimport free, malloc
+from libc.float cimport FLT_MIN
 
 include "_threads.pxi"
 
@@ -159,6 +160,38 @@ def softmax_backward(const real[::1] y, const real[::1] dy, real[::1] dx, Py_ssi
             lo = (t % pieces) * P
             _bwd_piece(&y[0] + o * C * inner + lo, &dy[0] + o * C * inner + lo, &dx[0] + o * C * inner + lo,
                        C, inner, inner - lo if inner - lo < P else P)
+
+
+def softmax_loss_forward(const real[::1] prob, const int64_t[::1] label, const uint8_t[::1] valid,
+                         Py_ssize_t outer, Py_ssize_t C, Py_ssize_t inner):
+    """The sum over the valid positions of -log(max(prob[label], FLT_MIN)) (Caffe's loss before the
+    normalizer), in double; label / valid are (outer, inner), a label only read where valid. Serial, in
+    position order (deterministic): one gathered probability and one log per position."""
+    cdef Py_ssize_t o, j, q
+    cdef int64_t lab
+    cdef double total = 0
+    cdef real p
+    cdef bint bad = False
+    _need(prob.shape[0], outer * C * inner, "prob")
+    _need(label.shape[0], outer * inner, "label")
+    _need(valid.shape[0], outer * inner, "valid")
+    with nogil:
+        for o in range(outer):
+            for j in range(inner):
+                q = o * inner + j
+                if valid[q]:
+                    lab = label[q]
+                    if lab < 0 or lab >= C:
+                        bad = True
+                        break
+                    p = prob[(o * C + lab) * inner + j]
+                    p = <real>FLT_MIN if p < FLT_MIN else p  # std::max(p, FLT_MIN): NaN stays NaN
+                    total -= _log(p)
+            if bad:
+                break
+    if bad:
+        raise ValueError(f"softmax kernel: label {lab} out of range [0, {C})")
+    return total
 
 
 def softmax_loss_backward(const real[::1] prob, const int64_t[::1] label, const uint8_t[::1] valid,
