@@ -345,28 +345,39 @@ cdef inline real _ratio(const real* dy, const real* y, const real* scale, Py_ssi
 
 cdef void _lrn_bwd_piece(const real* x, const real* y, const real* scale, const real* dy, real* dx,
                          Py_ssize_t C, Py_ssize_t S, Py_ssize_t P, int r, real cache, real beta) noexcept nogil:
-    cdef double* acc = <double*> malloc(P * sizeof(double))
+    # The window's rows of dy * y / scale are kept in a ring of 2r + 1 rows (L1): each is computed once,
+    # when its channel enters the window, and subtracted from that same row when it leaves (the same
+    # values as computing it twice, without the second division).
+    cdef Py_ssize_t ring = 2 * r + 1
+    cdef double* acc = <double*> malloc(P * sizeof(double) + ring * P * sizeof(real))
+    cdef real* rows
+    cdef real* q
     cdef Py_ssize_t c, j, o
     if acc == NULL:
         return
+    rows = <real*>(acc + P)
     for j in range(P):
         acc[j] = 0
     for c in range(r if r < C else C):
         o = c * S
+        q = rows + (c % ring) * P
         for j in range(P):
-            acc[j] += _ratio(dy, y, scale, o + j)
+            q[j] = _ratio(dy, y, scale, o + j)
+            acc[j] += q[j]
     for c in range(C):
         if c + r < C:
             o = (c + r) * S
+            q = rows + ((c + r) % ring) * P
             for j in range(P):
-                acc[j] += _ratio(dy, y, scale, o + j)
+                q[j] = _ratio(dy, y, scale, o + j)
+                acc[j] += q[j]
         o = c * S
         for j in range(P):
             dx[o + j] = dy[o + j] * _pow_neg(scale[o + j], beta) - <real>acc[j] * x[o + j] * cache
         if c - r >= 0:
-            o = (c - r) * S
+            q = rows + ((c - r) % ring) * P
             for j in range(P):
-                acc[j] -= _ratio(dy, y, scale, o + j)
+                acc[j] -= q[j]
     free(acc)
 
 
