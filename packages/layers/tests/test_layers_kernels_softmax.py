@@ -55,6 +55,29 @@ def test_softmax_loss_forward_kernel_clamps_and_keeps_nan(dtype):
         softmax.softmax_loss_forward(prob, np.array([0, 2, 0], np.int64), np.ones(3, np.uint8), 1, 2, 3)
 
 
+@pytest.mark.parametrize("build", ["softmax", "softmax_avx2"])
+def test_softmax_exp_is_within_an_ulp_or_two(build):
+    """The exp the softmax kernels use on x - max <= 0 (the FMA kernel in the AVX2 build, libm's elsewhere):
+    within 3 ulp of exp in float64 down to ln(FLT_MIN), 0 or a denormal below it, exp(0) = 1, NaN kept."""
+    import importlib
+    from caffe.layers import _cpu
+    if build.endswith("avx2") and not (_cpu.cpu_has_avx2() and _cpu.cpu_has_avx2("FMA3")):
+        pytest.skip("this CPU cannot run the AVX2 + FMA build")
+    mod = importlib.import_module(f"caffe.layers.kernels.{build}")
+    rng = np.random.default_rng(0)
+    x = -np.concatenate([np.linspace(0, 100, 200_001), rng.exponential(5, 100_000), [0.0, 1e-30, 87.3, 87.34, np.inf]])
+    x = np.concatenate([x, [np.nan]]).astype(np.float32)
+    y = np.empty_like(x)
+    mod.exp_nonpositive(x, y)
+    ref = np.exp(x.astype(np.float64))
+    normal = ref >= np.finfo(np.float32).tiny
+    ulps = np.abs(y[normal] - ref[normal]) / np.spacing(ref[normal].astype(np.float32)).astype(np.float64)
+    assert ulps.max() <= 3
+    below = ~normal & ~np.isnan(x)
+    assert np.all((y[below] >= 0) & (y[below] < np.finfo(np.float32).tiny))
+    assert y[x == 0][0] == 1 and np.isnan(y[-1])
+
+
 def test_softmax_kernels_refuse_short_buffers():
     x = np.zeros(12)
     with pytest.raises(ValueError, match="top holds 11"):
