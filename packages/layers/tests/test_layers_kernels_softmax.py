@@ -42,17 +42,28 @@ def test_softmax_loss_kernels_match_numpy(shape, dtype, seed, data, norm, ignore
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_softmax_loss_forward_kernel_clamps_and_keeps_nan(dtype):
-    """Caffe's -log(std::max(p, FLT_MIN)): a zero probability costs -log(FLT_MIN), NaN stays NaN; only valid
-    positions count, and an out-of-range label is refused (not read out of bounds)."""
-    prob = np.array([0.5, 0.0, 0.25, np.nan, 0.2, 0.8], dtype)  # (outer 1, C 2, inner 3)
-    label = np.array([0, 0, 1], np.int64)  # the last position is not valid: its label is not read
-    got = softmax.softmax_loss_forward(prob, label, np.array([1, 1, 0], np.uint8), 1, 2, 3)
-    flt_min = np.finfo(np.float32).tiny
-    assert got == pytest.approx(-np.log(dtype(0.5)) - np.log(dtype(flt_min)), rel=1e-6)
-    assert np.isnan(softmax.softmax_loss_forward(prob, np.array([1, 1, 0], np.int64), np.ones(3, np.uint8), 1, 2, 3))
-    with pytest.raises(ValueError, match="label 2 out of range"):
-        softmax.softmax_loss_forward(prob, np.array([0, 2, 0], np.int64), np.ones(3, np.uint8), 1, 2, 3)
+@pytest.mark.parametrize("inner", [1, 3])
+def test_softmax_loss_forward_kernel_clamps_and_keeps_nan(dtype, inner):
+    """Caffe's -log(std::max(p, FLT_MIN)): a probability that underflows to 0 costs -log(FLT_MIN), NaN stays
+    NaN; only valid positions count, and an out-of-range label is refused (not read out of bounds)."""
+    # (outer 2, C 2, inner): at every position class 0 has all the probability, class 1 none (exp(-200) = 0)
+    x = np.zeros((2, 2, inner), dtype)
+    x[:, 1] = -200
+    prob = np.empty(x.size, dtype)
+    label = np.zeros((2, inner), np.int64)
+    label[0, 0] = 1  # p = 0 there: -log(FLT_MIN)
+    valid = np.ones((2, inner), np.uint8)
+    valid[1, 0] = 0
+    got = softmax.softmax_loss_forward(x.ravel(), prob, label.ravel(), valid.ravel(), 2, 2, inner)
+    np.testing.assert_allclose(prob.reshape(x.shape)[:, 0], 1)
+    assert got == pytest.approx(-np.log(np.float64(np.finfo(np.float32).tiny)), rel=1e-6)
+    label[1, 0] = 5  # where not valid, never read
+    assert softmax.softmax_loss_forward(x.ravel(), prob, label.ravel(), valid.ravel(), 2, 2, inner) == got
+    x[0, 1, 0] = np.nan
+    assert np.isnan(softmax.softmax_loss_forward(x.ravel(), prob, label.ravel(), valid.ravel(), 2, 2, inner))
+    valid[1, 0] = 1
+    with pytest.raises(ValueError, match="label 5 out of range"):
+        softmax.softmax_loss_forward(x.ravel(), prob, label.ravel(), valid.ravel(), 2, 2, inner)
 
 
 @pytest.mark.parametrize("build", ["softmax", "softmax_avx2"])
@@ -103,7 +114,7 @@ def test_the_cpu_path_runs_the_kernels(type_name, monkeypatch):
     if type_name == "Softmax":
         assert calls == ["softmax_forward", "softmax_backward"]
     else:
-        assert calls == ["softmax_forward", "softmax_loss_forward", "softmax_loss_backward"]
+        assert calls == ["softmax_loss_forward", "softmax_loss_backward"]  # the probabilities and the loss at once
 
 
 @pytest.mark.parametrize("path", ["cpu", "xp"])

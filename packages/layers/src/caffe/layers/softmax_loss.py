@@ -16,7 +16,7 @@ from caffe.blob import Blob, deferred
 from caffe.layers import _cpu
 from caffe.layers.layer import LossLayer
 from caffe.layers.registry import register_layer
-from caffe.layers.softmax import canonical_axis, softmax_cpu, softmax_xp
+from caffe.layers.softmax import canonical_axis, softmax_xp
 from caffe.proto import caffe_pb2
 
 _LP = caffe_pb2.LossParameter
@@ -154,13 +154,15 @@ class SoftmaxWithLossLayer(_MultiTopLoss):
             top[1].reshape_like(bottom[0])
 
     def forward_cpu(self, bottom, top):
-        if not softmax_cpu(bottom[0], self.prob, self.axis):
+        if not _cpu.usable(_cpu.softmax, bottom[0], self.prob):
             self.prob.mutable_cpu_data()[...] = softmax_xp(np, bottom[0].cpu_data(), self.axis)
             self._loss_from_prob(np, bottom, top)
             return
         valid, labels, valid_u8 = self._kernel_labels(bottom)
-        total = _cpu.softmax.softmax_loss_forward(_cpu.flat(self.prob.cpu_data()), labels, valid_u8,
-                                                  self.outer_num, self.num_classes, self.inner_num)
+        # the probabilities and the loss in one pass (each piece's loss read while it is in cache)
+        x, prob = _cpu.flat(bottom[0].cpu_data()), _cpu.flat(self.prob.mutable_cpu_data())
+        total = _cpu.softmax.softmax_loss_forward(x, prob, labels, valid_u8, self.outer_num, self.num_classes,
+                                                  self.inner_num)
         dtype = self.prob.dtype
         top[0].mutable_cpu_data()[...] = dtype.type(total) / loss_normalizer(self, np, valid, dtype)
         if len(top) >= 2:

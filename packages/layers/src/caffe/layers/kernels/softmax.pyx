@@ -102,6 +102,21 @@ cdef Py_ssize_t _piece(Py_ssize_t C, Py_ssize_t inner) noexcept nogil:
     return p if p < inner else inner
 
 
+cdef inline double _piece_loss(const real* y, Py_ssize_t inner, Py_ssize_t P, const int64_t* label,
+                               const uint8_t* valid) noexcept nogil:
+    """-sum over the piece's valid positions j of log(max(y[label[j] * inner + j], FLT_MIN)) (Caffe's
+    std::max: NaN stays NaN), read while the piece's probabilities are still in cache."""
+    cdef Py_ssize_t j
+    cdef double total = 0
+    cdef real p
+    for j in range(P):
+        if valid[j]:
+            p = y[label[j] * inner + j]
+            p = <real>FLT_MIN if p < FLT_MIN else p
+            total -= _log(p)
+    return total
+
+
 cdef void _fwd_row(const real* x, real* y, Py_ssize_t C) noexcept nogil:
     # inner == 1: one contiguous row of C
     cdef Py_ssize_t c, C4 = C - C % 4
@@ -169,27 +184,69 @@ cdef void _fwd_piece(const real* x, real* y, Py_ssize_t C, Py_ssize_t inner, Py_
     free(s)
 
 
+cdef void _forward(const real* xp, real* yp, Py_ssize_t outer, Py_ssize_t C, Py_ssize_t inner,
+                   const int64_t* label, const uint8_t* valid, double* part) noexcept nogil:
+    # label / valid (outer, inner) and part (one slot per work item) NULL: the softmax alone
+    cdef Py_ssize_t n = outer * C * inner, t, o, lo, m, P, pieces
+    P = _piece(C, inner)
+    pieces = (inner + P - 1) // P
+    if inner == 1:
+        for o in prange(outer, schedule="dynamic", chunksize=_grab(C), num_threads=_threads(n)):
+            _fwd_row(xp + o * C, yp + o * C, C)
+            if label != NULL:
+                part[o] = _piece_loss(yp + o * C, 1, 1, label + o, valid + o)
+    else:
+        for t in prange(outer * pieces, schedule="dynamic", chunksize=_grab(C * P), num_threads=_threads(n)):
+            o = t // pieces
+            lo = (t % pieces) * P
+            m = inner - lo if inner - lo < P else P
+            _fwd_piece(xp + o * C * inner + lo, yp + o * C * inner + lo, C, inner, m)
+            if label != NULL:
+                part[t] = _piece_loss(yp + o * C * inner + lo, inner, m, label + o * inner + lo,
+                                      valid + o * inner + lo)
+
+
 def softmax_forward(const real[::1] x, real[::1] y, Py_ssize_t outer, Py_ssize_t C, Py_ssize_t inner):
     """y = softmax of x over C, for (outer, C, inner)."""
-    cdef Py_ssize_t n = outer * C * inner, t, o, lo, P, pieces
+    cdef Py_ssize_t n = outer * C * inner
     if n == 0:
         return
     _need(x.shape[0], n, "bottom")
     _need(y.shape[0], n, "top")
-    cdef const real* xp = &x[0]
-    cdef real* yp = &y[0]
-    P = _piece(C, inner)
-    pieces = (inner + P - 1) // P
     with nogil:
-        if inner == 1:
-            for o in prange(outer, schedule="dynamic", chunksize=_grab(C), num_threads=_threads(n)):
-                _fwd_row(xp + o * C, yp + o * C, C)
-        else:
-            for t in prange(outer * pieces, schedule="dynamic", chunksize=_grab(C * P), num_threads=_threads(n)):
-                o = t // pieces
-                lo = (t % pieces) * P
-                _fwd_piece(xp + o * C * inner + lo, yp + o * C * inner + lo, C, inner,
-                           inner - lo if inner - lo < P else P)
+        _forward(&x[0], &y[0], outer, C, inner, NULL, NULL, NULL)
+
+
+def softmax_loss_forward(const real[::1] x, real[::1] prob, const int64_t[::1] label, const uint8_t[::1] valid,
+                         Py_ssize_t outer, Py_ssize_t C, Py_ssize_t inner):
+    """prob = softmax of x over C, and (returned, double) the sum over the valid positions of
+    -log(max(prob[label], FLT_MIN)): Caffe's SoftmaxWithLoss before the normalizer. label / valid are
+    (outer, inner), a label only read where valid; each work item's sum is taken while its piece is
+    in cache, and the items' sums are added in order (the same result on any number of threads)."""
+    cdef Py_ssize_t n = outer * C * inner, q, items
+    cdef double total = 0
+    cdef double* part
+    if n == 0:
+        return 0.0
+    _need(x.shape[0], n, "bottom")
+    _need(prob.shape[0], n, "prob")
+    _need(label.shape[0], outer * inner, "label")
+    _need(valid.shape[0], outer * inner, "valid")
+    for q in range(outer * inner):
+        if valid[q] and (label[q] < 0 or label[q] >= C):
+            raise ValueError(f"softmax kernel: label {label[q]} out of range [0, {C})")
+    items = outer if inner == 1 else outer * ((inner + _piece(C, inner) - 1) // _piece(C, inner))
+    part = <double*> malloc(items * sizeof(double))
+    if part == NULL:
+        raise MemoryError()
+    try:
+        with nogil:
+            _forward(&x[0], &prob[0], outer, C, inner, &label[0], &valid[0], part)
+        for q in range(items):
+            total += part[q]
+    finally:
+        free(part)
+    return total
 
 
 cdef void _bwd_piece(const real* y, const real* dy, real* dx, Py_ssize_t C, Py_ssize_t inner,
@@ -239,38 +296,6 @@ def softmax_backward(const real[::1] y, const real[::1] dy, real[::1] dx, Py_ssi
             lo = (t % pieces) * P
             _bwd_piece(&y[0] + o * C * inner + lo, &dy[0] + o * C * inner + lo, &dx[0] + o * C * inner + lo,
                        C, inner, inner - lo if inner - lo < P else P)
-
-
-def softmax_loss_forward(const real[::1] prob, const int64_t[::1] label, const uint8_t[::1] valid,
-                         Py_ssize_t outer, Py_ssize_t C, Py_ssize_t inner):
-    """The sum over the valid positions of -log(max(prob[label], FLT_MIN)) (Caffe's loss before the
-    normalizer), in double; label / valid are (outer, inner), a label only read where valid. Serial, in
-    position order (deterministic): one gathered probability and one log per position."""
-    cdef Py_ssize_t o, j, q
-    cdef int64_t lab
-    cdef double total = 0
-    cdef real p
-    cdef bint bad = False
-    _need(prob.shape[0], outer * C * inner, "prob")
-    _need(label.shape[0], outer * inner, "label")
-    _need(valid.shape[0], outer * inner, "valid")
-    with nogil:
-        for o in range(outer):
-            for j in range(inner):
-                q = o * inner + j
-                if valid[q]:
-                    lab = label[q]
-                    if lab < 0 or lab >= C:
-                        bad = True
-                        break
-                    p = prob[(o * C + lab) * inner + j]
-                    p = <real>FLT_MIN if p < FLT_MIN else p  # std::max(p, FLT_MIN): NaN stays NaN
-                    total -= _log(p)
-            if bad:
-                break
-    if bad:
-        raise ValueError(f"softmax kernel: label {lab} out of range [0, {C})")
-    return total
 
 
 def softmax_loss_backward(const real[::1] prob, const int64_t[::1] label, const uint8_t[::1] valid,
