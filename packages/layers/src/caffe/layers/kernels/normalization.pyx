@@ -5,8 +5,9 @@
 
 BatchNorm works on (N, C, S) arrays, one channel per work item (the channel's N planes of S):
   forward   one pass for the statistics: sums of (x - K) and (x - K)^2 (blocks of 128 in x's
-            precision, their totals in double: see BLOCK), K the channel's first value (a sample, so |mean - K| is of the order of the spread and
-            the shifted sums lose nothing to cancellation); then one pass y = (x - mean) * inv_std
+            precision, their totals in double: see BLOCK), K the channel's first value (a sample,
+            so |mean - K| is of the order of the spread and the shifted sums lose nothing to
+            cancellation); then one pass y = (x - mean) * inv_std
   backward  one pass for sum dy and sum dy * x_norm (as the forward's sums), then dx = (dy - mean dy -
             x_norm * mean(dy * x_norm)) * inv_std; x_norm is read from a saved copy or
             recomputed from x as the forward did (the same bits)
