@@ -1,7 +1,12 @@
-"""The hand-written CUDA kernels (caffe.layers.cuda_kernels) against the array-API paths they replace.
+"""The hand-written CUDA kernels (caffe.layers.cuda_kernels, caffe.layers.kernels.cuda_*) against the
+array-API paths they replace, on two backends:
 
-The kernels run only on a real GPU (caffe.layers.device.kernels); their parity properties skip elsewhere,
-the CuPy stand-in included (it cannot run CUDA). NO GPU has run them yet: scripts/gpu_check.sh runs them.
+- "gpu" (marked gpu): the kernels on a real GPU (caffe.layers.device.kernels), against the array-API path on
+  the same GPU (CAFFE_DEVICE_KERNELS=0). Skips elsewhere, the CuPy stand-in included (it cannot run CUDA).
+  NO GPU has run them yet: scripts/gpu_check.sh runs them.
+- "host": the same CUDA sources compiled for the host and run by caffe.layers.cuda_host (blocks of a few real
+  threads meeting at __syncthreads), against the array-API path with NumPy: indexing and arithmetic checked
+  in the default suite. Skips without a C++ compiler.
 """
 from __future__ import annotations
 
@@ -13,10 +18,9 @@ import pytest
 from hypothesis import assume, given, strategies as st
 
 from caffe.blob import context
-from caffe.layers import conv_base, cuda_kernels, device, pool_device, pooling
+from caffe.layers import conv_base, conv_device, cuda_host, device, pool_device, pooling
+from caffe.layers.kernels import cuda_pooling
 from caffe.layers.testing import gpu_available
-
-pytestmark = pytest.mark.gpu
 
 
 def _real_kernels() -> bool:
@@ -28,6 +32,7 @@ def _real_kernels() -> bool:
 
 needs_kernels = pytest.mark.skipif(not _real_kernels(), reason="hand-written CUDA kernels need a real GPU (not the "
                                    "CuPy stand-in; CAFFE_DEVICE_KERNELS=0 turns them off)")
+needs_compiler = pytest.mark.skipif(not cuda_host.available(), reason="no host C++ compiler to run the CUDA sources")
 
 
 @contextlib.contextmanager
@@ -43,6 +48,47 @@ def kernels_env(on: str):
             os.environ["CAFFE_DEVICE_KERNELS"] = old
 
 
+class Backend:
+    """Where a parity property runs: xp, host <-> backend arrays, kernels on / off."""
+
+    def __init__(self, name):
+        self.name = name
+        if name == "gpu":
+            import cupy
+            self.xp, self.to, self.back = cupy, cupy.asarray, cupy.asnumpy
+        else:
+            self.xp, self.to, self.back = np, np.array, np.asarray
+
+    def kernels(self, on: bool):
+        if self.name == "gpu":
+            return kernels_env("1" if on else "0")
+        return cuda_host.emulating() if on else contextlib.nullcontext()
+
+    def tol(self, dtype):
+        return 2e-5 if dtype == np.float32 else 1e-12
+
+
+BACKENDS = [pytest.param("gpu", marks=[pytest.mark.gpu, needs_kernels], id="gpu"),
+            pytest.param("host", marks=needs_compiler, id="host")]
+backends = pytest.mark.parametrize("where", BACKENDS)
+DTYPES = st.sampled_from([np.float32, np.float64])
+
+
+def both(B, fn):
+    """fn() (returning host arrays) with the kernels on, then off."""
+    outs = []
+    for on in (True, False):
+        with B.kernels(on):
+            outs.append(fn())
+    return outs
+
+
+def assert_close(a, b, dtype, B, scale=1.0):
+    tol = B.tol(dtype)
+    np.testing.assert_allclose(a, b, rtol=tol, atol=tol * scale)
+
+
+@pytest.mark.gpu
 def test_kernels_are_never_chosen_without_a_real_gpu():
     """On the stand-in (or NumPy) the array-API paths run: the kernel entry points decline."""
     assert not device.kernels(np)
@@ -52,17 +98,17 @@ def test_kernels_are_never_chosen_without_a_real_gpu():
     assert not device.kernels(cupy)
     x = cupy.zeros((1, 1, 4, 4), np.float32)
     spec = pooling.PoolSpec(pooling.MAX, (2, 2), (2, 2), (0, 0))
-    assert not cuda_kernels.max_pool_forward(cupy, spec, x, cupy.zeros((1, 1, 2, 2), np.float32),
+    assert not cuda_pooling.max_pool_forward(cupy, spec, x, cupy.zeros((1, 1, 2, 2), np.float32),
                                              cupy.zeros((1, 1, 2, 2), np.int32))
 
 
-@needs_kernels
+@backends
 @given(k=st.tuples(st.integers(1, 3), st.integers(1, 3)), s=st.integers(1, 3), p=st.integers(0, 2),
        d=st.integers(1, 2), hw=st.tuples(st.integers(1, 7), st.integers(1, 7)), nb=st.integers(1, 3),
        c=st.integers(1, 3), layout=st.sampled_from(["batch", "image"]),
        dtype=st.sampled_from([np.float32, np.float64]), seed=st.integers(0, 2**31 - 1))
-def test_col2im_kernel_matches_the_scatter_add(k, s, p, d, hw, nb, c, layout, dtype, seed):
-    import cupy as cp
+def test_col2im_kernel_matches_the_scatter_add(where, k, s, p, d, hw, nb, c, layout, dtype, seed):
+    B = Backend(where)
     col_shape = []
     for n, kk in zip(hw, k):
         ext = d * (kk - 1) + 1
@@ -71,37 +117,87 @@ def test_col2im_kernel_matches_the_scatter_add(k, s, p, d, hw, nb, c, layout, dt
     geom = conv_base.ConvGeometry(k, (s, s), (p, p), (d, d), hw, tuple(col_shape))
     K, P = geom.kernel_count, geom.col_count
     shape = (c * K, nb * P) if layout == "batch" else (nb, c * K, P)
-    col = cp.asarray(np.random.default_rng(seed).normal(size=shape).astype(dtype))
-    outs = []
-    for on in ("1", "0"):
-        im = cp.full((nb, c) + hw, np.nan, dtype)
-        with kernels_env(on):
-            conv_base.col2im(cp, col, im, geom, layout)
-        outs.append(cp.asnumpy(im))
-    tol = 1e-5 if dtype == np.float32 else 1e-12
-    np.testing.assert_allclose(outs[0], outs[1], rtol=tol, atol=tol)
+    col = B.to(np.random.default_rng(seed).normal(size=shape).astype(dtype))
+
+    def run():
+        im = B.xp.full((nb, c) + hw, np.nan, dtype)
+        conv_device.col2im(B.xp, col, im, geom, layout)
+        return B.back(im)
+    assert_close(*both(B, run), dtype, B)
 
 
-@needs_kernels
-@given(k=st.tuples(st.integers(1, 4), st.integers(1, 4)), s=st.integers(1, 3), p=st.integers(0, 2),
-       hw=st.tuples(st.integers(1, 7), st.integers(1, 7)), nc=st.tuples(st.integers(1, 2), st.integers(1, 3)),
-       ties=st.booleans(), dtype=st.sampled_from([np.float32, np.float64]), seed=st.integers(0, 2**31 - 1))
-def test_max_pool_kernel_matches_the_gather(k, s, p, hw, nc, ties, dtype, seed):
-    import cupy as cp
+def _pool_case(k, s, p, hw):
     assume(p < min(k) and hw[0] + 2 * p >= k[0] and hw[1] + 2 * p >= k[1])
+    return tuple(pooling.pooled_size(n, kk, s, p) for n, kk in zip(hw, k))
+
+
+POOL = dict(k=st.tuples(st.integers(1, 4), st.integers(1, 4)), s=st.integers(1, 3), p=st.integers(0, 2),
+            hw=st.tuples(st.integers(1, 7), st.integers(1, 7)), nc=st.tuples(st.integers(1, 2), st.integers(1, 3)),
+            dtype=DTYPES, seed=st.integers(0, 2**31 - 1))
+
+
+@backends
+@given(ties=st.booleans(), **POOL)
+def test_max_pool_kernel_matches_the_gather(where, k, s, p, hw, nc, ties, dtype, seed):
+    B = Backend(where)
+    PH, PW = _pool_case(k, s, p, hw)
     spec = pooling.PoolSpec(pooling.MAX, k, (s, s), (p, p))
-    PH, PW = (pooling.pooled_size(n, kk, s, p) for n, kk in zip(hw, k))
     rng = np.random.default_rng(seed)
     x = rng.integers(-2, 3, size=nc + hw) if ties else rng.normal(size=nc + hw)
     x = x.astype(dtype)
     if ties:
         x[rng.random(x.shape) < 0.2] = -np.inf
-    xd = cp.asarray(x)
-    outs = []
-    for on in ("1", "0"):
-        y, mask = cp.empty(nc + (PH, PW), dtype), cp.empty(nc + (PH, PW), np.int32)
-        with kernels_env(on):
-            pool_device.max_forward(cp, spec, xd, y, mask)
-        outs.append((cp.asnumpy(y), cp.asnumpy(mask)))
-    np.testing.assert_array_equal(outs[0][0], outs[1][0])
-    np.testing.assert_array_equal(outs[0][1], outs[1][1])
+    xd = B.to(x)
+
+    def run():
+        y, mask = B.xp.empty(nc + (PH, PW), dtype), B.xp.empty(nc + (PH, PW), np.int32)
+        pool_device.max_forward(B.xp, spec, xd, y, mask)
+        return B.back(y), B.back(mask)
+    (y1, m1), (y0, m0) = both(B, run)
+    np.testing.assert_array_equal(y1, y0)
+    np.testing.assert_array_equal(m1, m0)
+
+
+@backends
+@given(stochastic=st.booleans(), **POOL)
+def test_pool_backward_kernel_matches_the_scatter(where, k, s, p, hw, nc, stochastic, dtype, seed):
+    """MAX (padded windows) and STOCHASTIC (unpadded) backward: indices from a forward, plus stale / -1 ones."""
+    B = Backend(where)
+    if stochastic:
+        p = 0
+    PH, PW = _pool_case(k, s, p, hw)
+    spec = pooling.PoolSpec(pooling.MAX, k, (s, s), (p, p))
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-2, 3, size=nc + hw).astype(dtype)
+    y, mask = np.empty(nc + (PH, PW), dtype), np.empty(nc + (PH, PW), np.int32)
+    pool_device.max_forward(np, spec, x, y, mask)
+    junk = rng.random(mask.shape) < 0.2  # an index outside its window (or -1) adds nothing
+    mask[junk] = rng.integers(-1, hw[0] * hw[1], size=int(junk.sum()))
+    dy, md = B.to(rng.normal(size=mask.shape).astype(dtype)), B.to(mask)
+
+    def run():
+        dx = B.xp.full(nc + hw, np.nan, dtype)
+        pool_device.scatter_back(B.xp, spec, dy, md, dx, pad=not stochastic)
+        return B.back(dx)
+    assert_close(*both(B, run), dtype, B)
+
+
+@backends
+@given(**POOL)
+def test_ave_pool_kernels_match_the_gather(where, k, s, p, hw, nc, dtype, seed):
+    B = Backend(where)
+    PH, PW = _pool_case(k, s, p, hw)
+    spec = pooling.PoolSpec(pooling.AVE, k, (s, s), (p, p))
+    rng = np.random.default_rng(seed)
+    x, dy = B.to(rng.normal(size=nc + hw).astype(dtype)), B.to(rng.normal(size=nc + (PH, PW)).astype(dtype))
+    sizes = pooling.ave_pool_sizes(B.xp, spec, *hw, PH, PW, dtype)
+
+    def run():
+        y, dx = B.xp.full(nc + (PH, PW), np.nan, dtype), B.xp.full(nc + hw, np.nan, dtype)
+        with np.errstate(invalid="ignore"):  # inf - inf past the edge (Caffe's x / 0), on NumPy
+            pool_device.ave_forward(B.xp, spec, x, y, sizes)
+            pool_device.ave_backward(B.xp, spec, dy, dx, sizes)
+        return B.back(y), B.back(dx)
+    (y1, dx1), (y0, dx0) = both(B, run)
+    assert_close(y1, y0, dtype, B)
+    assert_close(dx1, dx0, dtype, B)

@@ -1,0 +1,165 @@
+"""Test support: the hand-written CUDA kernels (caffe.layers.cuda_kernels, caffe.layers.kernels.cuda_*) run
+on the host, so their indexing and arithmetic are checked where no GPU exists (NOT a GPU, never used by users).
+
+A kernel source is compiled by the host C++ compiler behind a small prelude that defines CUDA's builtins:
+threadIdx / blockIdx thread-local, blockDim / gridDim set per launch, __shared__ as static (one block runs
+at a time, so static storage is the block's shared memory) and __syncthreads() as a barrier of the block's
+threads. A launch runs its blocks one after another, each as `block` real threads (at most EMU_THREADS, so
+every kernel must be correct for any power-of-two block size: the grid-stride loops and block reductions
+here are), which meet at each __syncthreads(). What it cannot show: GPU timing, warp-level behaviour,
+races the host schedules away, CUDA's own math library (expf etc. differ in the last bits).
+
+    with cuda_host.emulating():   # device.kernels(np) is true and device.raw_kernel compiles for the host
+        pool_device.max_backward(np, ...)
+
+available() is false where no C++ compiler is found (tests skip).
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+
+import numpy as np
+
+from caffe.layers import device
+
+EMU_THREADS = 4  # threads per emulated block (power of two): small, so strides and reductions wrap often
+
+_PRELUDE = r"""
+#include <cmath>
+#include <cstdint>
+#include <algorithm>
+#include <pthread.h>
+using namespace std;
+struct emu_dim3 { unsigned int x, y, z; };
+static thread_local emu_dim3 threadIdx, blockIdx;
+static emu_dim3 blockDim, gridDim;
+static pthread_barrier_t emu_barrier;
+static bool emu_barrier_ready = false;
+extern "C" void emu_set_launch(unsigned int grid, unsigned int block) {
+  gridDim = {grid, 1, 1};
+  blockDim = {block, 1, 1};
+  if (emu_barrier_ready) pthread_barrier_destroy(&emu_barrier);
+  pthread_barrier_init(&emu_barrier, nullptr, block);
+  emu_barrier_ready = true;
+}
+extern "C" void emu_set_thread(unsigned int block, unsigned int thread) {
+  blockIdx = {block, 0, 0};
+  threadIdx = {thread, 0, 0};
+}
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+#define __syncthreads() pthread_barrier_wait(&emu_barrier)
+"""
+
+_lock = threading.Lock()
+_libs: dict = {}
+
+
+def compiler():
+    return shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
+
+
+def available() -> bool:
+    return compiler() is not None
+
+
+def _library(source: str, ctype: str):
+    code = f"{_PRELUDE}\ntypedef {ctype} T;\n{source}"
+    key = hashlib.sha256(code.encode()).hexdigest()[:24]
+    lib = _libs.get(key)
+    if lib is not None:
+        return lib
+    with _lock:
+        lib = _libs.get(key)
+        if lib is None:
+            folder = os.path.join(tempfile.gettempdir(), f"caffe_cuda_host_{os.getuid()}")
+            os.makedirs(folder, exist_ok=True)
+            so = os.path.join(folder, f"{key}.so")
+            if not os.path.exists(so):
+                src = os.path.join(folder, f"{key}.{os.getpid()}.cpp")
+                with open(src, "w") as f:
+                    f.write(code)
+                tmp = f"{so}.{os.getpid()}.tmp"
+                r = subprocess.run([compiler(), "-std=c++11", "-O1", "-shared", "-fPIC", "-pthread", "-Wall",
+                                    "-Wno-unused-function", "-Wno-unused-variable", "-o", tmp, src],
+                                   capture_output=True, text=True)
+                os.unlink(src)
+                if r.returncode != 0:
+                    raise RuntimeError(f"the CUDA source does not compile on the host:\n{r.stderr[-4000:]}")
+                os.replace(tmp, so)  # atomic: a parallel run never loads half a library
+            lib = _libs[key] = ctypes.CDLL(so)
+    return lib
+
+
+_CTYPES = {np.dtype(np.int32): ctypes.c_int32, np.dtype(np.int64): ctypes.c_int64,
+           np.dtype(np.uint32): ctypes.c_uint32, np.dtype(np.uint64): ctypes.c_uint64,
+           np.dtype(np.float32): ctypes.c_float, np.dtype(np.float64): ctypes.c_double}
+
+
+def _arg(a):
+    if isinstance(a, np.ndarray):
+        return ctypes.c_void_p, ctypes.c_void_p(a.ctypes.data)
+    if isinstance(a, np.generic) and a.dtype in _CTYPES:
+        t = _CTYPES[a.dtype]
+        return t, t(a.item())
+    raise TypeError(f"kernel argument {a!r} ({type(a).__name__}): pass ndarrays or sized NumPy scalars, "
+                    "as a CuPy RawKernel needs them")
+
+
+class HostKernel:
+    """A CUDA kernel of a source, compiled for the host: kernel((grid,), (block,), args) as CuPy's."""
+
+    def __init__(self, name, source, dtype):
+        self.name = name
+        self.lib = _library(source, device.CTYPES[np.dtype(dtype)])
+        self.fn = getattr(self.lib, name)
+        self.fn.restype = None
+
+    def __call__(self, grid, block, args):
+        grid, block = int(grid[0]), min(int(block[0]), EMU_THREADS)
+        types, values = zip(*(_arg(a) for a in args)) if args else ((), ())
+        self.fn.argtypes = list(types)
+        errors = []
+
+        def thread(b, t):
+            try:
+                self.lib.emu_set_thread(b, t)
+                self.fn(*values)
+            except BaseException as e:  # noqa: BLE001 (reported below)
+                errors.append(e)
+
+        with _lock:  # one launch at a time: the barrier and the __shared__ statics are the emulator's
+            self.lib.emu_set_launch(grid, block)
+            for b in range(grid):
+                threads = [threading.Thread(target=thread, args=(b, t), daemon=True) for t in range(block)]
+                for th in threads:
+                    th.start()
+                for th in threads:
+                    th.join(60)
+                    if th.is_alive():
+                        raise RuntimeError(f"{self.name}: block {b} hangs (a __syncthreads() not reached by "
+                                           "every thread of the block?)")
+        if errors:
+            raise errors[0]
+
+
+@contextlib.contextmanager
+def emulating():
+    """Within: device.kernels(numpy) is true, device.raw_kernel builds HostKernels: the kernel entry points
+    run their CUDA sources on NumPy arrays."""
+    saved = device.kernels, device.raw_kernel
+    device.kernels = lambda xp: True
+    device.raw_kernel = HostKernel
+    try:
+        yield
+    finally:
+        device.kernels, device.raw_kernel = saved
