@@ -20,7 +20,7 @@ from hypothesis import assume, given, strategies as st
 from caffe.blob import context
 from caffe.layers import conv_base, conv_device, cuda_host, device, pool_device, pooling
 from caffe.layers.kernels import cuda_pooling
-from caffe.layers.testing import gpu_available
+from caffe.layers.testing import blobs_from_arrays, empty_tops, gpu_available, make_layer
 
 
 def _real_kernels() -> bool:
@@ -74,12 +74,29 @@ backends = pytest.mark.parametrize("where", BACKENDS)
 DTYPES = st.sampled_from([np.float32, np.float64])
 
 
-def both(B, fn):
-    """fn() (returning host arrays) with the kernels on, then off."""
-    outs = []
+@contextlib.contextmanager
+def counting(names):
+    """Records the name of every kernel built through device.raw_kernel (what ran with the kernels on)."""
+    build = device.raw_kernel
+
+    def counted(name, source, dtype):
+        names.append(name)
+        return build(name, source, dtype)
+    device.raw_kernel = counted
+    try:
+        yield
+    finally:
+        device.raw_kernel = build
+
+
+def both(B, fn, expect=True):
+    """fn() (returning host arrays) with the kernels on, then off; with them on a kernel must have run
+    (expect=False: a case no kernel takes), else the property would compare the array-API path with itself."""
+    outs, names = [], []
     for on in (True, False):
-        with B.kernels(on):
+        with B.kernels(on), (counting(names) if on else contextlib.nullcontext()):
             outs.append(fn())
+    assert bool(names) == expect, f"kernels run: {names}"
     return outs
 
 
@@ -123,7 +140,7 @@ def test_col2im_kernel_matches_the_scatter_add(where, k, s, p, d, hw, nb, c, lay
         im = B.xp.full((nb, c) + hw, np.nan, dtype)
         conv_device.col2im(B.xp, col, im, geom, layout)
         return B.back(im)
-    assert_close(*both(B, run), dtype, B)
+    assert_close(*both(B, run, expect=not conv_device.trivial(geom)), dtype, B)
 
 
 def _pool_case(k, s, p, hw):
@@ -201,3 +218,58 @@ def test_ave_pool_kernels_match_the_gather(where, k, s, p, hw, nc, dtype, seed):
     (y1, dx1), (y0, dx0) = both(B, run)
     assert_close(y1, y0, dtype, B)
     assert_close(dx1, dx0, dtype, B)
+
+
+# -- layer-level kernels: the layer's forward_xp / backward_xp with the kernels on and off -----------------
+def run_layer(B, type_name, text, arrays, dtype, phase=0, n_top=1, propagate=None, seed=0, inplace=False):
+    """Set a fresh layer up, forward_xp and backward_xp on B (top diffs drawn from seed); the tops' data and the
+    bottoms' diffs on the host. inplace: top[0] is bottom[0]."""
+    layer = make_layer(type_name, text, phase=phase)
+    bottom = blobs_from_arrays(arrays, dtype)
+    top = [bottom[0]] if inplace else empty_tops(n_top, dtype)
+    layer.SetUp(bottom, top)
+    context.set_random_seed(seed)
+    layer.forward_xp(B.xp, bottom, top)
+    datas = [t.cpu_data().copy() for t in top]
+    rng = np.random.default_rng(seed)
+    for i, t in enumerate(top):
+        d = np.full(t.shape, layer.loss(i), dtype) if layer.loss(i) else rng.normal(size=t.shape).astype(dtype)
+        t.mutable_diff_xp(B.xp)[...] = B.to(d)
+    layer.backward_xp(B.xp, top, propagate or [True] * len(bottom), bottom)
+    return datas + [b.cpu_diff().copy() for b in bottom]
+
+
+def layer_parity(B, dtype, *args, scale=1.0, **kwargs):
+    on, off = both(B, lambda: run_layer(B, *args, dtype=dtype, **kwargs))
+    for a, b in zip(on, off):
+        assert_close(a, b, dtype, B, scale)
+
+
+SHAPES = st.lists(st.integers(1, 5), min_size=1, max_size=4).map(tuple)
+
+
+@backends
+@given(shape=SHAPES, axis=st.integers(0, 3), wide=st.booleans(), dtype=DTYPES, seed=st.integers(0, 2**31 - 1))
+def test_softmax_kernels_match_the_array_api(where, shape, axis, wide, dtype, seed):
+    B = Backend(where)
+    axis = axis % len(shape)
+    if wide:  # past a row block: the block reductions' strides
+        shape = shape[:axis] + (shape[axis] * 67,) + shape[axis + 1:]
+    x = np.random.default_rng(seed).normal(scale=3, size=shape)
+    layer_parity(B, dtype, "Softmax", f"softmax_param {{ axis: {axis} }}", [x], seed=seed)
+
+
+@backends
+@given(shape=SHAPES, axis=st.integers(1, 3), ignore=st.sampled_from([None, 0, 2]),
+       norm=st.sampled_from(["FULL", "VALID", "BATCH_SIZE", "NONE"]), weight=st.sampled_from([1.0, 0.5]),
+       dtype=DTYPES, seed=st.integers(0, 2**31 - 1))
+def test_softmax_loss_kernels_match_the_array_api(where, shape, axis, ignore, norm, weight, dtype, seed):
+    B = Backend(where)
+    shape = (2,) + shape
+    axis = axis % len(shape) or 1
+    rng = np.random.default_rng(seed)
+    x = rng.normal(scale=3, size=shape)
+    labels = rng.integers(0, shape[axis], size=shape[:axis] + shape[axis + 1:]).astype(float)
+    text = f"softmax_param {{ axis: {axis} }} loss_param {{ normalization: {norm} "
+    text += (f"ignore_label: {ignore} }} " if ignore is not None else "} ") + f"loss_weight: {weight} loss_weight: 0"
+    layer_parity(B, dtype, "SoftmaxWithLoss", text, [x, labels], n_top=2, propagate=[True, False], seed=seed)

@@ -172,7 +172,9 @@ class SoftmaxWithLossLayer(_MultiTopLoss):
                                            self.inner_num, scale)
 
     def forward_xp(self, xp, bottom, top):
-        self.prob.mutable_data_xp(xp)[...] = softmax_xp(xp, bottom[0].data_xp(xp), self.axis)
+        from caffe.layers.kernels import cuda_softmax  # a real GPU: one fused pass
+        if not cuda_softmax.softmax_forward(xp, bottom[0].data_xp(xp), self.prob.mutable_data_xp(xp), self.axis):
+            self.prob.mutable_data_xp(xp)[...] = softmax_xp(xp, bottom[0].data_xp(xp), self.axis)
         self._loss_from_prob(xp, bottom, top)
 
     def _loss_from_prob(self, xp, bottom, top):
@@ -191,6 +193,12 @@ class SoftmaxWithLossLayer(_MultiTopLoss):
         if propagate_down[1]:
             raise self.error("cannot backpropagate to label inputs (bottom[1])")
         if not propagate_down[0]:
+            return
+        from caffe.layers.kernels import cuda_softmax  # a real GPU: one fused pass, the scale kept on the device
+        if cuda_softmax.softmax_loss_backward(xp, self.prob.data_xp(xp), bottom[1].data_xp(xp),
+                                              top[0].diff_xp(xp).reshape(()) / saved_normalizer(self, xp),
+                                              bottom[0].mutable_diff_xp(xp), self.num_classes, self.inner_num,
+                                              self.ignore_label):
             return
         shape3 = (self.outer_num, self.num_classes, self.inner_num)
         prob = self.prob.data_xp(xp).reshape(shape3)
