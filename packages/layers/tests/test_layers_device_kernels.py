@@ -221,13 +221,16 @@ def test_ave_pool_kernels_match_the_gather(where, k, s, p, hw, nc, dtype, seed):
 
 
 # -- layer-level kernels: the layer's forward_xp / backward_xp with the kernels on and off -----------------
-def run_layer(B, type_name, text, arrays, dtype, phase=0, n_top=1, propagate=None, seed=0, inplace=False):
-    """Set a fresh layer up, forward_xp and backward_xp on B (top diffs drawn from seed); the tops' data and the
-    bottoms' diffs on the host. inplace: top[0] is bottom[0]."""
+def run_layer(B, type_name, text, arrays, dtype, phase=0, n_top=1, propagate=None, seed=0, inplace=False,
+              setup=None):
+    """Set a fresh layer up (then setup(layer)), forward_xp and backward_xp on B (top diffs drawn from seed); the
+    tops' data, the bottoms' diffs and the layer's blobs on the host. inplace: top[0] is bottom[0]."""
     layer = make_layer(type_name, text, phase=phase)
     bottom = blobs_from_arrays(arrays, dtype)
     top = [bottom[0]] if inplace else empty_tops(n_top, dtype)
     layer.SetUp(bottom, top)
+    if setup is not None:
+        setup(layer)
     context.set_random_seed(seed)
     layer.forward_xp(B.xp, bottom, top)
     datas = [t.cpu_data().copy() for t in top]
@@ -236,7 +239,7 @@ def run_layer(B, type_name, text, arrays, dtype, phase=0, n_top=1, propagate=Non
         d = np.full(t.shape, layer.loss(i), dtype) if layer.loss(i) else rng.normal(size=t.shape).astype(dtype)
         t.mutable_diff_xp(B.xp)[...] = B.to(d)
     layer.backward_xp(B.xp, top, propagate or [True] * len(bottom), bottom)
-    return datas + [b.cpu_diff().copy() for b in bottom]
+    return datas + [b.cpu_diff().copy() for b in bottom] + [b.cpu_data().copy() for b in layer.blobs]
 
 
 def layer_parity(B, dtype, *args, scale=1.0, **kwargs):
@@ -273,3 +276,37 @@ def test_softmax_loss_kernels_match_the_array_api(where, shape, axis, ignore, no
     text = f"softmax_param {{ axis: {axis} }} loss_param {{ normalization: {norm} "
     text += (f"ignore_label: {ignore} }} " if ignore is not None else "} ") + f"loss_weight: {weight} loss_weight: 0"
     layer_parity(B, dtype, "SoftmaxWithLoss", text, [x, labels], n_top=2, propagate=[True, False], seed=seed)
+
+
+@backends
+@given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=4).map(tuple), glob=st.booleans(),
+       inplace=st.booleans(), dtype=DTYPES, seed=st.integers(0, 2**31 - 1))
+def test_batch_norm_kernels_match_the_array_api(where, shape, glob, inplace, dtype, seed):
+    B = Backend(where)
+    rng = np.random.default_rng(seed)
+    x = rng.normal(loc=rng.normal(), scale=2, size=(3,) + shape)  # n >= 2 per channel: a variance
+    c = x.shape[1] if x.ndim > 1 else 1
+
+    def stored(layer):  # moving sums to normalize by in the global case, a running history in the other
+        r = np.random.default_rng(seed)
+        for b, v in zip(layer.blobs, (r.normal(size=c), r.random(c) + 0.5, [r.random() + 0.5])):
+            b.mutable_cpu_data()[...] = np.asarray(v).reshape(b.shape)
+    text = f"batch_norm_param {{ use_global_stats: {str(glob).lower()} moving_average_fraction: 0.9 }}"
+
+    def run():
+        return run_layer(B, "BatchNorm", text, [x], dtype, inplace=inplace, seed=seed, setup=stored)
+    for a, b in zip(*both(B, run)):
+        assert_close(a, b, dtype, B, scale=10)
+
+
+@backends
+@given(shape=st.tuples(st.integers(1, 2), st.integers(1, 9), st.integers(1, 3), st.integers(1, 3)),
+       size=st.sampled_from([1, 3, 5]), beta=st.sampled_from([0.75, 0.6]), k=st.sampled_from([1.0, 2.0]),
+       inplace=st.booleans(), dtype=DTYPES, seed=st.integers(0, 2**31 - 1))
+def test_lrn_kernels_match_the_array_api(where, shape, size, beta, k, inplace, dtype, seed):
+    B = Backend(where)
+    x = np.random.default_rng(seed).normal(scale=2, size=shape)
+    text = f"lrn_param {{ local_size: {size} alpha: 0.7 beta: {beta} k: {k} }}"
+    on, off = both(B, lambda: run_layer(B, "LRN", text, [x], dtype, inplace=inplace, seed=seed))
+    for a, b in zip(on, off):
+        assert_close(a, b, dtype, B)
