@@ -225,6 +225,7 @@ def run_layer(B, type_name, text, arrays, dtype, phase=0, n_top=1, propagate=Non
               setup=None):
     """Set a fresh layer up (then setup(layer)), forward_xp and backward_xp on B (top diffs drawn from seed); the
     tops' data, the bottoms' diffs and the layer's blobs on the host. inplace: top[0] is bottom[0]."""
+    context.set_random_seed(seed)  # the fillers
     layer = make_layer(type_name, text, phase=phase)
     bottom = blobs_from_arrays(arrays, dtype)
     top = [bottom[0]] if inplace else empty_tops(n_top, dtype)
@@ -310,3 +311,45 @@ def test_lrn_kernels_match_the_array_api(where, shape, size, beta, k, inplace, d
     on, off = both(B, lambda: run_layer(B, "LRN", text, [x], dtype, inplace=inplace, seed=seed))
     for a, b in zip(on, off):
         assert_close(a, b, dtype, B)
+
+
+NEURONS = [("ReLU", "relu_param { negative_slope: 0.1 }"), ("ReLU", "relu_param { negative_slope: -0.5 }"),
+           ("ELU", "elu_param { alpha: 0.7 }"), ("BNLL", ""), ("Swish", "swish_param { beta: 1.3 }"),
+           ("Dropout", "dropout_param { dropout_ratio: 0.3 }"), ("Dropout", "dropout_param { dropout_ratio: 0.0 }")]
+
+
+@backends
+@given(case=st.sampled_from(NEURONS), shape=SHAPES, inplace=st.booleans(), dtype=DTYPES,
+       seed=st.integers(0, 2**31 - 1))
+def test_neuron_kernels_match_the_array_api(where, case, shape, inplace, dtype, seed):
+    """ReLU with a negative slope, ELU, BNLL, Swish, Dropout (TRAIN: the same mask bits from the same seed)."""
+    B = Backend(where)
+    x = np.random.default_rng(seed).normal(scale=4, size=shape)
+    layer_parity(B, dtype, *case, [x], inplace=inplace, seed=seed)
+
+
+@backends
+@given(shape=st.lists(st.integers(1, 4), min_size=1, max_size=4).map(tuple), axis=st.integers(0, 3),
+       num_axes=st.integers(0, 2), bias=st.booleans(), second_bottom=st.booleans(), inplace=st.booleans(),
+       dtype=DTYPES, seed=st.integers(0, 2**31 - 1))
+def test_scale_kernels_match_the_array_api(where, shape, axis, num_axes, bias, second_bottom, inplace, dtype, seed):
+    B = Backend(where)
+    axis %= len(shape)
+    num_axes = min(num_axes, len(shape) - axis)
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=shape)
+    arrays = [x, rng.normal(size=shape[axis:axis + num_axes])] if second_bottom else [x]
+    text = f"scale_param {{ axis: {axis} num_axes: {num_axes} bias_term: {str(bias).lower()} " \
+           "filler { type: 'gaussian' } bias_filler { type: 'gaussian' } }"
+    layer_parity(B, dtype, "Scale", text, arrays, inplace=inplace, seed=seed)
+
+
+@backends
+@given(k=st.integers(2, 4), coeff=st.booleans(), shape=SHAPES, inplace=st.booleans(), dtype=DTYPES,
+       seed=st.integers(0, 2**31 - 1))
+def test_eltwise_sum_kernels_match_the_array_api(where, k, coeff, shape, inplace, dtype, seed):
+    B = Backend(where)
+    rng = np.random.default_rng(seed)
+    arrays = [rng.normal(size=shape) for _ in range(k)]
+    text = "eltwise_param { operation: SUM " + "".join(f"coeff: {c} " for c in rng.normal(size=k) if coeff) + "}"
+    layer_parity(B, dtype, "Eltwise", text, arrays, inplace=inplace, seed=seed)

@@ -76,3 +76,9 @@ def floats(xp, *arrays) -> bool:
     """All arrays float32 (or all float64) and C-contiguous: what the hand-written kernels take."""
     dt = arrays[0].dtype
     return dt in CTYPES and all(a.dtype == dt and a.flags.c_contiguous for a in arrays)
+
+
+def address(a) -> int:
+    """Where an array's data starts (a CuPy device pointer, or a NumPy host address): kernels that would read
+    what they already wrote (in place) compare them and decline."""
+    return a.data.ptr if hasattr(a.data, "ptr") else a.ctypes.data

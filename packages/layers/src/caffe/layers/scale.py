@@ -121,6 +121,12 @@ class ScaleLayer(Layer):
             # In place, the top overwrites x, which the scale gradient needs: keep a copy (Caffe's temp_).
             _cpu.state_blob(self, "temp_", bottom[0]).mutable_data_xp(xp)[...] = x
         s = self._scale(bottom).data_xp(xp).reshape(1, self.dim, 1)
+        from caffe.layers.kernels import cuda_elementwise  # a real GPU: scale and bias in one pass
+        b, bl = self._bias_blob(), self.bias_layer
+        if (b is None or (bl.dim, bl.inner) == (self.dim, self.inner)) and cuda_elementwise.channel_scale(
+                xp, x, s.reshape(-1), None if b is None else b.data_xp(xp).reshape(-1), top[0].mutable_data_xp(xp),
+                self.dim, self.inner):
+            return
         top[0].mutable_data_xp(xp)[...] = (xr * s).reshape(x.shape)
         if self.bias_layer is not None:
             self.bias_layer.forward_xp(xp, [top[0]], top)
@@ -140,5 +146,9 @@ class ScaleLayer(Layer):
                 diff[...] = ds.reshape(diff.shape)
         if propagate_down[0]:
             s = self._scale(bottom).data_xp(xp).reshape(1, self.dim, 1)
+            from caffe.layers.kernels import cuda_elementwise  # a real GPU: one pass
+            if cuda_elementwise.channel_scale(xp, dy, s.reshape(-1), None, bottom[0].mutable_diff_xp(xp), self.dim,
+                                              self.inner):
+                return
             dx = dy * s
             bottom[0].mutable_diff_xp(xp)[...] = dx.reshape(bottom[0].shape)

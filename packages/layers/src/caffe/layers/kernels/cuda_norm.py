@@ -194,10 +194,6 @@ def batch_norm_backward(xp, dy, src, from_x, mean, inv, dx) -> bool:
     return True
 
 
-def _address(a):
-    return a.data.ptr if hasattr(a.data, "ptr") else a.ctypes.data
-
-
 def lrn_forward(xp, x, scale, y, size, alpha, k, beta) -> bool:
     """LRN ACROSS_CHANNELS forward: scale (Caffe's scale_) and y, one pass; x may be y."""
     if not (device.kernels(xp) and device.floats(xp, x, scale, y)) or x.size == 0:
@@ -214,7 +210,7 @@ def lrn_backward(xp, x, y, scale, dy, dx, size, alpha, beta) -> bool:
     """LRN ACROSS_CHANNELS backward in one pass; declines when dx shares memory with an input (in place)."""
     if not (device.kernels(xp) and device.floats(xp, x, y, scale, dy, dx)) or x.size == 0:
         return False
-    if _address(dx) in {_address(a) for a in (x, y, scale, dy)}:
+    if device.address(dx) in {device.address(a) for a in (x, y, scale, dy)}:
         return False
     N, C, H, W = x.shape
     t = x.dtype.type
