@@ -18,8 +18,8 @@ import pytest
 from hypothesis import assume, given, strategies as st
 
 from caffe.blob import context
-from caffe.layers import conv_base, conv_device, cuda_host, device, pool_device, pooling
-from caffe.layers.kernels import cuda_pooling
+from caffe.layers import conv_base, conv_device, cuda_host, cuda_kernels, device, pool_device, pooling
+from caffe.layers.kernels import cuda_elementwise, cuda_norm, cuda_pooling, cuda_softmax
 from caffe.layers.testing import blobs_from_arrays, empty_tops, gpu_available, make_layer
 
 
@@ -117,6 +117,21 @@ def test_kernels_are_never_chosen_without_a_real_gpu():
     spec = pooling.PoolSpec(pooling.MAX, (2, 2), (2, 2), (0, 0))
     assert not cuda_pooling.max_pool_forward(cupy, spec, x, cupy.zeros((1, 1, 2, 2), np.float32),
                                              cupy.zeros((1, 1, 2, 2), np.int32))
+
+
+SOURCES = {"cuda_kernels": cuda_kernels._COL2IM, "cuda_pooling": cuda_pooling._SOURCE,
+           "cuda_softmax": cuda_softmax._SOURCE, "cuda_norm": cuda_norm._SOURCE,
+           "cuda_elementwise": cuda_elementwise._SOURCE}
+
+
+@pytest.mark.parametrize("ctype", ["float", "double"])
+@pytest.mark.parametrize("module", sorted(SOURCES))
+def test_kernel_sources_compile_with_nvrtc(module, ctype):
+    """Every CUDA source through NVRTC, CUDA's own front end (as CuPy's RawModule compiles it; no GPU needed)."""
+    if not cuda_host.nvrtc_available():
+        pytest.skip("libnvrtc not found (the nvidia-cuda-nvrtc-cu12 wheel, a CUDA toolkit, or CAFFE_NVRTC)")
+    ok, log = cuda_host.nvrtc_compile(SOURCES[module], ctype)
+    assert ok, log
 
 
 @backends

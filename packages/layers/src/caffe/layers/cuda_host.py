@@ -12,12 +12,16 @@ races the host schedules away, CUDA's own math library (expf etc. differ in the 
     with cuda_host.emulating():   # device.kernels(np) is true and device.raw_kernel compiles for the host
         pool_device.max_backward(np, ...)
 
-available() is false where no C++ compiler is found (tests skip).
+available() is false where no C++ compiler is found (tests skip). nvrtc_compile() compiles a source with
+NVIDIA's runtime compiler, the one CuPy's RawModule uses, where libnvrtc is found (a CUDA toolkit, or the
+nvidia-cuda-nvrtc wheel; no GPU needed): the real CUDA front end, without running anything.
 """
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import ctypes.util
+import glob
 import hashlib
 import os
 import shutil
@@ -163,3 +167,47 @@ def emulating():
         yield
     finally:
         device.kernels, device.raw_kernel = saved
+
+
+def _nvrtc():
+    """libnvrtc (ctypes), or None: CAFFE_NVRTC names it; else the nvidia-cuda-nvrtc wheel's, a toolkit's, the
+    loader's."""
+    names = [os.environ.get("CAFFE_NVRTC", "")]
+    try:
+        import nvidia.cuda_nvrtc as wheel  # the nvidia-cuda-nvrtc-cu12/13 wheel (CuPy's cuda extras use it)
+        for d in list(getattr(wheel, "__path__", [])):
+            names += sorted(glob.glob(os.path.join(d, "lib", "libnvrtc.so*")))
+    except ImportError:
+        pass
+    names += sorted(glob.glob("/usr/local/cuda*/lib64/libnvrtc.so*"))
+    names.append(ctypes.util.find_library("nvrtc") or "")
+    for name in names:
+        if name and "builtins" not in name and "alt" not in os.path.basename(name):
+            try:
+                return ctypes.CDLL(name)
+            except OSError:
+                continue
+    return None
+
+
+def nvrtc_available() -> bool:
+    return _nvrtc() is not None
+
+
+def nvrtc_compile(source: str, ctype: str, arch: str = "compute_75"):
+    """(ok, log) of compiling `typedef ctype T;` + source as caffe.layers.device.raw_kernel does."""
+    lib = _nvrtc()
+    if lib is None:
+        raise RuntimeError("libnvrtc not found (CAFFE_NVRTC names it)")
+    prog = ctypes.c_void_p()
+    code = f"typedef {ctype} T;\n{source}".encode()
+    if lib.nvrtcCreateProgram(ctypes.byref(prog), code, b"caffe_kernels.cu", 0, None, None) != 0:
+        raise RuntimeError("nvrtcCreateProgram failed")
+    opts = [b"--std=c++11", f"-arch={arch}".encode()]
+    status = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+    size = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetProgramLog(prog, log)
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    return status == 0, log.value.decode(errors="replace")

@@ -1,4 +1,5 @@
-"""Hand-written CUDA kernels of convolution's lowering for a real GPU (chosen only where caffe.layers.device.kernels(xp) is true).
+"""Hand-written CUDA kernels of convolution's lowering for a real GPU (chosen only where
+caffe.layers.device.kernels(xp) is true).
 
 Each replaces an array-API path that stays everywhere else (and is what the CuPy stand-in runs):
 - col2im_2d: conv_device.col2im's scatter-add (atomics: a varying summation order) as Caffe's

@@ -5,7 +5,13 @@ code would take many passes over memory (or one launch per kernel offset), a han
 (cupy.RawKernel / ElementwiseKernel) may replace it; such a kernel runs only where `kernels(xp)` is true: a
 real GPU (caffe.blob.context.device_kernels_available()), never the CuPy stand-in (which cannot run CUDA)
 and never NumPy. The array-API formulation it replaces stays the path everywhere else, and each kernel has a
-parity property against it (marked gpu: it runs wherever a real GPU is; packages/layers/tests/test_layers_device_kernels.py).
+parity property against it (marked gpu: it runs wherever a real GPU is;
+packages/layers/tests/test_layers_device_kernels.py, which also runs every kernel on the host through
+caffe.layers.cuda_host).
+
+The kernels: caffe.layers.cuda_kernels (col2im), caffe.layers.kernels.cuda_pooling (MAX/AVE/STOCHASTIC),
+cuda_softmax (Softmax, SoftmaxWithLoss), cuda_norm (BatchNorm, LRN across channels), cuda_elementwise
+(Dropout, ReLU with negative_slope, ELU, BNLL, Swish, Scale(+bias), Eltwise SUM). NONE HAS RUN ON A GPU YET.
 
 CAFFE_DEVICE_KERNELS=0 turns the hand-written kernels off (the array-API paths run on the GPU too).
 """

@@ -73,7 +73,7 @@ class EltwiseLayer(Layer):
             for x in xs[2:]:
                 y = y * x
         elif self.op == self.SUM:
-            from caffe.layers.kernels import cuda_elementwise  # a real GPU: one pass for the first two bottoms, one per further bottom
+            from caffe.layers.kernels import cuda_elementwise  # a real GPU: one pass per bottom past the first
             if cuda_elementwise.eltwise_sum(xp, self.coeffs, xs, top[0].mutable_data_xp(xp)):
                 return
             y = self.coeffs[0] * xs[0]
@@ -94,7 +94,7 @@ class EltwiseLayer(Layer):
         dy = top[0].diff_xp(xp)
         from caffe.layers.kernels import cuda_elementwise  # a real GPU: SUM in one pass per bottom
         if self.op == self.SUM and cuda_elementwise.eltwise_sum_backward(
-                xp, self.coeffs, dy, [b.mutable_diff_xp(xp) if propagate_down[i] else None for i, b in enumerate(bottom)]):
+                xp, self.coeffs, dy, [b.mutable_diff_xp(xp) if d else None for b, d in zip(bottom, propagate_down)]):
             return
         y = top[0].data_xp(xp)
         grads = {}
