@@ -368,3 +368,24 @@ def test_eltwise_sum_kernels_match_the_array_api(where, k, coeff, shape, inplace
     arrays = [rng.normal(size=shape) for _ in range(k)]
     text = "eltwise_param { operation: SUM " + "".join(f"coeff: {c} " for c in rng.normal(size=k) if coeff) + "}"
     layer_parity(B, dtype, "Eltwise", text, arrays, inplace=inplace, seed=seed)
+
+
+@backends
+@given(bad=st.sampled_from([-1.0, 4.0, 3.5e3]), ignore=st.sampled_from([None, 1]), dtype=DTYPES)
+def test_softmax_loss_kernel_reports_the_first_bad_label(where, bad, ignore, dtype):
+    """A label neither ignored nor in [0, C): the same error by both paths (deferred on the device)."""
+    from caffe.blob import deferred
+    B = Backend(where)
+    x = np.random.default_rng(0).normal(size=(4, 4))
+    text = f"loss_param {{ ignore_label: {ignore} }}" if ignore is not None else ""
+
+    def run():
+        layer = make_layer("SoftmaxWithLoss", text)
+        bottom, top = blobs_from_arrays([x, [1, 2, bad, -2.0]], dtype), empty_tops(1, dtype)
+        layer.SetUp(bottom, top)
+        with pytest.raises(Exception) as failure:
+            layer.forward_xp(B.xp, bottom, top)
+            deferred.flush()
+        return str(failure.value)
+    on, off = both(B, run)
+    assert on == off and f"label value {bad:g} is out of range" in on

@@ -6,6 +6,8 @@ block). inner > 1: one thread per (outer, inner) position looping over C (Caffe'
 fused). Passes over memory, array-API path -> kernel:
   softmax_forward        max, subtract, exp, sum, divide, copy into the top: 6 -> 1
   softmax_backward       dy * y, sum, subtract, multiply, copy: 5 -> 1
+  softmax_loss_forward   (after softmax_forward) label cast, masks and the deferred check (~12 small), gather,
+                         clamp, log, mask, sum, count: ~20 launches over the labels -> 1 (one block)
   softmax_loss_backward  label cast and masks (~6 small), one-hot (3 full), subtract, mask, scale, copy: ~12 -> 1
     (the scale, top diff / normalizer, stays a device scalar: read by the kernel, never synced)
 Each entry point returns False where it does not apply (no real GPU, other dtypes or layouts); the
@@ -46,6 +48,18 @@ __device__ T block_sum(T v, T* buf) {
     __syncthreads();
   }
   const T r = buf[0];
+  __syncthreads();
+  return r;
+}
+
+__device__ double block_sum_d(double v, double* buf) {
+  buf[threadIdx.x] = v;
+  __syncthreads();
+  for (unsigned int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) buf[threadIdx.x] += buf[threadIdx.x + s];
+    __syncthreads();
+  }
+  const double r = buf[0];
   __syncthreads();
   return r;
 }
@@ -97,6 +111,36 @@ extern "C" __global__ void softmax_backward_strided(const long long n, const T* 
       dx[j] = (dy[j] - s) * y[j];
     }
   }
+}
+
+// One block: SoftmaxWithLoss's loss sum -log(max(p[label], FLT_MIN)) over the non-ignored positions and
+// their count (sums, double), and the first position whose label is neither ignored nor in [0, C) (n when
+// none; such a label reads class 0, as read_labels' gather does).
+extern "C" __global__ void softmax_loss_forward(const long long n, const T* prob, const T* label, const int C,
+    const int inner, const int has_ignore, const long long ignore, double* sums, long long* first_bad) {
+  __shared__ double buf[256];
+  __shared__ long long low[256];
+  double loss = 0, count = 0;
+  long long bad = n;
+  for (long long i = threadIdx.x; i < n; i += blockDim.x) {
+    const long long l = (long long)label[i];
+    if (has_ignore && l == ignore) continue;
+    const bool out = l < 0 || l >= C;
+    if (out && i < bad) bad = i;
+    const T p = prob[(i / inner) * C * inner + (out ? 0 : l) * inner + i % inner];
+    const T floor = (T)1.17549435082228750797e-38;  // FLT_MIN, for float and double alike (Caffe's)
+    loss -= (double)log(p < floor ? floor : p);
+    count += 1;
+  }
+  loss = block_sum_d(loss, buf);
+  count = block_sum_d(count, buf);
+  low[threadIdx.x] = bad;
+  __syncthreads();
+  for (unsigned int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s && low[threadIdx.x + s] < low[threadIdx.x]) low[threadIdx.x] = low[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) { sums[0] = loss; sums[1] = count; first_bad[0] = low[0]; }
 }
 
 // SoftmaxWithLoss: dx = (prob - onehot(label)) * valid * scale[0]; a label that is neither ignored nor in
@@ -151,6 +195,20 @@ def softmax_backward(xp, y, dy, dx, axis) -> bool:
         device.launch(device.raw_kernel("softmax_backward_strided", _SOURCE, y.dtype), outer * inner,
                       (np.int64(outer * inner), y, dy, dx, np.int32(C), np.int32(inner)))
     return True
+
+
+def softmax_loss_forward(xp, prob, label, num_classes, inner, ignore):
+    """SoftmaxWithLoss's loss terms in one kernel (one block): (sums, first_bad), device arrays: sums[0] the loss
+    sum, sums[1] the count of non-ignored labels (float64), first_bad[0] the first position of a label neither
+    ignored nor in [0, num_classes) (label.size: none). None where the kernel does not apply."""
+    if not (device.kernels(xp) and device.floats(xp, prob, label)) or label.size == 0:
+        return None
+    sums, first_bad = xp.empty(2, np.float64), xp.empty(1, np.int64)
+    has_ignore = ignore is not None
+    _rows("softmax_loss_forward", prob.dtype, 1, (np.int64(label.size), prob, label, np.int32(num_classes),
+                                                  np.int32(inner), np.int32(has_ignore),
+                                                  np.int64(ignore if has_ignore else 0), sums, first_bad))
+    return sums, first_bad
 
 
 def softmax_loss_backward(xp, prob, label, scale, dx, num_classes, inner, ignore) -> bool:
