@@ -389,3 +389,18 @@ def test_softmax_loss_kernel_reports_the_first_bad_label(where, bad, ignore, dty
         return str(failure.value)
     on, off = both(B, run)
     assert on == off and f"label value {bad:g} is out of range" in on
+
+
+@backends
+@given(shape=st.lists(st.integers(1, 4), min_size=1, max_size=4).map(tuple), axis=st.integers(0, 3),
+       num_axes=st.integers(0, 2), second_bottom=st.booleans(), inplace=st.booleans(), dtype=DTYPES,
+       seed=st.integers(0, 2**31 - 1))
+def test_bias_kernel_matches_the_array_api(where, shape, axis, num_axes, second_bottom, inplace, dtype, seed):
+    B = Backend(where)
+    axis %= len(shape)
+    num_axes = min(num_axes, len(shape) - axis)
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=shape)
+    arrays = [x, rng.normal(size=shape[axis:axis + num_axes])] if second_bottom else [x]
+    text = f"bias_param {{ axis: {axis} num_axes: {num_axes} filler {{ type: 'gaussian' }} }}"
+    layer_parity(B, dtype, "Bias", text, arrays, inplace=inplace, seed=seed)

@@ -13,6 +13,7 @@ Passes over memory, array-API path -> kernel (the copy into the top / bottom dif
   Swish forward       scale, 2 multiplies, tanh, multiply, add (the sigmoid), copy, multiply, copy: 9 -> 1;
                       backward: 6 arithmetic ops, copy: 7 -> 1
   Scale (+ its bias) forward  multiply, copy, add, copy: 4 -> 1;  bottom diff: multiply, copy: 2 -> 1
+  Bias forward        add, copy: 2 -> 1
   Eltwise SUM forward  a scale per bottom, an add per bottom but one, copy: 2k -> k - 1;
                       backward: a scale and a copy per bottom: 2 -> 1 each
 Each entry point returns False where it does not apply (no real GPU, other dtypes or layouts); the
@@ -104,12 +105,12 @@ extern "C" __global__ void swish_backward(const long long n, const T* y, const T
   }
 }
 
-// y = x * s[ch] (+ b[ch]) on (outer, dim, inner)
-extern "C" __global__ void channel_scale(const long long n, const T* x, const T* s, const T* b, const int has_b,
-    const int dim, const long long inner, T* y) {
+// y = x (* s[ch]) (+ b[ch]) on (outer, dim, inner)
+extern "C" __global__ void channel_scale(const long long n, const T* x, const T* s, const int has_s, const T* b,
+    const int has_b, const int dim, const long long inner, T* y) {
   CUDA_KERNEL_LOOP(i, n) {
     const int ch = (int)((i / inner) % dim);
-    const T v = x[i] * s[ch];
+    const T v = has_s ? x[i] * s[ch] : x[i];
     y[i] = has_b ? v + b[ch] : v;
   }
 }
@@ -210,11 +211,11 @@ def swish_backward(xp, y, s, dy, beta, dx) -> bool:
 
 
 def channel_scale(xp, x, s, b, y, dim, inner) -> bool:
-    """y = x * s[channel] (+ b[channel]) on x as (outer, dim, inner); y may be x."""
+    """y = x (* s[channel]) (+ b[channel]) on x as (outer, dim, inner), s or b None: left out; y may be x."""
     if not _ok(xp, *(a for a in (x, s, b, y) if a is not None)):
         return False
-    _run("channel_scale", x.dtype, x.size, x, s, s if b is None else b, np.int32(b is not None), np.int32(dim),
-         np.int64(inner), y)
+    _run("channel_scale", x.dtype, x.size, x, x if s is None else s, np.int32(s is not None), x if b is None else b,
+         np.int32(b is not None), np.int32(dim), np.int64(inner), y)
     return True
 
 
