@@ -360,13 +360,15 @@ def test_scale_kernels_match_the_array_api(where, shape, axis, num_axes, bias, s
 
 
 @backends
-@given(k=st.integers(2, 4), coeff=st.booleans(), shape=SHAPES, inplace=st.booleans(), dtype=DTYPES,
-       seed=st.integers(0, 2**31 - 1))
-def test_eltwise_sum_kernels_match_the_array_api(where, k, coeff, shape, inplace, dtype, seed):
+@given(k=st.integers(2, 4), op=st.sampled_from(["SUM", "MAX"]), coeff=st.booleans(), shape=SHAPES,
+       inplace=st.booleans(), dtype=DTYPES, seed=st.integers(0, 2**31 - 1))
+def test_eltwise_kernels_match_the_array_api(where, k, op, coeff, shape, inplace, dtype, seed):
+    """SUM (with coefficients) and MAX (ties: small integers, so Caffe's tie rule shows)."""
     B = Backend(where)
     rng = np.random.default_rng(seed)
-    arrays = [rng.normal(size=shape) for _ in range(k)]
-    text = "eltwise_param { operation: SUM " + "".join(f"coeff: {c} " for c in rng.normal(size=k) if coeff) + "}"
+    arrays = [rng.integers(-2, 3, size=shape) if op == "MAX" else rng.normal(size=shape) for _ in range(k)]
+    coeffs = "".join(f"coeff: {c} " for c in rng.normal(size=k)) if coeff and op == "SUM" else ""
+    text = f"eltwise_param {{ operation: {op} {coeffs}}}"
     layer_parity(B, dtype, "Eltwise", text, arrays, inplace=inplace, seed=seed)
 
 

@@ -16,6 +16,8 @@ Passes over memory, array-API path -> kernel (the copy into the top / bottom dif
   Bias forward        add, copy: 2 -> 1
   Eltwise SUM forward  a scale per bottom, an add per bottom but one, copy: 2k -> k - 1;
                       backward: a scale and a copy per bottom: 2 -> 1 each
+  Eltwise MAX forward  compare, 2 selects, a cast, 2 copies for two bottoms, 3 more per further bottom:
+                      3k -> k - 1;  backward: compare, select, copy per bottom: 3 -> 1 each
 Each entry point returns False where it does not apply (no real GPU, other dtypes or layouts); the
 array-API path then runs. NEVER RUN ON A GPU YET: parity properties in tests/test_layers_device_kernels.py
 (gpu-marked), and on the host by caffe.layers.cuda_host in the default suite.
@@ -119,6 +121,23 @@ extern "C" __global__ void channel_scale(const long long n, const T* x, const T*
 extern "C" __global__ void axpby(const long long n, const T a, const T* x0, const T b, const T* x1, const int two,
     T* y) {
   CUDA_KERNEL_LOOP(i, n) y[i] = two ? a * x0[i] + b * x1[i] : a * x0[i];
+}
+
+// Eltwise MAX: the first pair (bottom 1 wins a tie), then each later bottom only where strictly greater.
+extern "C" __global__ void max_pair(const long long n, const T* x0, const T* x1, T* y, int* mask) {
+  CUDA_KERNEL_LOOP(i, n) {
+    const bool first = x0[i] > x1[i];
+    y[i] = first ? x0[i] : x1[i];
+    mask[i] = first ? 0 : 1;
+  }
+}
+
+extern "C" __global__ void max_next(const long long n, const T* x, const int index, T* y, int* mask) {
+  CUDA_KERNEL_LOOP(i, n) if (x[i] > y[i]) { y[i] = x[i]; mask[i] = index; }
+}
+
+extern "C" __global__ void max_route(const long long n, const T* dy, const int* mask, const int index, T* dx) {
+  CUDA_KERNEL_LOOP(i, n) dx[i] = mask[i] == index ? dy[i] : (T)0;
 }
 
 extern "C" __global__ void accumulate(const long long n, const T b, const T* x, T* y) {
@@ -230,6 +249,34 @@ def eltwise_sum(xp, coeffs, xs, y) -> bool:
     _run("axpby", y.dtype, y.size, t(coeffs[0]), xs[0], t(coeffs[1]), xs[1], np.int32(1), y)
     for c, x in zip(coeffs[2:], xs[2:]):
         _run("accumulate", y.dtype, y.size, t(c), x, y)
+    return True
+
+
+def _int32(a):
+    return a.dtype == np.int32 and a.flags.c_contiguous
+
+
+def eltwise_max(xp, xs, y, mask) -> bool:
+    """Eltwise MAX: y = the maximum (Caffe's ties), mask (int32) = the winning bottom; y may be xs[0] or xs[1]."""
+    if not (_ok(xp, y, *xs) and _int32(mask)) or len(xs) < 2:
+        return False
+    if device.address(y) in {device.address(x) for x in xs[2:]}:
+        return False
+    _run("max_pair", y.dtype, y.size, xs[0], xs[1], y, mask)
+    for i, x in enumerate(xs[2:], 2):
+        _run("max_next", y.dtype, y.size, x, np.int32(i), y, mask)
+    return True
+
+
+def eltwise_max_backward(xp, dy, mask, dxs) -> bool:
+    """dxs[i] = dy where bottom i won, else 0 (None: not wanted); no dx may be dy (in place)."""
+    wanted = [(i, dx) for i, dx in enumerate(dxs) if dx is not None]
+    if not (_ok(xp, dy, *(dx for _, dx in wanted)) and _int32(mask)):
+        return False
+    if any(device.address(dx) == device.address(dy) for _, dx in wanted):
+        return False
+    for i, dx in wanted:
+        _run("max_route", dy.dtype, dy.size, dy, mask, np.int32(i), dx)
     return True
 
 
