@@ -328,7 +328,8 @@ def test_lrn_kernels_match_the_array_api(where, shape, size, beta, k, inplace, d
         assert_close(a, b, dtype, B)
 
 
-NEURONS = [("ReLU", "relu_param { negative_slope: 0.1 }"), ("ReLU", "relu_param { negative_slope: -0.5 }"),
+NEURONS = [("ReLU", ""), ("ReLU", "relu_param { negative_slope: 0.1 }"),
+           ("ReLU", "relu_param { negative_slope: -0.5 }"), ("Sigmoid", ""), ("TanH", ""),
            ("ELU", "elu_param { alpha: 0.7 }"), ("BNLL", ""), ("Swish", "swish_param { beta: 1.3 }"),
            ("Dropout", "dropout_param { dropout_ratio: 0.3 }"), ("Dropout", "dropout_param { dropout_ratio: 0.0 }")]
 
@@ -337,7 +338,7 @@ NEURONS = [("ReLU", "relu_param { negative_slope: 0.1 }"), ("ReLU", "relu_param 
 @given(case=st.sampled_from(NEURONS), shape=SHAPES, inplace=st.booleans(), dtype=DTYPES,
        seed=st.integers(0, 2**31 - 1))
 def test_neuron_kernels_match_the_array_api(where, case, shape, inplace, dtype, seed):
-    """ReLU with a negative slope, ELU, BNLL, Swish, Dropout (TRAIN: the same mask bits from the same seed)."""
+    """ReLU, Sigmoid, TanH, ELU, BNLL, Swish, Dropout (TRAIN: the same mask bits from the same seed)."""
     B = Backend(where)
     x = np.random.default_rng(seed).normal(scale=4, size=shape)
     layer_parity(B, dtype, *case, [x], inplace=inplace, seed=seed)

@@ -41,8 +41,10 @@ class ReLULayer(NeuronLayer):
         dy = top[0].diff_xp(xp)
         slope = self.layer_param.relu_param.negative_slope
         dx = bottom[0].mutable_diff_xp(xp)
-        from caffe.layers.kernels import cuda_elementwise  # a real GPU: one pass for a negative slope
+        from caffe.layers.kernels import cuda_elementwise  # a real GPU: one pass
+        if cuda_elementwise.relu(xp, x, dy, slope, dx):
+            return
         if slope == 0:
             xp.multiply(dy, x > 0, out=dx)
-        elif not cuda_elementwise.relu(xp, x, dy, slope, dx):
+        else:
             xp.multiply(dy, xp.where(x > 0, 1.0, slope).astype(dy.dtype, copy=False), out=dx)

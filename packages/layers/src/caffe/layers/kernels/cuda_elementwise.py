@@ -5,7 +5,10 @@ Passes over memory, array-API path -> kernel (the copy into the top / bottom dif
   Dropout forward     the mask: arange, ~9 uint64 ops on count / 4, bit split, compare, cast; the apply:
                       cast, scale, multiply, copy: ~16 -> 1 (the same mask bits: caffe.layers.dropout)
   Dropout backward    cast, scale, multiply, copy: 4 -> 1
-  ReLU (negative_slope != 0) forward / backward: compare, where, cast, multiply: 4 -> 1 each
+  ReLU (negative_slope != 0) forward / backward: compare, where, cast, multiply: 4 -> 1 each; backward with
+                      negative_slope 0: compare, multiply: 2 -> 1
+  Sigmoid forward     2 scales, tanh, add, copy: 5 -> 1;  backward: 3 arithmetic ops, copy: 4 -> 1
+  TanH forward        tanh, copy: 2 -> 1;  backward: 3 arithmetic ops, copy: 4 -> 1
   ELU forward         maximum, minimum, expm1, scale, add, copy: 6 -> 1;  backward: compare, add, where,
                       multiply, copy: 5 -> 1
   BNLL forward        maximum, abs, negate, exp, log1p, add, copy: 7 -> 1;  backward: minimum, exp, multiply,
@@ -87,6 +90,23 @@ extern "C" __global__ void bnll_backward(const long long n, const T* x, const T*
     const T e = exp(x[i] < (T)50 ? x[i] : (T)50);  // Caffe's kBNLL_THRESHOLD
     dx[i] = dy[i] * e / (e + (T)1);
   }
+}
+
+// Sigmoid (0.5 * tanh(0.5 * x) + 0.5, as caffe.layers.sigmoid) and TanH: y from x, dx from y and dy
+extern "C" __global__ void sigmoid_forward(const long long n, const T* x, T* y) {
+  CUDA_KERNEL_LOOP(i, n) y[i] = (T)0.5 * tanh((T)0.5 * x[i]) + (T)0.5;
+}
+
+extern "C" __global__ void sigmoid_backward(const long long n, const T* y, const T* dy, T* dx) {
+  CUDA_KERNEL_LOOP(i, n) dx[i] = dy[i] * y[i] * ((T)1 - y[i]);
+}
+
+extern "C" __global__ void tanh_forward(const long long n, const T* x, T* y) {
+  CUDA_KERNEL_LOOP(i, n) y[i] = tanh(x[i]);
+}
+
+extern "C" __global__ void tanh_backward(const long long n, const T* y, const T* dy, T* dx) {
+  CUDA_KERNEL_LOOP(i, n) dx[i] = dy[i] * ((T)1 - y[i] * y[i]);
 }
 
 // s = sigmoid(beta * x) as 0.5 * tanh(0.5 * beta * x) + 0.5 (caffe.layers.sigmoid), y = x * s
@@ -212,6 +232,22 @@ def bnll_backward(xp, x, dy, dx) -> bool:
     if not _ok(xp, x, dy, dx):
         return False
     _run("bnll_backward", x.dtype, x.size, x, dy, dx)
+    return True
+
+
+def unary(xp, name, x, y) -> bool:
+    """y = name(x): "sigmoid_forward", "tanh_forward"."""
+    if not _ok(xp, x, y):
+        return False
+    _run(name, x.dtype, x.size, x, y)
+    return True
+
+
+def unary_backward(xp, name, y, dy, dx) -> bool:
+    """dx from the top's data and diff: "sigmoid_backward", "tanh_backward"."""
+    if not _ok(xp, y, dy, dx):
+        return False
+    _run(name, y.dtype, y.size, y, dy, dx)
     return True
 
 
