@@ -11,7 +11,7 @@
 #   gpu-tests    every gpu-marked test and CPU/GPU parity property, with real numerics (pytest -m gpu), the
 #                hand-written CUDA kernels' parity properties included (the [gpu] cases of
 #                packages/layers/tests/test_layers_device_kernels.py: col2im, pooling, Softmax(WithLoss),
-#                BatchNorm, LRN, Dropout, ReLU/ELU/BNLL/Swish, Scale, Eltwise; they run only on a real GPU)
+#                BatchNorm, LRN, Dropout, the neurons, Scale, Bias, Eltwise; they run only on a real GPU)
 #   device-paths bench/bench_device_paths.py: im2col/col2im, pooling and the memory-bound layers on the
 #                device, kernels on and off
 #   train-time   caffe-cli time --gpu=0 on LeNet, CIFAR10-quick and CaffeNet (bench/bench_nets.py's DummyData nets)

@@ -407,3 +407,18 @@ def test_bias_kernel_matches_the_array_api(where, shape, axis, num_axes, second_
     arrays = [x, rng.normal(size=shape[axis:axis + num_axes])] if second_bottom else [x]
     text = f"bias_param {{ axis: {axis} num_axes: {num_axes} filler {{ type: 'gaussian' }} }}"
     layer_parity(B, dtype, "Bias", text, arrays, inplace=inplace, seed=seed)
+
+
+@backends
+@given(outer=st.integers(1, 3), dim=st.integers(1, 3), inner=st.sampled_from([1, 7, 9001]), dtype=DTYPES,
+       seed=st.integers(0, 2**31 - 1))
+def test_channel_dot_kernel_sums_every_part(where, outer, dim, inner, dtype, seed):
+    """Scale's scale gradient: a channel cut into several blocks' parts once it is long (inner 9001)."""
+    B = Backend(where)
+    rng = np.random.default_rng(seed)
+    a, b = (rng.normal(size=(outer, dim, inner)).astype(dtype) for _ in range(2))
+    with B.kernels(True):
+        got = B.back(cuda_elementwise.channel_dot(B.xp, B.to(a), B.to(b), outer, dim, inner))
+    terms = a.astype(np.float64) * b
+    assert got.dtype == dtype
+    np.testing.assert_allclose(got, terms.sum(axis=(0, 2)), rtol=0, atol=10 * B.tol(dtype) * np.abs(terms).sum())

@@ -17,6 +17,7 @@ Passes over memory, array-API path -> kernel (the copy into the top / bottom dif
                       backward: 6 arithmetic ops, copy: 7 -> 1
   Scale (+ its bias) forward  multiply, copy, add, copy: 4 -> 1;  bottom diff: multiply, copy: 2 -> 1
   Bias forward        add, copy: 2 -> 1
+  Scale's scale gradient  multiply (a temporary), reduce: 2 -> 1 (+ a small sum of the parts)
   Eltwise SUM forward  a scale per bottom, an add per bottom but one, copy: 2k -> k - 1;
                       backward: a scale and a copy per bottom: 2 -> 1 each
   Eltwise MAX forward  compare, 2 selects, a cast, 2 copies for two bottoms, 3 more per further bottom:
@@ -135,6 +136,28 @@ extern "C" __global__ void channel_scale(const long long n, const T* x, const T*
     const T v = has_s ? x[i] * s[ch] : x[i];
     y[i] = has_b ? v + b[ch] : v;
   }
+}
+
+// Block (ch, part) of `parts`: partial[ch * parts + part] = the part's share of sum over (outer, inner) of
+// a * b in channel ch (a and b as (outer, dim, inner)), in double.
+extern "C" __global__ void channel_dot(const T* a, const T* b, const long long outer, const int dim,
+    const long long inner, const int parts, double* partial) {
+  __shared__ double buf[256];
+  const int ch = blockIdx.x / parts, part = blockIdx.x % parts;
+  const long long m = outer * inner;
+  double acc = 0;
+  for (long long j = (long long)part * blockDim.x + threadIdx.x; j < m; j += (long long)parts * blockDim.x) {
+    const long long i = ((j / inner) * dim + ch) * inner + j % inner;
+    const T p = a[i] * b[i];
+    acc += (double)p;
+  }
+  buf[threadIdx.x] = acc;
+  __syncthreads();
+  for (unsigned int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) buf[threadIdx.x] += buf[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = buf[0];
 }
 
 // y = a * x0 (+ b * x1): Eltwise SUM's first pair (two = 1), its later bottoms (a = 1 on y), its gradients
@@ -272,6 +295,24 @@ def channel_scale(xp, x, s, b, y, dim, inner) -> bool:
     _run("channel_scale", x.dtype, x.size, x, x if s is None else s, np.int32(s is not None), x if b is None else b,
          np.int32(b is not None), np.int32(dim), np.int64(inner), y)
     return True
+
+
+DOT_THREADS = 256  # the block of channel_dot (a power of two, <= its shared buffer)
+
+
+def channel_dot(xp, a, b, outer, dim, inner):
+    """The per-channel sum over (outer, inner) of a * b (Scale's scale gradient), in a's dtype: one read of
+    each; a channel is cut into parts (blocks) so that few channels still fill the device. None where the
+    kernel does not apply."""
+    if not _ok(xp, a, b) or a.size == 0:
+        return None
+    m = outer * inner
+    parts = int(max(1, min(64, -(-m // (DOT_THREADS * 64)))))  # a part: 64 elements a thread or more
+    partial = xp.empty(dim * parts, np.float64)
+    device.raw_kernel("channel_dot", _SOURCE, a.dtype)((dim * parts,), (DOT_THREADS,),
+                                                       (a, b, np.int64(outer), np.int32(dim), np.int64(inner),
+                                                        np.int32(parts), partial))
+    return partial.reshape(dim, parts).sum(axis=1).astype(a.dtype)
 
 
 def eltwise_sum(xp, coeffs, xs, y) -> bool:
