@@ -68,7 +68,7 @@ class EltwiseLayer(Layer):
 
     def forward_xp(self, xp, bottom, top):
         xs = [b.data_xp(xp) for b in bottom]
-        from caffe.layers.kernels import cuda_elementwise  # a real GPU: SUM, MAX in one pass per bottom past the first
+        from caffe.layers.kernels import cuda_elementwise  # a real GPU: SUM, MAX: a pass per bottom past the first
         if self.op == self.PROD:
             y = xs[0] * xs[1]
             for x in xs[2:]:

@@ -92,7 +92,7 @@ def loss_normalizer(layer, xp, valid, dtype, count=None):
     """This forward's normalizer (get_normalizer with the layer's normalization, outer_num, inner_num and
     the count of `valid`, None: all valid), kept in the layer's normalizer_ blob for Backward (so a Backward
     in the other mode reads it). On the host a Python float; on the device a 0-d array (no copy). count: the
-count of valid when only that is at hand (a device scalar)."""
+    count of valid when only that is at hand (a device scalar)."""
     mode = layer.normalization
     if count is None and valid is not None and mode == VALID:
         count = valid.sum()
