@@ -6,7 +6,9 @@ array-API paths they replace, on two backends:
   NO GPU has run them yet: scripts/gpu_check.sh runs them.
 - "host": the same CUDA sources compiled for the host and run by caffe.layers.cuda_host (blocks of a few real
   threads meeting at __syncthreads), against the array-API path with NumPy: indexing and arithmetic checked
-  in the default suite. Skips without a C++ compiler.
+  in the default suite. Skips without a C++ compiler. Out-of-bounds accesses of the kernels show under
+  AddressSanitizer: CAFFE_CUDA_HOST_FLAGS="-fsanitize=address" LD_PRELOAD=$(gcc -print-file-name=libasan.so)
+  ASAN_OPTIONS=detect_leaks=0 python -m pytest packages/layers/tests/test_layers_device_kernels.py
 """
 from __future__ import annotations
 

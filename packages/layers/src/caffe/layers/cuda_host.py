@@ -12,7 +12,9 @@ races the host schedules away, CUDA's own math library (expf etc. differ in the 
     with cuda_host.emulating():   # device.kernels(np) is true and device.raw_kernel compiles for the host
         pool_device.max_backward(np, ...)
 
-available() is false where no C++ compiler is found (tests skip). nvrtc_compile() compiles a source with
+available() is false where no C++ compiler is found (tests skip). CAFFE_CUDA_HOST_FLAGS adds compiler flags:
+with -fsanitize=address (and libasan preloaded, ASAN_OPTIONS=detect_leaks=0) out-of-bounds reads and writes
+of the kernels are reported. nvrtc_compile() compiles a source with
 NVIDIA's runtime compiler, the one CuPy's RawModule uses, where libnvrtc is found (a CUDA toolkit, or the
 nvidia-cuda-nvrtc wheel; no GPU needed): the real CUDA front end, without running anything.
 """
@@ -78,7 +80,7 @@ def available() -> bool:
 
 def _library(source: str, ctype: str):
     code = f"{_PRELUDE}\ntypedef {ctype} T;\n{source}"
-    key = hashlib.sha256(code.encode()).hexdigest()[:24]
+    key = hashlib.sha256((code + os.environ.get("CAFFE_CUDA_HOST_FLAGS", "")).encode()).hexdigest()[:24]
     lib = _libs.get(key)
     if lib is not None:
         return lib
@@ -93,8 +95,9 @@ def _library(source: str, ctype: str):
                 with open(src, "w") as f:
                     f.write(code)
                 tmp = f"{so}.{os.getpid()}.tmp"
+                extra = os.environ.get("CAFFE_CUDA_HOST_FLAGS", "").split()  # e.g. -fsanitize=address
                 r = subprocess.run([compiler(), "-std=c++11", "-O1", "-shared", "-fPIC", "-pthread", "-Wall",
-                                    "-Wno-unused-function", "-Wno-unused-variable", "-o", tmp, src],
+                                    "-Wno-unused-function", "-Wno-unused-variable", *extra, "-o", tmp, src],
                                    capture_output=True, text=True)
                 os.unlink(src)
                 if r.returncode != 0:
