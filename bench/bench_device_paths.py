@@ -5,8 +5,8 @@
 For a few layer geometries (CaffeNet conv1, a ResNet 3x3, a MobileNet depthwise 3x3, pooling 3x3/2 and
 global), the median milliseconds of im2col, col2im, MAX/AVE pooling forward and backward, and of the
 memory-bound layers' forward + backward (Softmax, SoftmaxWithLoss, BatchNorm, LRN, Dropout, ReLU with a
-negative slope, ELU, BNLL, Swish, Scale with bias, Eltwise SUM) at CaffeNet / ResNet-50 batch-16 shapes, with
-the hand-written CUDA kernels on and off (CAFFE_DEVICE_KERNELS; im2col has none).
+negative slope, ELU, BNLL, Swish, Sigmoid, Scale with bias, Bias, Eltwise SUM / MAX) at CaffeNet / ResNet-50
+batch-16 shapes, with the hand-written CUDA kernels on and off (CAFFE_DEVICE_KERNELS; im2col has none).
 Run by scripts/gpu_check.sh. Under the CuPy stand-in (CAFFE_CUPY_STANDIN=1) it runs on NumPy: the figures
 are then NOT GPU figures (the output says so); that run only checks this script.
 """
@@ -42,8 +42,11 @@ LAYERS = [  # name, type, prototxt, bottom shape (a second bottom: labels for th
     ("elu", "ELU", "", (16, 64, 56, 56)),
     ("bnll", "BNLL", "", (16, 64, 56, 56)),
     ("swish", "Swish", "", (16, 64, 56, 56)),
+    ("sigmoid", "Sigmoid", "", (16, 64, 56, 56)),
     ("scale_bias", "Scale", "scale_param { bias_term: true }", (16, 64, 56, 56)),
+    ("bias", "Bias", "", (16, 64, 56, 56)),
     ("eltwise_sum", "Eltwise", "eltwise_param { operation: SUM coeff: 1 coeff: -1 }", (16, 256, 56, 56)),
+    ("eltwise_max", "Eltwise", "eltwise_param { operation: MAX }", (16, 256, 56, 56)),
 ]
 
 

@@ -146,7 +146,7 @@ else
     stage gpu-tests 180 "$PY" -m pytest -q -m gpu -p no:randomly -rfEs \
       --ignore=packages/layers/tests/test_layers_device_kernels.py
     # --- the device paths of issue 14 item 4 (lowering, pooling, memory-bound layers), kernels on and off ---
-    stage device-paths 60 "$PY" bench/bench_device_paths.py
+    stage device-paths 90 "$PY" bench/bench_device_paths.py
 
     # --- training speed -----------------------------------------------------------------------------
     stage prepare-nets 60 "$PY" scripts/gpu_check.py prepare "$WORK/nets"
