@@ -166,9 +166,11 @@ def _shape3(shape, axis):
     return outer, int(shape[axis]), inner
 
 
-def _rows(name, dtype, rows, args):
+def _rows(name, dtype, rows, args, width=ROW_THREADS):
+    """One block per row; the block a power of two from 32 (a warp) to ROW_THREADS, about the row's width."""
     if rows > 0:
-        device.raw_kernel(name, _SOURCE, dtype)((rows,), (ROW_THREADS,), args)
+        threads = min(ROW_THREADS, max(32, 1 << max(int(width) - 1, 0).bit_length()))
+        device.raw_kernel(name, _SOURCE, dtype)((rows,), (threads,), args)
 
 
 def softmax_forward(xp, x, y, axis) -> bool:
@@ -177,7 +179,7 @@ def softmax_forward(xp, x, y, axis) -> bool:
         return False
     outer, C, inner = _shape3(x.shape, axis)
     if inner == 1:
-        _rows("softmax_rows", x.dtype, outer, (x, y, np.int32(C)))
+        _rows("softmax_rows", x.dtype, outer, (x, y, np.int32(C)), C)
     else:
         device.launch(device.raw_kernel("softmax_strided", _SOURCE, x.dtype), outer * inner,
                       (np.int64(outer * inner), x, y, np.int32(C), np.int32(inner)))
@@ -190,7 +192,7 @@ def softmax_backward(xp, y, dy, dx, axis) -> bool:
         return False
     outer, C, inner = _shape3(y.shape, axis)
     if inner == 1:
-        _rows("softmax_backward_rows", y.dtype, outer, (y, dy, dx, np.int32(C)))
+        _rows("softmax_backward_rows", y.dtype, outer, (y, dy, dx, np.int32(C)), C)
     else:
         device.launch(device.raw_kernel("softmax_backward_strided", _SOURCE, y.dtype), outer * inner,
                       (np.int64(outer * inner), y, dy, dx, np.int32(C), np.int32(inner)))
