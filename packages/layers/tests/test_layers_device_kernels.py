@@ -424,3 +424,30 @@ def test_channel_dot_kernel_sums_every_part(where, outer, dim, inner, dtype, see
     terms = a.astype(np.float64) * b
     assert got.dtype == dtype
     np.testing.assert_allclose(got, terms.sum(axis=(0, 2)), rtol=0, atol=10 * B.tol(dtype) * np.abs(terms).sum())
+
+
+@backends
+@given(k=st.tuples(st.integers(1, 4), st.integers(1, 4)), s=st.integers(1, 4),
+       hw=st.tuples(st.integers(1, 7), st.integers(1, 7)), nc=st.tuples(st.integers(1, 2), st.integers(1, 3)),
+       signed=st.booleans(), dtype=DTYPES, seed=st.integers(0, 2**31 - 1))
+def test_stochastic_pool_kernels_match_the_array_api(where, k, s, hw, nc, signed, dtype, seed):
+    """TRAIN (the sampled value and position from the same uniforms; negative windows: the last element;
+    windows past the edge: 0 and -1) and TEST (Caffe's non-negative inputs)."""
+    B = Backend(where)
+    PH, PW = _pool_case(k, s, 0, hw)
+    spec = pooling.PoolSpec(pooling.STOCHASTIC, k, (s, s), (0, 0))
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=nc + hw) if signed else rng.random(nc + hw)
+    xd, u = B.to(x.astype(dtype)), B.to(rng.random(nc + (PH, PW)))
+
+    def run():
+        y, idx, yt = (B.xp.full(nc + (PH, PW), np.nan, dtype), B.xp.full(nc + (PH, PW), -7, np.int32),
+                      B.xp.full(nc + (PH, PW), np.nan, dtype))
+        pooling.stochastic_forward_train(B.xp, spec, xd, y, idx, u)
+        pooling.stochastic_forward_test(B.xp, spec, xd, yt)
+        return B.back(y), B.back(idx), B.back(yt)
+    (y1, i1, t1), (y0, i0, t0) = both(B, run)
+    np.testing.assert_array_equal(i1, i0)
+    np.testing.assert_array_equal(y1, y0)
+    if not signed:  # TEST divides by the window sum: near 0 (signed inputs) the summation order shows
+        assert_close(t1, t0, dtype, B)

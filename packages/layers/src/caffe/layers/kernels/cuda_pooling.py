@@ -1,6 +1,7 @@
 """Hand-written CUDA kernels for 2-D pooling (a real GPU only: caffe.layers.device.kernels), as Caffe's
-pooling_layer.cu, one pass each, one thread per output (forward) or per bottom pixel (backward: a gather
-over the windows that cover it, in ascending window order: no atomics, the same bits run after run).
+pooling_layer.cu (MAX, AVE, STOCHASTIC), one pass each, one thread per output (forward) or per bottom pixel
+(backward: a gather over the windows that cover it, in ascending window order: no atomics, the same bits run
+after run).
 
 Each replaces a caffe.layers.pool_device path (which stays the path everywhere else: the CuPy stand-in,
 CAFFE_DEVICE_KERNELS=0) and returns False where it does not apply (no real GPU, other dtypes or layouts).
@@ -9,6 +10,8 @@ Passes over memory, array-API path -> kernel:
   pool_backward      (MAX, STOCHASTIC) zeros, index math (~8 small launches), add.at, copy -> 1
   ave_pool_forward   pad copy, gather (K x top), sum, divide, copy -> 1
   ave_pool_backward  divide, zeros, broadcast add.at (atomics), copy -> 1
+  sto_pool_forward_train  gather (K x top), cumsum, scale, 2 compares, any, argmax, max, where, 2 take: ~12 -> 1
+  sto_pool_forward_test   gather, square, 2 sums, add, divide, copy: ~7 -> 1
 NEVER RUN ON A GPU YET: their parity properties are in tests/test_layers_device_kernels.py (gpu-marked);
 caffe.layers.cuda_host runs the same sources on the host in the default suite.
 """
@@ -83,6 +86,51 @@ extern "C" __global__ void ave_pool_forward(const long long n, const T* x, const
   }
 }
 
+// STOCHASTIC (no padding), TRAIN: the first window element (row-major) whose running sum reaches u * the
+// window sum; none (a negative sum): the window's last element; an empty window (past the edge): 0, -1.
+extern "C" __global__ void sto_pool_forward_train(const long long n, const T* x, const T* u, const int H,
+    const int W, const int PH, const int PW, const int kh, const int kw, const int sh, const int sw, T* y,
+    int* index) {
+  CUDA_KERNEL_LOOP(i, n) {
+    const int q = (int)(i % PW), p = (int)((i / PW) % PH);
+    const T* plane = x + (i / ((long long)PW * PH)) * H * W;
+    const int hs = p * sh, ws = q * sw, he = min(hs + kh, H), we = min(ws + kw, W);
+    if (he <= hs || we <= ws) { y[i] = 0; index[i] = -1; continue; }
+    T total = 0;
+    for (int h = hs; h < he; ++h)
+      for (int w = ws; w < we; ++w) total += plane[h * W + w];
+    const T thres = u[i] * total;
+    T cum = 0;
+    int at = (he - 1) * W + (we - 1);
+    for (int h = hs; h < he && at >= 0; ++h)
+      for (int w = ws; w < we; ++w) {
+        cum += plane[h * W + w];
+        if (cum >= thres) { at = -1 - (h * W + w); break; }  // found: kept negative to end both loops
+      }
+    at = at < 0 ? -1 - at : at;
+    y[i] = plane[at];
+    index[i] = at;
+  }
+}
+
+// STOCHASTIC, TEST: the activation-weighted average sum(x^2) / (FLT_MIN + sum(x)) of the window.
+extern "C" __global__ void sto_pool_forward_test(const long long n, const T* x, const int H, const int W,
+    const int PH, const int PW, const int kh, const int kw, const int sh, const int sw, T* y) {
+  CUDA_KERNEL_LOOP(i, n) {
+    const int q = (int)(i % PW), p = (int)((i / PW) % PH);
+    const T* plane = x + (i / ((long long)PW * PH)) * H * W;
+    const int hs = p * sh, ws = q * sw, he = min(hs + kh, H), we = min(ws + kw, W);
+    T sum = 0, sq = 0;
+    for (int h = hs; h < he; ++h)
+      for (int w = ws; w < we; ++w) {
+        const T v = plane[h * W + w];
+        sum += v;
+        sq += v * v;
+      }
+    y[i] = sq / (sum + (T)1.17549435082228750797e-38);  // + FLT_MIN, as Caffe
+  }
+}
+
 extern "C" __global__ void ave_pool_backward(const long long n, const T* dy, const int H, const int W,
     const int PH, const int PW, const int kh, const int kw, const int sh, const int sw, const int ph, const int pw,
     T* dx) {
@@ -144,6 +192,27 @@ def ave_pool_forward(xp, spec, x, y) -> bool:
         return False
     N, C, H, W = x.shape
     _run("ave_pool_forward", x.dtype, y.size, x, *_ints(H, W, *y.shape[2:], *spec.window_args()), y)
+    return True
+
+
+def sto_pool_forward_train(xp, spec, x, y, index, uniform) -> bool:
+    """Caffe's StoPoolForwardTrain with the uniforms given (one per output); False where it does not apply."""
+    if not _usable(xp, x, y, index=index):
+        return False
+    u = xp.ascontiguousarray(uniform, dtype=x.dtype)
+    N, C, H, W = x.shape
+    _run("sto_pool_forward_train", x.dtype, y.size, x, u,
+         *_ints(H, W, *y.shape[2:], spec.kh, spec.kw, spec.sh, spec.sw), y, index)
+    return True
+
+
+def sto_pool_forward_test(xp, spec, x, y) -> bool:
+    """Caffe's StoPoolForwardTest: sum(x^2) / (FLT_MIN + sum(x)) per window."""
+    if not _usable(xp, x, y):
+        return False
+    N, C, H, W = x.shape
+    _run("sto_pool_forward_test", x.dtype, y.size, x, *_ints(H, W, *y.shape[2:], spec.kh, spec.kw, spec.sh, spec.sw),
+         y)
     return True
 
 
