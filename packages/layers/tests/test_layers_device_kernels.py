@@ -320,11 +320,15 @@ def test_batch_norm_kernels_match_the_array_api(where, shape, glob, inplace, dty
 @backends
 @given(shape=st.tuples(st.integers(1, 2), st.integers(1, 9), st.integers(1, 3), st.integers(1, 3)),
        size=st.sampled_from([1, 3, 5]), beta=st.sampled_from([0.75, 0.6]), k=st.sampled_from([1.0, 2.0]),
-       inplace=st.booleans(), dtype=DTYPES, seed=st.integers(0, 2**31 - 1))
-def test_lrn_kernels_match_the_array_api(where, shape, size, beta, k, inplace, dtype, seed):
+       region=st.sampled_from(["ACROSS_CHANNELS", "WITHIN_CHANNEL"]), inplace=st.booleans(), dtype=DTYPES,
+       seed=st.integers(0, 2**31 - 1))
+def test_lrn_kernels_match_the_array_api(where, shape, size, beta, k, region, inplace, dtype, seed):
     B = Backend(where)
+    if region == "WITHIN_CHANNEL":
+        inplace = False  # a pixel's box reads its neighbours: the kernels decline in place
+        shape = shape[:2] + (shape[2] * 2, shape[3] * 2)
     x = np.random.default_rng(seed).normal(scale=2, size=shape)
-    text = f"lrn_param {{ local_size: {size} alpha: 0.7 beta: {beta} k: {k} }}"
+    text = f"lrn_param {{ local_size: {size} alpha: 0.7 beta: {beta} k: {k} norm_region: {region} }}"
     on, off = both(B, lambda: run_layer(B, "LRN", text, [x], dtype, inplace=inplace, seed=seed))
     for a, b in zip(on, off):
         assert_close(a, b, dtype, B)

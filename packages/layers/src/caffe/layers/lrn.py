@@ -128,8 +128,7 @@ class LRNLayer(Layer):
         y = top[0].mutable_data_xp(xp)
         scale = _cpu.state_blob(self, "scale_", bottom[0]).mutable_data_xp(xp)
         from caffe.layers.kernels import cuda_norm  # a real GPU: one pass
-        if self.region == ACROSS_CHANNELS and cuda_norm.lrn_forward(xp, x, scale, y, self.size, self.alpha, self.k,
-                                                                    self.beta):
+        if cuda_norm.lrn_forward(xp, x, scale, y, self.size, self.alpha, self.k, self.beta, self.region == WITHIN_CHANNEL):
             return
         sq = self._buf(xp, "sq", x.shape, x.dtype)
         xp.multiply(x, x, out=sq)
@@ -150,8 +149,8 @@ class LRNLayer(Layer):
         dx = bottom[0].mutable_diff_xp(xp)
         scale = self._scale_state(bottom).data_xp(xp)
         from caffe.layers.kernels import cuda_norm  # a real GPU: one pass
-        if self.region == ACROSS_CHANNELS and cuda_norm.lrn_backward(xp, x, y, scale, dy, dx, self.size, self.alpha,
-                                                                     self.beta):
+        if cuda_norm.lrn_backward(xp, x, y, scale, dy, dx, self.size, self.alpha, self.beta,
+                                  self.region == WITHIN_CHANNEL):
             return
         powed = self._buf(xp, "scale_pow", x.shape, x.dtype)
         ratio = self._buf(xp, "sq", x.shape, x.dtype)

@@ -1,4 +1,4 @@
-"""Hand-written CUDA kernels for BatchNorm and LRN across channels (a real GPU only: caffe.layers.device.kernels).
+"""Hand-written CUDA kernels for BatchNorm and LRN (a real GPU only: caffe.layers.device.kernels).
 
 BatchNorm on x as (n, c, s): the statistics of a channel are reduced by one block (double accumulators,
 two reads of the channel: mean, then the squared deviations, as the array-API path's mean and var), the
@@ -10,6 +10,10 @@ LRN ACROSS_CHANNELS, one thread per (n, h, w) column sliding its window over the
 as the CPU kernel), as Caffe's LRNFillScale / LRNComputeOutput / LRNComputeDiff fused:
   forward    square, local_size shifted adds, scale, power (3 for beta 0.75), multiply: ~local_size + 8 -> 1
   backward   power, multiply, divide, local_size shifted adds, 3 multiplies, subtract: ~local_size + 9 -> 1
+LRN WITHIN_CHANNEL, one thread per pixel summing its local_size x local_size box (as the array-API path: rows,
+then the sum of the rows):
+  forward    square, pad, 2 * local_size shifted adds, scale, power, multiply: ~2 * local_size + 9 -> 1
+  backward   power, multiply, divide, pad, 2 * local_size adds, 3 multiplies, subtract: ~2 * local_size + 10 -> 1
 Each entry point returns False (or None) where it does not apply; the array-API path then runs.
 NEVER RUN ON A GPU YET: parity properties in tests/test_layers_device_kernels.py (gpu-marked), and on the
 host by caffe.layers.cuda_host in the default suite.
@@ -124,6 +128,51 @@ extern "C" __global__ void lrn_forward(const long long n, const T* x, const int 
   }
 }
 
+// WITHIN_CHANNEL: v's size x size box sum around (h, w) of a plane, zero-padded, summed as the array-API path
+// (each row's sum left to right, then the rows top to bottom). ratio: v = dy * y / scale, else v = x * x.
+__device__ T box_sum(const T* a, const T* b, const T* c, const int ratio, const int H, const int W, const int h,
+    const int w, const int size) {
+  const int r = (size - 1) / 2;
+  T out = 0;
+  for (int oh = 0; oh < size; ++oh) {
+    const int hh = h + oh - r;
+    T row = 0;
+    if (hh >= 0 && hh < H)
+      for (int ow = 0; ow < size; ++ow) {
+        const int ww = w + ow - r;
+        if (ww < 0 || ww >= W) continue;
+        const int j = hh * W + ww;
+        row += ratio ? a[j] * b[j] / c[j] : a[j] * a[j];
+      }
+    out += row;
+  }
+  return out;
+}
+
+// WITHIN_CHANNEL forward: scale = 1 + alpha_n * box sum of x^2 (Caffe's shift there is 1), y = x * scale^-beta.
+extern "C" __global__ void lrn_within_forward(const long long n, const T* x, const int H, const int W,
+    const int size, const T alpha_n, const T beta, const int three_quarters, T* scale, T* y) {
+  CUDA_KERNEL_LOOP(i, n) {
+    const long long plane = (i / ((long long)H * W)) * H * W;
+    const int w = (int)(i % W), h = (int)((i / W) % H);
+    const T s = box_sum(x + plane, x + plane, x + plane, 0, H, W, h, w, size) * alpha_n + (T)1;
+    scale[i] = s;
+    y[i] = x[i] * pow_neg_beta(s, beta, three_quarters);
+  }
+}
+
+// WITHIN_CHANNEL backward: dx = dy * scale^-beta - ratio * x * box sum of dy * y / scale; dx must not alias.
+extern "C" __global__ void lrn_within_backward(const long long n, const T* x, const T* y, const T* scale,
+    const T* dy, const int H, const int W, const int size, const T ratio, const T beta, const int three_quarters,
+    T* dx) {
+  CUDA_KERNEL_LOOP(i, n) {
+    const long long plane = (i / ((long long)H * W)) * H * W;
+    const int w = (int)(i % W), h = (int)((i / W) % H);
+    const T acc = box_sum(dy + plane, y + plane, scale + plane, 1, H, W, h, w, size);
+    dx[i] = dy[i] * pow_neg_beta(scale[i], beta, three_quarters) - acc * x[i] * ratio;
+  }
+}
+
 // dx = dy * scale^-beta - ratio * x * (window sum of dy * y / scale); dx must not alias dy, x or y.
 extern "C" __global__ void lrn_backward(const long long n, const T* x, const T* y, const T* scale, const T* dy,
     const int C, const long long S, const int size, const T ratio, const T beta, const int three_quarters, T* dx) {
@@ -194,26 +243,40 @@ def batch_norm_backward(xp, dy, src, from_x, mean, inv, dx) -> bool:
     return True
 
 
-def lrn_forward(xp, x, scale, y, size, alpha, k, beta) -> bool:
-    """LRN ACROSS_CHANNELS forward: scale (Caffe's scale_) and y, one pass; x may be y."""
+def lrn_forward(xp, x, scale, y, size, alpha, k, beta, within=False) -> bool:
+    """LRN forward: scale (Caffe's scale_) and y, one pass; ACROSS_CHANNELS, or WITHIN_CHANNEL (within: k unused,
+    1 as Caffe's); x may be y only across channels."""
     if not (device.kernels(xp) and device.floats(xp, x, scale, y)) or x.size == 0:
         return False
     N, C, H, W = x.shape
     t = x.dtype.type
+    if within:
+        if device.address(y) == device.address(x):
+            return False
+        args = (np.int64(x.size), x, _i(H), _i(W), _i(size), t(alpha / (size * size)), t(beta), _i(beta == 0.75),
+                scale, y)
+        device.launch(_kernel("lrn_within_forward", x.dtype), x.size, args)
+        return True
     args = (np.int64(N * H * W), x, _i(C), np.int64(H * W), _i(size), t(alpha / size), t(k), t(beta),
             _i(beta == 0.75), scale, y)
     device.launch(_kernel("lrn_forward", x.dtype), N * H * W, args)
     return True
 
 
-def lrn_backward(xp, x, y, scale, dy, dx, size, alpha, beta) -> bool:
-    """LRN ACROSS_CHANNELS backward in one pass; declines when dx shares memory with an input (in place)."""
+def lrn_backward(xp, x, y, scale, dy, dx, size, alpha, beta, within=False) -> bool:
+    """LRN backward in one pass (ACROSS_CHANNELS, or WITHIN_CHANNEL); declines when dx shares memory with an
+    input (in place)."""
     if not (device.kernels(xp) and device.floats(xp, x, y, scale, dy, dx)) or x.size == 0:
         return False
     if device.address(dx) in {device.address(a) for a in (x, y, scale, dy)}:
         return False
     N, C, H, W = x.shape
     t = x.dtype.type
+    if within:
+        args = (np.int64(x.size), x, y, scale, dy, _i(H), _i(W), _i(size), t(2.0 * (alpha / (size * size)) * beta),
+                t(beta), _i(beta == 0.75), dx)
+        device.launch(_kernel("lrn_within_backward", x.dtype), x.size, args)
+        return True
     args = (np.int64(N * H * W), x, y, scale, dy, _i(C), np.int64(H * W), _i(size), t(2.0 * (alpha / size) * beta),
             t(beta), _i(beta == 0.75), dx)
     device.launch(_kernel("lrn_backward", x.dtype), N * H * W, args)
