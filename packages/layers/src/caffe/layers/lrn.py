@@ -128,7 +128,8 @@ class LRNLayer(Layer):
         y = top[0].mutable_data_xp(xp)
         scale = _cpu.state_blob(self, "scale_", bottom[0]).mutable_data_xp(xp)
         from caffe.layers.kernels import cuda_norm  # a real GPU: one pass
-        if cuda_norm.lrn_forward(xp, x, scale, y, self.size, self.alpha, self.k, self.beta, self.region == WITHIN_CHANNEL):
+        if cuda_norm.lrn_forward(xp, x, scale, y, self.size, self.alpha, self.k, self.beta,
+                                 self.region == WITHIN_CHANNEL):
             return
         sq = self._buf(xp, "sq", x.shape, x.dtype)
         xp.multiply(x, x, out=sq)
