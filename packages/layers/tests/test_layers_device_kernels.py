@@ -241,7 +241,8 @@ def test_ave_pool_kernels_match_the_gather(where, k, s, p, hw, nc, dtype, seed):
 def run_layer(B, type_name, text, arrays, dtype, phase=0, n_top=1, propagate=None, seed=0, inplace=False,
               setup=None):
     """Set a fresh layer up (then setup(layer)), forward_xp and backward_xp on B (top diffs drawn from seed); the
-    tops' data, the bottoms' diffs and the layer's blobs on the host. inplace: top[0] is bottom[0]."""
+    tops' data, the bottoms' diffs and the layer's blobs (data, then diffs: the parameter gradients) on the
+    host. inplace: top[0] is bottom[0]."""
     context.set_random_seed(seed)  # the fillers
     layer = make_layer(type_name, text, phase=phase)
     bottom = blobs_from_arrays(arrays, dtype)
@@ -257,7 +258,8 @@ def run_layer(B, type_name, text, arrays, dtype, phase=0, n_top=1, propagate=Non
         d = np.full(t.shape, layer.loss(i), dtype) if layer.loss(i) else rng.normal(size=t.shape).astype(dtype)
         t.mutable_diff_xp(B.xp)[...] = B.to(d)
     layer.backward_xp(B.xp, top, propagate or [True] * len(bottom), bottom)
-    return datas + [b.cpu_diff().copy() for b in bottom] + [b.cpu_data().copy() for b in layer.blobs]
+    return (datas + [b.cpu_diff().copy() for b in bottom] + [b.cpu_data().copy() for b in layer.blobs]
+            + [b.cpu_diff().copy() for b in layer.blobs])
 
 
 def layer_parity(B, dtype, *args, scale=1.0, **kwargs):
@@ -455,3 +457,14 @@ def test_stochastic_pool_kernels_match_the_array_api(where, k, s, hw, nc, signed
     np.testing.assert_array_equal(y1, y0)
     if not signed:  # TEST divides by the window sum: near 0 (signed inputs) the summation order shows
         assert_close(t1, t0, dtype, B)
+
+
+@backends
+@given(shape=st.lists(st.integers(1, 5), min_size=2, max_size=4).map(tuple), shared=st.booleans(),
+       inplace=st.booleans(), dtype=DTYPES, seed=st.integers(0, 2**31 - 1))
+def test_prelu_kernels_match_the_array_api(where, shape, shared, inplace, dtype, seed):
+    """y, the bottom diff and the slope gradient (per channel or one shared slope)."""
+    B = Backend(where)
+    x = np.random.default_rng(seed).normal(size=shape)
+    text = f"prelu_param {{ channel_shared: {str(shared).lower()} filler {{ type: 'gaussian' }} }}"
+    layer_parity(B, dtype, "PReLU", text, [x], inplace=inplace, seed=seed, scale=10)

@@ -11,7 +11,8 @@ caffe.layers.cuda_host).
 
 The kernels: caffe.layers.cuda_kernels (col2im), caffe.layers.kernels.cuda_pooling (MAX/AVE/STOCHASTIC),
 cuda_softmax (Softmax, SoftmaxWithLoss), cuda_norm (BatchNorm, LRN), cuda_elementwise
-(Dropout, ReLU, Sigmoid, TanH, ELU, BNLL, Swish, Scale, Bias, Eltwise SUM/MAX). NONE HAS RUN ON A GPU YET.
+(Dropout, ReLU, PReLU, Sigmoid, TanH, ELU, BNLL, Swish, Scale, Bias, Eltwise SUM/MAX). NONE HAS RUN ON A GPU
+YET.
 
 CAFFE_DEVICE_KERNELS=0 turns the hand-written kernels off (the array-API paths run on the GPU too).
 """

@@ -18,6 +18,8 @@ Passes over memory, array-API path -> kernel (the copy into the top / bottom dif
   Scale (+ its bias) forward  multiply, copy, add, copy: 4 -> 1;  bottom diff: multiply, copy: 2 -> 1
   Bias forward        add, copy: 2 -> 1
   Scale's scale gradient  multiply (a temporary), reduce: 2 -> 1 (+ a small sum of the parts)
+  PReLU forward       maximum, minimum, multiply, add, copy: 5 -> 1;  bottom diff: compare, where, multiply,
+                      copy: 4 -> 1;  slope gradient: compare, 2 multiplies, reduce: 4 -> 1 (+ the parts)
   Eltwise SUM forward  a scale per bottom, an add per bottom but one, copy: 2k -> k - 1;
                       backward: a scale and a copy per bottom: 2 -> 1 each
   Eltwise MAX forward  compare, 2 selects, a cast, 2 copies for two bottoms, 3 more per further bottom:
@@ -138,17 +140,32 @@ extern "C" __global__ void channel_scale(const long long n, const T* x, const T*
   }
 }
 
+// PReLU: y = max(x, 0) + a[ch] * min(x, 0); dx = dy * (x <= 0 ? a[ch] : 1) (ch 0 for one shared slope)
+extern "C" __global__ void prelu_forward(const long long n, const T* x, const T* a, const int dim,
+    const long long inner, T* y) {
+  CUDA_KERNEL_LOOP(i, n) {
+    const T v = x[i];
+    y[i] = (v > 0 ? v : (T)0) + a[(i / inner) % dim] * (v < 0 ? v : (T)0);
+  }
+}
+
+extern "C" __global__ void prelu_backward(const long long n, const T* x, const T* dy, const T* a, const int dim,
+    const long long inner, T* dx) {
+  CUDA_KERNEL_LOOP(i, n) dx[i] = dy[i] * (x[i] <= 0 ? a[(i / inner) % dim] : (T)1);
+}
+
 // Block (ch, part) of `parts`: partial[ch * parts + part] = the part's share of sum over (outer, inner) of
-// a * b in channel ch (a and b as (outer, dim, inner)), in double.
+// a * b (negative_only: (a * b) * (b <= 0), PReLU's slope gradient) in channel ch (a and b as (outer, dim,
+// inner)), in double.
 extern "C" __global__ void channel_dot(const T* a, const T* b, const long long outer, const int dim,
-    const long long inner, const int parts, double* partial) {
+    const long long inner, const int parts, const int negative_only, double* partial) {
   __shared__ double buf[256];
   const int ch = blockIdx.x / parts, part = blockIdx.x % parts;
   const long long m = outer * inner;
   double acc = 0;
   for (long long j = (long long)part * blockDim.x + threadIdx.x; j < m; j += (long long)parts * blockDim.x) {
     const long long i = ((j / inner) * dim + ch) * inner + j % inner;
-    const T p = a[i] * b[i];
+    const T p = negative_only ? (a[i] * b[i]) * (T)(b[i] <= 0 ? 1 : 0) : a[i] * b[i];
     acc += (double)p;
   }
   buf[threadIdx.x] = acc;
@@ -300,10 +317,10 @@ def channel_scale(xp, x, s, b, y, dim, inner) -> bool:
 DOT_THREADS = 256  # the block of channel_dot (a power of two, <= its shared buffer)
 
 
-def channel_dot(xp, a, b, outer, dim, inner):
-    """The per-channel sum over (outer, inner) of a * b (Scale's scale gradient), in a's dtype: one read of
-    each; a channel is cut into parts (blocks) so that few channels still fill the device. None where the
-    kernel does not apply."""
+def channel_dot(xp, a, b, outer, dim, inner, negative_only=False):
+    """The per-channel sum over (outer, inner) of a * b (Scale's scale gradient; negative_only: where b <= 0,
+    PReLU's slope gradient), in a's dtype: one read of each; a channel is cut into parts (blocks) so that few
+    channels still fill the device. None where the kernel does not apply."""
     if not _ok(xp, a, b) or a.size == 0:
         return None
     m = outer * inner
@@ -311,8 +328,23 @@ def channel_dot(xp, a, b, outer, dim, inner):
     partial = xp.empty(dim * parts, np.float64)
     device.raw_kernel("channel_dot", _SOURCE, a.dtype)((dim * parts,), (DOT_THREADS,),
                                                        (a, b, np.int64(outer), np.int32(dim), np.int64(inner),
-                                                        np.int32(parts), partial))
+                                                        np.int32(parts), np.int32(negative_only), partial))
     return partial.reshape(dim, parts).sum(axis=1).astype(a.dtype)
+
+
+def prelu_forward(xp, x, a, y, dim, inner) -> bool:
+    """PReLU's y with slopes a (dim of them: 1 shared, or one per channel of x as (outer, dim, inner))."""
+    if not _ok(xp, x, a, y):
+        return False
+    _run("prelu_forward", x.dtype, x.size, x, a, np.int32(dim), np.int64(inner), y)
+    return True
+
+
+def prelu_backward(xp, x, dy, a, dx, dim, inner) -> bool:
+    if not _ok(xp, x, dy, a, dx):
+        return False
+    _run("prelu_backward", x.dtype, x.size, x, dy, a, np.int32(dim), np.int64(inner), dx)
+    return True
 
 
 def eltwise_sum(xp, coeffs, xs, y) -> bool:
