@@ -21,7 +21,7 @@ from hypothesis import assume, given, strategies as st
 
 from caffe.blob import context
 from caffe.layers import conv_base, conv_device, cuda_host, cuda_kernels, device, pool_device, pooling
-from caffe.layers.kernels import cuda_elementwise, cuda_norm, cuda_pooling, cuda_softmax
+from caffe.layers.kernels import cuda_channelwise, cuda_elementwise, cuda_norm, cuda_pooling, cuda_softmax
 from caffe.layers.testing import blobs_from_arrays, empty_tops, gpu_available, make_layer
 
 
@@ -123,7 +123,7 @@ def test_kernels_are_never_chosen_without_a_real_gpu():
 
 SOURCES = {"cuda_kernels": cuda_kernels._COL2IM, "cuda_pooling": cuda_pooling._SOURCE,
            "cuda_softmax": cuda_softmax._SOURCE, "cuda_norm": cuda_norm._SOURCE,
-           "cuda_elementwise": cuda_elementwise._SOURCE}
+           "cuda_elementwise": cuda_elementwise._SOURCE, "cuda_channelwise": cuda_channelwise._SOURCE}
 
 
 @pytest.mark.parametrize("ctype", ["float", "double"])
@@ -426,7 +426,7 @@ def test_channel_dot_kernel_sums_every_part(where, outer, dim, inner, dtype, see
     rng = np.random.default_rng(seed)
     a, b = (rng.normal(size=(outer, dim, inner)).astype(dtype) for _ in range(2))
     with B.kernels(True):
-        got = B.back(cuda_elementwise.channel_dot(B.xp, B.to(a), B.to(b), outer, dim, inner))
+        got = B.back(cuda_channelwise.channel_dot(B.xp, B.to(a), B.to(b), outer, dim, inner))
     terms = a.astype(np.float64) * b
     assert got.dtype == dtype
     np.testing.assert_allclose(got, terms.sum(axis=(0, 2)), rtol=0, atol=10 * B.tol(dtype) * np.abs(terms).sum())

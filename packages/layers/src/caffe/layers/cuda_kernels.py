@@ -5,7 +5,8 @@ Each replaces an array-API path that stays everywhere else (and is what the CuPy
 - col2im_2d: conv_device.col2im's scatter-add (atomics: a varying summation order) as Caffe's
   col2im_gpu_kernel: one thread per image pixel summing the column entries that read it, in Caffe's
   order, so the gradient is the same bits run after run.
-The other families live in caffe.layers.kernels.cuda_* (pooling, normalization, softmax, elementwise).
+The other families live in caffe.layers.kernels.cuda_* (pooling, softmax, norm, elementwise,
+channelwise).
 NOT RUN HERE: no GPU has been available to this project; packages/layers/tests/test_layers_device_kernels.py holds their
 parity properties against the array-API paths (marked gpu; they skip without a real GPU).
 """

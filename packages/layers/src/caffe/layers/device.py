@@ -10,9 +10,9 @@ packages/layers/tests/test_layers_device_kernels.py, which also runs every kerne
 caffe.layers.cuda_host).
 
 The kernels: caffe.layers.cuda_kernels (col2im), caffe.layers.kernels.cuda_pooling (MAX/AVE/STOCHASTIC),
-cuda_softmax (Softmax, SoftmaxWithLoss), cuda_norm (BatchNorm, LRN), cuda_elementwise
-(Dropout, ReLU, PReLU, Sigmoid, TanH, ELU, BNLL, Swish, Scale, Bias, Eltwise SUM/MAX). NONE HAS RUN ON A GPU
-YET.
+cuda_softmax (Softmax, SoftmaxWithLoss), cuda_norm (BatchNorm, LRN), cuda_elementwise (Dropout, ReLU,
+Sigmoid, TanH, ELU, BNLL, Swish, Eltwise SUM/MAX), cuda_channelwise (Scale, Bias, PReLU). NONE HAS RUN ON A
+GPU YET.
 
 CAFFE_DEVICE_KERNELS=0 turns the hand-written kernels off (the array-API paths run on the GPU too).
 """

@@ -89,8 +89,8 @@ class PReLULayer(NeuronLayer):
     def forward_xp(self, xp, bottom, top):
         _cpu.save_bottom(self, xp, bottom, top)  # in place: backward needs the input
         x = bottom[0].data_xp(xp)
-        from caffe.layers.kernels import cuda_elementwise  # a real GPU: one pass
-        if cuda_elementwise.prelu_forward(xp, x, self.blobs[0].data_xp(xp).reshape(-1), top[0].mutable_data_xp(xp),
+        from caffe.layers.kernels import cuda_channelwise  # a real GPU: one pass
+        if cuda_channelwise.prelu_forward(xp, x, self.blobs[0].data_xp(xp).reshape(-1), top[0].mutable_data_xp(xp),
                                           *self._device_dims(x)[1:]):
             return
         a = self._slope(xp, x.ndim)
@@ -99,16 +99,16 @@ class PReLULayer(NeuronLayer):
     def backward_xp(self, xp, top, propagate_down, bottom):
         x = _cpu.saved_bottom(self, xp, bottom, top)
         dy = top[0].diff_xp(xp)
-        from caffe.layers.kernels import cuda_elementwise  # a real GPU: one pass each (slope gradient, bottom diff)
+        from caffe.layers.kernels import cuda_channelwise  # a real GPU: one pass each (slope gradient, bottom diff)
         outer, dim, inner = self._device_dims(x)
         slope_done = not self.param_propagate_down(0)
         if not slope_done:
-            g = cuda_elementwise.channel_dot(xp, dy, x, outer, dim, inner, negative_only=True)
+            g = cuda_channelwise.channel_dot(xp, dy, x, outer, dim, inner, negative_only=True)
             if g is not None:
                 pd = self.blobs[0].mutable_diff_xp(xp)
                 pd += g.reshape(pd.shape)
                 slope_done = True
-        diff_done = not propagate_down[0] or cuda_elementwise.prelu_backward(
+        diff_done = not propagate_down[0] or cuda_channelwise.prelu_backward(
             xp, x, dy, self.blobs[0].data_xp(xp).reshape(-1), bottom[0].mutable_diff_xp(xp), dim, inner)
         neg = None if slope_done and diff_done else x <= 0
         if not slope_done:
