@@ -35,7 +35,9 @@ import numpy as np
 
 from caffe.layers import device
 
-EMU_THREADS = 4  # threads per emulated block (power of two): small, so strides and reductions wrap often
+# Threads per emulated block (a power of two): few, so strides and reductions wrap often; CAFFE_CUDA_HOST_THREADS
+# sets it (e.g. 64: more interleavings at the barriers).
+EMU_THREADS = int(os.environ.get("CAFFE_CUDA_HOST_THREADS", "4"))
 
 _PRELUDE = r"""
 #include <cmath>
