@@ -16,7 +16,7 @@ from caffe.blob import Blob, deferred
 from caffe.layers import _cpu
 from caffe.layers.layer import LossLayer
 from caffe.layers.registry import register_layer
-from caffe.layers.softmax import canonical_axis, softmax_cpu, softmax_xp
+from caffe.layers.softmax import canonical_axis, softmax_xp
 from caffe.proto import caffe_pb2
 
 _LP = caffe_pb2.LossParameter
@@ -163,19 +163,34 @@ class SoftmaxWithLossLayer(_MultiTopLoss):
             top[1].reshape_like(bottom[0])
 
     def forward_cpu(self, bottom, top):
-        if not softmax_cpu(bottom[0], self.prob, self.axis):
+        if not _cpu.usable(_cpu.softmax, bottom[0], self.prob):
             self.prob.mutable_cpu_data()[...] = softmax_xp(np, bottom[0].cpu_data(), self.axis)
-        self._loss_from_prob(np, bottom, top)
+            self._loss_from_prob(np, bottom, top)
+            return
+        valid, labels, valid_u8 = self._kernel_labels(bottom)
+        # the probabilities and the loss in one pass (each piece's loss read while it is in cache)
+        x, prob = _cpu.flat(bottom[0].cpu_data()), _cpu.flat(self.prob.mutable_cpu_data())
+        total = _cpu.softmax.softmax_loss_forward(x, prob, labels, valid_u8, self.outer_num, self.num_classes,
+                                                  self.inner_num)
+        dtype = self.prob.dtype
+        top[0].mutable_cpu_data()[...] = dtype.type(total) / loss_normalizer(self, np, valid, dtype)
+        if len(top) >= 2:
+            top[1].mutable_cpu_data()[...] = self.prob.cpu_data()
+
+    def _kernel_labels(self, bottom):
+        """The labels checked (read_labels), as the softmax kernels take them: (valid, int64 labels with 0
+        where ignored, valid as uint8), flat."""
+        _, valid, safe = read_labels(self, np, bottom[1], (self.outer_num, self.inner_num),
+                                     self.num_classes, self.ignore_label)
+        labels = np.ascontiguousarray(safe, np.int64).reshape(-1)
+        return valid, labels, np.ascontiguousarray(valid).reshape(-1).view(np.uint8)
 
     def backward_cpu(self, top, propagate_down, bottom):
         if not (_cpu.usable(_cpu.softmax, bottom[0], self.prob) and propagate_down[0] and not propagate_down[1]):
             return self.backward_xp(np, top, propagate_down, bottom)
-        _, valid, safe = read_labels(self, np, bottom[1], (self.outer_num, self.inner_num),
-                                     self.num_classes, self.ignore_label)
+        _, labels, valid = self._kernel_labels(bottom)
         norm = saved_normalizer(self, np)
         scale = float(top[0].cpu_diff().reshape(()) / norm)  # in the blob's precision, as the NumPy path
-        labels = np.ascontiguousarray(safe, np.int64).reshape(-1)
-        valid = np.ascontiguousarray(valid).reshape(-1).view(np.uint8)
         _cpu.softmax.softmax_loss_backward(_cpu.flat(self.prob.cpu_data()), labels, valid,
                                            _cpu.flat(bottom[0].mutable_cpu_diff()), self.outer_num, self.num_classes,
                                            self.inner_num, scale)
