@@ -9,8 +9,11 @@
 #                GPU_CHECK_WHEELS=DIR installs from a folder of wheels (offline machines)
 #   device       caffe-cli device_query
 #   gpu-tests    every gpu-marked test and CPU/GPU parity property, with real numerics (pytest -m gpu), the
-#                hand-written CUDA kernels' parity properties included (they run only on a real GPU)
-#   device-paths bench/bench_device_paths.py: im2col/col2im and pooling on the device, kernels on and off
+#                hand-written CUDA kernels' parity properties included (the [gpu] cases of
+#                packages/layers/tests/test_layers_device_kernels.py: col2im, pooling, Softmax(WithLoss),
+#                BatchNorm, LRN, Dropout, the neurons, Scale, Bias, Eltwise; they run only on a real GPU)
+#   device-paths bench/bench_device_paths.py: im2col/col2im, pooling and the memory-bound layers on the
+#                device, kernels on and off
 #   train-time   caffe-cli time --gpu=0 on LeNet, CIFAR10-quick and CaffeNet (bench/bench_nets.py's DummyData nets)
 #   two-gpus     the 2-GPU NCCL equivalence test, and 1- vs 2-GPU training throughput (CIFAR10-quick,
 #                GPU_CHECK_TRAIN_ITERS iterations, default 200, displayed every 20)
@@ -137,9 +140,13 @@ else
     note gpu-tests "no usable GPU (see device)"
   else
     # --- every gpu-marked test and CPU/GPU parity property, with real numerics ----------------------
-    stage gpu-tests 180 "$PY" -m pytest -q -m gpu -p no:randomly -rfEs
-    # --- the device paths of issue 14 item 4 (lowering, pooling), hand-written kernels on and off ---
-    stage device-paths 60 "$PY" bench/bench_device_paths.py
+    # (the hand-written kernels first, so their report lines are not cut: they had never run before)
+    stage kernel-parity 90 "$PY" -m pytest -q -m gpu -p no:randomly -rfEs \
+      packages/layers/tests/test_layers_device_kernels.py
+    stage gpu-tests 180 "$PY" -m pytest -q -m gpu -p no:randomly -rfEs \
+      --ignore=packages/layers/tests/test_layers_device_kernels.py
+    # --- the device paths of issue 14 item 4 (lowering, pooling, memory-bound layers), kernels on and off ---
+    stage device-paths 90 "$PY" bench/bench_device_paths.py
 
     # --- training speed -----------------------------------------------------------------------------
     stage prepare-nets 60 "$PY" scripts/gpu_check.py prepare "$WORK/nets"

@@ -86,12 +86,20 @@ def test_eltwise_kernels_match_numpy(op, shape, dtype, seed, k, coeff, stable, i
     check_paths("Eltwise", text, xs, [dy], dtype, in_place=in_place, propagate_down=pd)
 
 
-@given(n=st.integers(0, 20000), seed=st.integers(0, 2**64 - 1), ratio=st.sampled_from([0.0, 0.1, 0.5, 0.9]))
-def test_dropout_mask_is_the_splitmix_reference(n, seed, ratio):
+# 0.999999: the threshold is 2^16 (nothing kept), past the 16-bit compare
+@given(n=st.integers(0, 20000), seed=st.integers(0, 2**64 - 1),
+       ratio=st.sampled_from([0.0, 0.1, 0.5, 0.9, 0.999999]), dtype=st.sampled_from([np.float32, np.float64]))
+def test_dropout_mask_is_the_splitmix_reference(n, seed, ratio, dtype):
     thr = mask_threshold(ratio)
     mask = np.full(n, 7, np.uint8)
     elementwise.dropout_forward(np.empty(0, np.float32), np.empty(0, np.float32), mask, seed, thr, 1.0, False)
-    np.testing.assert_array_equal(mask, mask_reference(seed, n, thr))
+    ref = mask_reference(seed, n, thr)
+    np.testing.assert_array_equal(mask, ref)
+    x = np.random.default_rng(seed % 1000).standard_normal(n).astype(dtype)  # drawn and applied: the same mask
+    y, mask2 = np.empty_like(x), np.full(n, 7, np.uint8)
+    elementwise.dropout_forward(x, y, mask2, seed, thr, 2.5, True)
+    np.testing.assert_array_equal(mask2, ref)
+    np.testing.assert_array_equal(y, x * (ref * dtype(2.5)))
 
 
 def test_dropout_mask_statistics_and_thread_independence():

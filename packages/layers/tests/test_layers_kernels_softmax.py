@@ -41,6 +41,54 @@ def test_softmax_loss_kernels_match_numpy(shape, dtype, seed, data, norm, ignore
                 n_top=2 if two_tops else 1, propagate_down=[True, False])
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("inner", [1, 3])
+def test_softmax_loss_forward_kernel_clamps_and_keeps_nan(dtype, inner):
+    """Caffe's -log(std::max(p, FLT_MIN)): a probability that underflows to 0 costs -log(FLT_MIN), NaN stays
+    NaN; only valid positions count, and an out-of-range label is refused (not read out of bounds)."""
+    # (outer 2, C 2, inner): at every position class 0 has all the probability, class 1 none (exp(-200) = 0)
+    x = np.zeros((2, 2, inner), dtype)
+    x[:, 1] = -200
+    prob = np.empty(x.size, dtype)
+    label = np.zeros((2, inner), np.int64)
+    label[0, 0] = 1  # p = 0 there: -log(FLT_MIN)
+    valid = np.ones((2, inner), np.uint8)
+    valid[1, 0] = 0
+    got = softmax.softmax_loss_forward(x.ravel(), prob, label.ravel(), valid.ravel(), 2, 2, inner)
+    np.testing.assert_allclose(prob.reshape(x.shape)[:, 0], 1)
+    assert got == pytest.approx(-np.log(np.float64(np.finfo(np.float32).tiny)), rel=1e-6)
+    label[1, 0] = 5  # where not valid, never read
+    assert softmax.softmax_loss_forward(x.ravel(), prob, label.ravel(), valid.ravel(), 2, 2, inner) == got
+    x[0, 1, 0] = np.nan
+    assert np.isnan(softmax.softmax_loss_forward(x.ravel(), prob, label.ravel(), valid.ravel(), 2, 2, inner))
+    valid[1, 0] = 1
+    with pytest.raises(ValueError, match="label 5 out of range"):
+        softmax.softmax_loss_forward(x.ravel(), prob, label.ravel(), valid.ravel(), 2, 2, inner)
+
+
+@pytest.mark.parametrize("build", ["softmax", "softmax_avx2"])
+def test_softmax_exp_is_within_an_ulp_or_two(build):
+    """The exp the softmax kernels use on x - max <= 0 (the FMA kernel in the AVX2 build, libm's elsewhere):
+    within 3 ulp of exp in float64 down to ln(FLT_MIN), 0 or a denormal below it, exp(0) = 1, NaN kept."""
+    import importlib
+    from caffe.layers import _cpu
+    if build.endswith("avx2") and not (_cpu.cpu_has_avx2() and _cpu.cpu_has_avx2("FMA3")):
+        pytest.skip("this CPU cannot run the AVX2 + FMA build")
+    mod = importlib.import_module(f"caffe.layers.kernels.{build}")
+    rng = np.random.default_rng(0)
+    x = -np.concatenate([np.linspace(0, 100, 200_001), rng.exponential(5, 100_000), [0.0, 1e-30, 87.3, 87.34, np.inf]])
+    x = np.concatenate([x, [np.nan]]).astype(np.float32)
+    y = np.empty_like(x)
+    mod.exp_nonpositive(x, y)
+    ref = np.exp(x.astype(np.float64))
+    normal = ref >= np.finfo(np.float32).tiny
+    ulps = np.abs(y[normal] - ref[normal]) / np.spacing(ref[normal].astype(np.float32)).astype(np.float64)
+    assert ulps.max() <= 3
+    below = ~normal & ~np.isnan(x)
+    assert np.all((y[below] >= 0) & (y[below] < np.finfo(np.float32).tiny))
+    assert y[x == 0][0] == 1 and np.isnan(y[-1])
+
+
 def test_softmax_kernels_refuse_short_buffers():
     x = np.zeros(12)
     with pytest.raises(ValueError, match="top holds 11"):
@@ -53,7 +101,7 @@ def test_softmax_kernels_refuse_short_buffers():
 def test_the_cpu_path_runs_the_kernels(type_name, monkeypatch):
     from caffe.layers import _cpu
     calls = []
-    for name in ("softmax_forward", "softmax_backward", "softmax_loss_backward"):
+    for name in ("softmax_forward", "softmax_backward", "softmax_loss_forward", "softmax_loss_backward"):
         real = getattr(_cpu.softmax, name)
         monkeypatch.setattr(_cpu.softmax, name, lambda *a, _r=real, _n=name: (calls.append(_n), _r(*a))[1])
     layer = make_layer(type_name)
@@ -63,7 +111,10 @@ def test_the_cpu_path_runs_the_kernels(type_name, monkeypatch):
     layer.Forward(bottom, top)
     top[0].diff[...] = 1
     layer.Backward(top, [True, False][:len(bottom)], bottom)
-    assert calls[0] == "softmax_forward" and calls[1] in ("softmax_backward", "softmax_loss_backward")
+    if type_name == "Softmax":
+        assert calls == ["softmax_forward", "softmax_backward"]
+    else:
+        assert calls == ["softmax_loss_forward", "softmax_loss_backward"]  # the probabilities and the loss at once
 
 
 @pytest.mark.parametrize("path", ["cpu", "xp"])

@@ -19,8 +19,9 @@ import numpy as np
 from caffe.blob import Blob
 
 
-def cpu_has_avx2() -> bool:
-    """Whether this CPU (and OS) runs AVX2, as NumPy's own dispatch sees it."""
+def cpu_has_avx2(feature="AVX2") -> bool:
+    """Whether this CPU (and OS) runs AVX2 (or another feature NumPy names: "FMA3"), as NumPy's own
+    dispatch sees it."""
     try:
         from numpy._core._multiarray_umath import __cpu_features__
     except ImportError:  # pragma: no cover - NumPy < 2
@@ -28,7 +29,7 @@ def cpu_has_avx2() -> bool:
             from numpy.core._multiarray_umath import __cpu_features__
         except ImportError:
             return False
-    return bool(__cpu_features__.get("AVX2"))
+    return bool(__cpu_features__.get(feature))
 
 
 # CAFFE_KERNELS_AVX2=0 keeps the baseline (SSE2) builds of the kernels whose loops call libm (exp, tanh,
@@ -45,7 +46,8 @@ def _load(name, avx2=USE_AVX2):
     return None
 
 
-elementwise, normalization, softmax = _load("elementwise"), _load("normalization"), _load("softmax")
+elementwise, normalization = _load("elementwise"), _load("normalization")
+softmax = _load("softmax", avx2=USE_AVX2 and cpu_has_avx2("FMA3"))  # softmax_avx2 is built with FMA too
 channelwise = _load("channelwise", avx2=False)  # memory-bound already: one build
 
 # The neuron operations of kernels.elementwise (its Neuron enum; a test checks they agree).

@@ -159,14 +159,20 @@ class BatchNormLayer(Layer):
         n, c, s = self._shape3(bottom[0])
         xr = x.reshape(n, c, s)
         mean_b, inv_b = self._state(bottom)
+        from caffe.layers.kernels import cuda_norm  # a real GPU: the statistics and the normalization fused
         if self.use_global_stats:
             mean, inv = self._global_stats(xp, dt)
         else:
-            mean64 = xr.mean(axis=(0, 2), dtype=xp.float64)
-            var64 = xr.var(axis=(0, 2), dtype=xp.float64)
+            stats = cuda_norm.batch_norm_stats(xp, xr)
+            mean64 = stats[0] if stats else xr.mean(axis=(0, 2), dtype=xp.float64)
+            var64 = stats[1] if stats else xr.var(axis=(0, 2), dtype=xp.float64)
             mean, inv = self._batch_stats(xp, mean64, var64, n * s, dt)
         mean_b.mutable_data_xp(xp)[...] = mean
         inv_b.mutable_data_xp(xp)[...] = inv
+        x_norm = (_cpu.state_blob(self, "x_norm_", bottom[0]).mutable_data_xp(xp).reshape(n, c, s)
+                  if self._keeps_x_norm(bottom, top) else None)
+        if cuda_norm.channel_affine(xp, xr, mean, inv, top[0].mutable_data_xp(xp).reshape(n, c, s), x_norm):
+            return
         y = (xr - mean[None, :, None]) * inv[None, :, None]
         if self._keeps_x_norm(bottom, top):
             _cpu.state_blob(self, "x_norm_", bottom[0]).mutable_data_xp(xp)[...] = y.reshape(shape)
@@ -179,6 +185,15 @@ class BatchNormLayer(Layer):
         mean_b, inv_b = self._checked_state(bottom, top)
         inv = inv_b.data_xp(xp)[None, :, None]
         dy = top[0].diff_xp(xp).reshape(n, c, s)
+        from caffe.layers.kernels import cuda_norm  # a real GPU: one pass (global), two (batch statistics)
+        dx_out = bottom[0].mutable_diff_xp(xp).reshape(n, c, s)
+        if self.use_global_stats and cuda_norm.channel_affine(xp, dy, None, inv_b.data_xp(xp), dx_out):
+            return
+        if not self.use_global_stats:
+            keep = self._keeps_x_norm(bottom, top)
+            src = (self.x_norm_ if keep else bottom[0]).data_xp(xp).reshape(n, c, s)
+            if cuda_norm.batch_norm_backward(xp, dy, src, not keep, mean_b.data_xp(xp), inv_b.data_xp(xp), dx_out):
+                return
         if self.use_global_stats:
             dx = dy * inv
         else:

@@ -27,6 +27,9 @@ class BNLLLayer(NeuronLayer):
     def forward_xp(self, xp, bottom, top):
         _cpu.save_bottom(self, xp, bottom, top)
         x = bottom[0].data_xp(xp)
+        from caffe.layers.kernels import cuda_elementwise  # a real GPU: one pass
+        if cuda_elementwise.bnll_forward(xp, x, top[0].mutable_data_xp(xp)):
+            return
         top[0].mutable_data_xp(xp)[...] = xp.maximum(x, 0) + xp.log1p(xp.exp(-xp.abs(x)))
 
     def backward_xp(self, xp, top, propagate_down, bottom):
@@ -34,5 +37,8 @@ class BNLLLayer(NeuronLayer):
             return
         x = _cpu.saved_bottom(self, xp, bottom, top)
         dy = top[0].diff_xp(xp)
+        from caffe.layers.kernels import cuda_elementwise  # a real GPU: one pass
+        if cuda_elementwise.bnll_backward(xp, x, dy, bottom[0].mutable_diff_xp(xp)):
+            return
         e = xp.exp(xp.minimum(x, BNLL_THRESHOLD))
         bottom[0].mutable_diff_xp(xp)[...] = dy * e / (e + 1)

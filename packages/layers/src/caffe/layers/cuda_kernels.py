@@ -1,11 +1,12 @@
-"""Hand-written CUDA kernels for a real GPU (chosen only where caffe.layers.device.kernels(xp) is true).
+"""Hand-written CUDA kernels of convolution's lowering for a real GPU (chosen only where
+caffe.layers.device.kernels(xp) is true).
 
 Each replaces an array-API path that stays everywhere else (and is what the CuPy stand-in runs):
 - col2im_2d: conv_device.col2im's scatter-add (atomics: a varying summation order) as Caffe's
   col2im_gpu_kernel: one thread per image pixel summing the column entries that read it, in Caffe's
   order, so the gradient is the same bits run after run.
-- max_pool_forward: pool_device.max_forward's gather + argmax + selects (K times the top in scratch) as
-  Caffe's MaxPoolForward: one pass, one thread per output.
+The other families live in caffe.layers.kernels.cuda_* (pooling, softmax, norm, elementwise,
+channelwise).
 NOT RUN HERE: no GPU has been available to this project; packages/layers/tests/test_layers_device_kernels.py holds their
 parity properties against the array-API paths (marked gpu; they skip without a real GPU).
 """
@@ -39,28 +40,6 @@ extern "C" __global__ void col2im_2d(const long long n, const T* col, const int 
 }
 """
 
-_MAX_POOL = r"""
-extern "C" __global__ void max_pool_forward(const long long n, const T* x, const int H, const int W,
-    const int PH, const int PW, const int kh, const int kw, const int sh, const int sw, const int ph, const int pw,
-    T* y, int* mask) {
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-       i += (long long)blockDim.x * gridDim.x) {
-    const int q = (int)(i % PW), p = (int)((i / PW) % PH);
-    const T* plane = x + (i / ((long long)PW * PH)) * H * W;
-    int hs = p * sh - ph, ws = q * sw - pw;
-    const int he = min(hs + kh, H), we = min(ws + kw, W);
-    hs = max(hs, 0);
-    ws = max(ws, 0);
-    T best = (T)(-3.40282346638528859811704183484516925440e+38);  // -FLT_MAX exactly, replaced only by a greater value
-    int arg = -1;
-    for (int h = hs; h < he; ++h)
-      for (int w = ws; w < we; ++w)
-        if (plane[h * W + w] > best) { best = plane[h * W + w]; arg = h * W + w; }
-    y[i] = best;
-    mask[i] = arg;
-  }
-}
-"""
 
 
 def col2im_2d(xp, col, im, geom, rs, ns) -> bool:
@@ -74,17 +53,4 @@ def col2im_2d(xp, col, im, geom, rs, ns) -> bool:
             *(i32(v) for v in geom.pad), *(i32(v) for v in geom.stride), *(i32(v) for v in geom.dilation),
             *(i32(v) for v in geom.col_shape), np.int64(rs), np.int64(ns), im)
     device.launch(device.raw_kernel("col2im_2d", _COL2IM, im.dtype), im.size, args)
-    return True
-
-
-def max_pool_forward(xp, spec, x, y, mask) -> bool:
-    """Caffe's MaxPoolForward; False when the kernel does not apply."""
-    if not (device.kernels(xp) and device.floats(xp, x, y) and mask.dtype == np.int32
-            and mask.flags.c_contiguous):
-        return False
-    N, C, H, W = x.shape
-    PH, PW = y.shape[2:]
-    i32 = np.int32
-    args = (np.int64(y.size), x, i32(H), i32(W), i32(PH), i32(PW), *(i32(v) for v in spec.window_args()), y, mask)
-    device.launch(device.raw_kernel("max_pool_forward", _MAX_POOL, x.dtype), y.size, args)
     return True

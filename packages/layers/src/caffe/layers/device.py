@@ -5,7 +5,14 @@ code would take many passes over memory (or one launch per kernel offset), a han
 (cupy.RawKernel / ElementwiseKernel) may replace it; such a kernel runs only where `kernels(xp)` is true: a
 real GPU (caffe.blob.context.device_kernels_available()), never the CuPy stand-in (which cannot run CUDA)
 and never NumPy. The array-API formulation it replaces stays the path everywhere else, and each kernel has a
-parity property against it (marked gpu: it runs wherever a real GPU is; packages/layers/tests/test_layers_device_kernels.py).
+parity property against it (marked gpu: it runs wherever a real GPU is;
+packages/layers/tests/test_layers_device_kernels.py, which also runs every kernel on the host through
+caffe.layers.cuda_host).
+
+The kernels: caffe.layers.cuda_kernels (col2im), caffe.layers.kernels.cuda_pooling (MAX/AVE/STOCHASTIC),
+cuda_softmax (Softmax, SoftmaxWithLoss), cuda_norm (BatchNorm, LRN), cuda_elementwise (Dropout, ReLU,
+Sigmoid, TanH, ELU, BNLL, Swish, Eltwise SUM/MAX), cuda_channelwise (Scale, Bias, PReLU). NONE HAS RUN ON A
+GPU YET.
 
 CAFFE_DEVICE_KERNELS=0 turns the hand-written kernels off (the array-API paths run on the GPU too).
 """
@@ -76,3 +83,9 @@ def floats(xp, *arrays) -> bool:
     """All arrays float32 (or all float64) and C-contiguous: what the hand-written kernels take."""
     dt = arrays[0].dtype
     return dt in CTYPES and all(a.dtype == dt and a.flags.c_contiguous for a in arrays)
+
+
+def address(a) -> int:
+    """Where an array's data starts (a CuPy device pointer, or a NumPy host address): kernels that would read
+    what they already wrote (in place) compare them and decline."""
+    return a.data.ptr if hasattr(a.data, "ptr") else a.ctypes.data

@@ -114,6 +114,10 @@ class DropoutLayer(NeuronLayer):
         x = bottom[0].data_xp(xp)
         y = top[0].mutable_data_xp(xp)
         if self.train:
+            from caffe.layers.kernels import cuda_elementwise  # a real GPU: the mask drawn and applied in one pass
+            m = _cpu.state_blob(self, "rand_vec_", bottom[0], np.uint8).mutable_data_xp(xp)
+            if cuda_elementwise.dropout_forward(xp, self._new_seed, self.threshold, m, x, y, self._mask_scale):
+                return
             if xp is np:
                 self._draw_mask(bottom[0])
             else:  # the same bits, drawn where they are used
@@ -134,6 +138,9 @@ class DropoutLayer(NeuronLayer):
         if self.train:
             self._check_mask(dy.shape)
             mask = self.rand_vec_.data_xp(xp)
+            from caffe.layers.kernels import cuda_elementwise  # a real GPU: one pass
+            if cuda_elementwise.dropout_backward(xp, dy, mask, self._mask_scale, dx):
+                return
             dx[...] = dy * (mask.astype(dy.dtype) * dy.dtype.type(self._mask_scale))
         elif self.scale_train:
             dx[...] = dy

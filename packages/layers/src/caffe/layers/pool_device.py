@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from caffe.layers import cuda_kernels, device
+from caffe.layers import device
+from caffe.layers.kernels import cuda_pooling
 
 FLT_MAX = float(np.finfo(np.float32).max)
 
@@ -82,7 +83,7 @@ def windows(xp, spec, x, PH, PW, fill, pad=True):
 
 
 def max_forward(xp, spec, x, y, mask):
-    if cuda_kernels.max_pool_forward(xp, spec, x, y, mask):
+    if cuda_pooling.max_pool_forward(xp, spec, x, y, mask):
         return  # a real GPU: Caffe's MaxPoolForward in one pass
     N, C, H, W = x.shape
     PH, PW = y.shape[2:]
@@ -111,6 +112,8 @@ def scatter_back(xp, spec, dy, index, dx, pad=True):
     """dx = 0, then dx[plane, index] += dy (index = h * W + w per plane): Caffe's argmax backward (MAX,
     STOCHASTIC). As Caffe's GPU kernels (a gather over the windows covering each pixel), an index that does
     not lie in its own window (-1, or a stale STOCHASTIC index in TEST) adds nothing."""
+    if cuda_pooling.pool_backward(xp, spec, dy, index, dx, pad):
+        return  # a real GPU: Caffe's MaxPoolBackward gather, one pass
     N, C, H, W = dx.shape
     L = H * W
     NC, P = N * C, dy.shape[2] * dy.shape[3]
@@ -127,6 +130,8 @@ def scatter_back(xp, spec, dy, index, dx, pad=True):
 
 
 def ave_forward(xp, spec, x, y, sizes):
+    if cuda_pooling.ave_pool_forward(xp, spec, x, y):
+        return  # a real GPU: Caffe's AvePoolForward, one pass
     PH, PW = y.shape[2:]
     acc = windows(xp, spec, x, PH, PW, 0).sum(axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):  # Caffe's 0/0 past the edge: nan, silently
@@ -134,6 +139,8 @@ def ave_forward(xp, spec, x, y, sizes):
 
 
 def ave_backward(xp, spec, dy, dx, sizes):
+    if cuda_pooling.ave_pool_backward(xp, spec, dy, dx):
+        return  # a real GPU: Caffe's AvePoolBackward gather, one pass
     N, C, H, W = dx.shape
     PH, PW = dy.shape[2:]
     NC, P, K = N * C, PH * PW, spec.kh * spec.kw

@@ -212,6 +212,9 @@ def _stochastic_windows(xp, spec, x, PH, PW):
 
 def stochastic_forward_train(xp, spec, x, y, rand_idx, uniform):
     """Sample one element per window with probability proportional to its value."""
+    from caffe.layers.kernels import cuda_pooling  # a real GPU: Caffe's StoPoolForwardTrain, one pass
+    if cuda_pooling.sto_pool_forward_train(xp, spec, x, y, rand_idx, uniform):
+        return
     PH, PW = y.shape[2:]
     vals, pos = _stochastic_windows(xp, spec, x, PH, PW)
     cums = xp.cumsum(vals, axis=0)
@@ -229,6 +232,9 @@ def stochastic_forward_train(xp, spec, x, y, rand_idx, uniform):
 
 def stochastic_forward_test(xp, spec, x, y):
     """The activation-weighted average sum(x^2) / (FLT_MIN + sum(x))."""
+    from caffe.layers.kernels import cuda_pooling  # a real GPU: Caffe's StoPoolForwardTest, one pass
+    if cuda_pooling.sto_pool_forward_test(xp, spec, x, y):
+        return
     PH, PW = y.shape[2:]
     vals, _ = _stochastic_windows(xp, spec, x, PH, PW)
     y[...] = (vals * vals).sum(axis=0) / (vals.sum(axis=0) + x.dtype.type(FLT_MIN))

@@ -80,21 +80,42 @@ class PReLULayer(NeuronLayer):
             return a.reshape(())
         return a.reshape((1, -1) + (1,) * (ndim - 2))  # broadcast over axis 1
 
+    def _device_dims(self, x):
+        """(outer, slopes, inner) of x for the device kernels."""
+        if self.channel_shared:
+            return 1, 1, x.size
+        return x.shape[0], x.shape[1], x.size // max(x.shape[0] * x.shape[1], 1)
+
     def forward_xp(self, xp, bottom, top):
         _cpu.save_bottom(self, xp, bottom, top)  # in place: backward needs the input
         x = bottom[0].data_xp(xp)
+        from caffe.layers.kernels import cuda_channelwise  # a real GPU: one pass
+        if cuda_channelwise.prelu_forward(xp, x, self.blobs[0].data_xp(xp).reshape(-1), top[0].mutable_data_xp(xp),
+                                          *self._device_dims(x)[1:]):
+            return
         a = self._slope(xp, x.ndim)
         top[0].mutable_data_xp(xp)[...] = xp.maximum(x, 0) + a * xp.minimum(x, 0)
 
     def backward_xp(self, xp, top, propagate_down, bottom):
         x = _cpu.saved_bottom(self, xp, bottom, top)
         dy = top[0].diff_xp(xp)
-        neg = x <= 0
-        if self.param_propagate_down(0):
+        from caffe.layers.kernels import cuda_channelwise  # a real GPU: one pass each (slope gradient, bottom diff)
+        outer, dim, inner = self._device_dims(x)
+        slope_done = not self.param_propagate_down(0)
+        if not slope_done:
+            g = cuda_channelwise.channel_dot(xp, dy, x, outer, dim, inner, negative_only=True)
+            if g is not None:
+                pd = self.blobs[0].mutable_diff_xp(xp)
+                pd += g.reshape(pd.shape)
+                slope_done = True
+        diff_done = not propagate_down[0] or cuda_channelwise.prelu_backward(
+            xp, x, dy, self.blobs[0].data_xp(xp).reshape(-1), bottom[0].mutable_diff_xp(xp), dim, inner)
+        neg = None if slope_done and diff_done else x <= 0
+        if not slope_done:
             g = dy * x * neg
             axes = tuple(i for i in range(x.ndim) if self.channel_shared or i != 1)
             pd = self.blobs[0].mutable_diff_xp(xp)
             pd += g.sum(axis=axes).reshape(pd.shape)
-        if propagate_down[0]:
+        if not diff_done:
             a = self._slope(xp, x.ndim)
             bottom[0].mutable_diff_xp(xp)[...] = dy * xp.where(neg, a, 1)

@@ -121,6 +121,12 @@ class ScaleLayer(Layer):
             # In place, the top overwrites x, which the scale gradient needs: keep a copy (Caffe's temp_).
             _cpu.state_blob(self, "temp_", bottom[0]).mutable_data_xp(xp)[...] = x
         s = self._scale(bottom).data_xp(xp).reshape(1, self.dim, 1)
+        from caffe.layers.kernels import cuda_channelwise  # a real GPU: scale and bias in one pass
+        b, bl = self._bias_blob(), self.bias_layer
+        if (b is None or (bl.dim, bl.inner) == (self.dim, self.inner)) and cuda_channelwise.channel_scale(
+                xp, x, s.reshape(-1), None if b is None else b.data_xp(xp).reshape(-1), top[0].mutable_data_xp(xp),
+                self.dim, self.inner):
+            return
         top[0].mutable_data_xp(xp)[...] = (xr * s).reshape(x.shape)
         if self.bias_layer is not None:
             self.bias_layer.forward_xp(xp, [top[0]], top)
@@ -132,7 +138,10 @@ class ScaleLayer(Layer):
         dy = top[0].diff_xp(xp).reshape(self.outer, self.dim, self.inner)
         if (learned and self.param_propagate_down(0)) or (not learned and propagate_down[1]):
             x = self._bottom_data(xp, bottom, top).reshape(dy.shape)
-            ds = (dy * x).sum(axis=(0, 2))
+            from caffe.layers.kernels import cuda_channelwise  # a real GPU: one read of dy and x
+            ds = cuda_channelwise.channel_dot(xp, dy, x, self.outer, self.dim, self.inner)
+            if ds is None:
+                ds = (dy * x).sum(axis=(0, 2))
             diff = self._scale(bottom).mutable_diff_xp(xp)
             if learned:
                 diff += ds.reshape(diff.shape)
@@ -140,5 +149,9 @@ class ScaleLayer(Layer):
                 diff[...] = ds.reshape(diff.shape)
         if propagate_down[0]:
             s = self._scale(bottom).data_xp(xp).reshape(1, self.dim, 1)
+            from caffe.layers.kernels import cuda_channelwise  # a real GPU: one pass
+            if cuda_channelwise.channel_scale(xp, dy, s.reshape(-1), None, bottom[0].mutable_diff_xp(xp), self.dim,
+                                              self.inner):
+                return
             dx = dy * s
             bottom[0].mutable_diff_xp(xp)[...] = dx.reshape(bottom[0].shape)

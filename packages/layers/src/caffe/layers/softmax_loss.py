@@ -16,7 +16,7 @@ from caffe.blob import Blob, deferred
 from caffe.layers import _cpu
 from caffe.layers.layer import LossLayer
 from caffe.layers.registry import register_layer
-from caffe.layers.softmax import canonical_axis, softmax_cpu, softmax_xp
+from caffe.layers.softmax import canonical_axis, softmax_xp
 from caffe.proto import caffe_pb2
 
 _LP = caffe_pb2.LossParameter
@@ -67,9 +67,7 @@ def read_labels(layer, xp, label_blob, shape, num_classes, ignore=None, check=Tr
     bad = valid & ((labels < 0) | (labels >= num_classes))
 
     def error(value, deferred_note=""):
-        return layer.error(f"label value {value:g} is out of range: labels must be integers in "
-                           f"[0, {num_classes})" + (f" or the ignore_label {ignore}" if ignore is not None else "")
-                           + deferred_note)
+        return label_error(layer, value, num_classes, ignore, deferred_note)
 
     if xp is np:
         if check and bool(bad.any()):
@@ -78,19 +76,30 @@ def read_labels(layer, xp, label_blob, shape, num_classes, ignore=None, check=Tr
     if check:
         flat_bad = bad.ravel()
         deferred.check(layer, flat_bad.any(), raw.ravel()[xp.argmax(flat_bad)],
-                       lambda v: error(v, " (found on the device; raised at the next read of a loss)"))
+                       lambda v: error(v, DEVICE_NOTE))
     return labels, valid, xp.where(valid & ~bad, labels, 0)
 
 
-def loss_normalizer(layer, xp, valid, dtype):
+def label_error(layer, value, num_classes, ignore, note=""):
+    return layer.error(f"label value {value:g} is out of range: labels must be integers in "
+                       f"[0, {num_classes})" + (f" or the ignore_label {ignore}" if ignore is not None else "") + note)
+
+
+DEVICE_NOTE = " (found on the device; raised at the next read of a loss)"
+
+
+def loss_normalizer(layer, xp, valid, dtype, count=None):
     """This forward's normalizer (get_normalizer with the layer's normalization, outer_num, inner_num and
     the count of `valid`, None: all valid), kept in the layer's normalizer_ blob for Backward (so a Backward
-    in the other mode reads it). On the host a Python float; on the device a 0-d array (no copy)."""
+    in the other mode reads it). On the host a Python float; on the device a 0-d array (no copy). count: the
+    count of valid when only that is at hand (a device scalar)."""
     mode = layer.normalization
-    if mode == VALID and valid is not None and xp is not np:
-        norm = xp.maximum(valid.sum(), 1).astype(dtype)
+    if count is None and valid is not None and mode == VALID:
+        count = valid.sum()
+    if mode == VALID and count is not None and xp is not np:
+        norm = xp.maximum(count, 1).astype(dtype)
     else:
-        count = int(valid.sum()) if mode == VALID and valid is not None else -1
+        count = int(count) if mode == VALID and count is not None else -1
         norm = get_normalizer(mode, layer.outer_num, layer.inner_num, count)
     _cpu.state_blob(layer, "normalizer_", (1,), dtype).mutable_data_xp(xp)[...] = norm
     return norm
@@ -154,26 +163,65 @@ class SoftmaxWithLossLayer(_MultiTopLoss):
             top[1].reshape_like(bottom[0])
 
     def forward_cpu(self, bottom, top):
-        if not softmax_cpu(bottom[0], self.prob, self.axis):
+        if not _cpu.usable(_cpu.softmax, bottom[0], self.prob):
             self.prob.mutable_cpu_data()[...] = softmax_xp(np, bottom[0].cpu_data(), self.axis)
-        self._loss_from_prob(np, bottom, top)
+            self._loss_from_prob(np, bottom, top)
+            return
+        valid, labels, valid_u8 = self._kernel_labels(bottom)
+        # the probabilities and the loss in one pass (each piece's loss read while it is in cache)
+        x, prob = _cpu.flat(bottom[0].cpu_data()), _cpu.flat(self.prob.mutable_cpu_data())
+        total = _cpu.softmax.softmax_loss_forward(x, prob, labels, valid_u8, self.outer_num, self.num_classes,
+                                                  self.inner_num)
+        dtype = self.prob.dtype
+        top[0].mutable_cpu_data()[...] = dtype.type(total) / loss_normalizer(self, np, valid, dtype)
+        if len(top) >= 2:
+            top[1].mutable_cpu_data()[...] = self.prob.cpu_data()
+
+    def _kernel_labels(self, bottom):
+        """The labels checked (read_labels), as the softmax kernels take them: (valid, int64 labels with 0
+        where ignored, valid as uint8), flat."""
+        _, valid, safe = read_labels(self, np, bottom[1], (self.outer_num, self.inner_num),
+                                     self.num_classes, self.ignore_label)
+        labels = np.ascontiguousarray(safe, np.int64).reshape(-1)
+        return valid, labels, np.ascontiguousarray(valid).reshape(-1).view(np.uint8)
 
     def backward_cpu(self, top, propagate_down, bottom):
         if not (_cpu.usable(_cpu.softmax, bottom[0], self.prob) and propagate_down[0] and not propagate_down[1]):
             return self.backward_xp(np, top, propagate_down, bottom)
-        _, valid, safe = read_labels(self, np, bottom[1], (self.outer_num, self.inner_num),
-                                     self.num_classes, self.ignore_label)
+        _, labels, valid = self._kernel_labels(bottom)
         norm = saved_normalizer(self, np)
         scale = float(top[0].cpu_diff().reshape(()) / norm)  # in the blob's precision, as the NumPy path
-        labels = np.ascontiguousarray(safe, np.int64).reshape(-1)
-        valid = np.ascontiguousarray(valid).reshape(-1).view(np.uint8)
         _cpu.softmax.softmax_loss_backward(_cpu.flat(self.prob.cpu_data()), labels, valid,
                                            _cpu.flat(bottom[0].mutable_cpu_diff()), self.outer_num, self.num_classes,
                                            self.inner_num, scale)
 
     def forward_xp(self, xp, bottom, top):
-        self.prob.mutable_data_xp(xp)[...] = softmax_xp(xp, bottom[0].data_xp(xp), self.axis)
-        self._loss_from_prob(xp, bottom, top)
+        from caffe.layers.kernels import cuda_softmax  # a real GPU: one fused pass
+        if not cuda_softmax.softmax_forward(xp, bottom[0].data_xp(xp), self.prob.mutable_data_xp(xp), self.axis):
+            self.prob.mutable_data_xp(xp)[...] = softmax_xp(xp, bottom[0].data_xp(xp), self.axis)
+        if not self._loss_in_one_kernel(xp, bottom, top):
+            self._loss_from_prob(xp, bottom, top)
+
+    def _loss_in_one_kernel(self, xp, bottom, top) -> bool:
+        """_loss_from_prob as one kernel (a real GPU): the loss sum, the valid count and the first bad label, then
+        read_labels' check (deferred on the device) and the normalizer from the count."""
+        from caffe.layers.kernels import cuda_softmax
+        raw, prob = bottom[1].data_xp(xp).reshape(-1), self.prob.data_xp(xp)
+        out = cuda_softmax.softmax_loss_forward(xp, prob, raw, self.num_classes, self.inner_num, self.ignore_label)
+        if out is None:
+            return False
+        (sums, first_bad), n = out, raw.size
+        err = (lambda v, note="": label_error(self, v, self.num_classes, self.ignore_label, note))
+        if xp is np:
+            if first_bad[0] < n:
+                raise err(float(raw[first_bad[0]]))
+        else:
+            deferred.check(self, first_bad[0] < n, raw[xp.minimum(first_bad[0], n - 1)], lambda v: err(v, DEVICE_NOTE))
+        loss = sums[0].astype(prob.dtype)
+        top[0].mutable_data_xp(xp)[...] = loss / loss_normalizer(self, xp, None, prob.dtype, count=sums[1])
+        if len(top) >= 2:
+            top[1].mutable_data_xp(xp)[...] = prob
+        return True
 
     def _loss_from_prob(self, xp, bottom, top):
         """The loss (and the second top) from the probabilities in self.prob."""
@@ -191,6 +239,12 @@ class SoftmaxWithLossLayer(_MultiTopLoss):
         if propagate_down[1]:
             raise self.error("cannot backpropagate to label inputs (bottom[1])")
         if not propagate_down[0]:
+            return
+        from caffe.layers.kernels import cuda_softmax  # a real GPU: one fused pass, the scale kept on the device
+        if cuda_softmax.softmax_loss_backward(xp, self.prob.data_xp(xp), bottom[1].data_xp(xp),
+                                              top[0].diff_xp(xp).reshape(()) / saved_normalizer(self, xp),
+                                              bottom[0].mutable_diff_xp(xp), self.num_classes, self.inner_num,
+                                              self.ignore_label):
             return
         shape3 = (self.outer_num, self.num_classes, self.inner_num)
         prob = self.prob.data_xp(xp).reshape(shape3)

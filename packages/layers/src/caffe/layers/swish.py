@@ -33,6 +33,9 @@ class SwishLayer(NeuronLayer):
         x = bottom[0].data_xp(xp)
         beta = self.layer_param.swish_param.beta
         s = self.sigmoid_output_.mutable_data_xp(xp)
+        from caffe.layers.kernels import cuda_elementwise  # a real GPU: one pass
+        if cuda_elementwise.swish_forward(xp, x, beta, s, top[0].mutable_data_xp(xp)):
+            return
         s[...] = sigmoid_xp(xp, x * beta)
         top[0].mutable_data_xp(xp)[...] = x * s
 
@@ -43,4 +46,7 @@ class SwishLayer(NeuronLayer):
         y = top[0].data_xp(xp)
         dy = top[0].diff_xp(xp)
         s = self.sigmoid_output_.data_xp(xp)
+        from caffe.layers.kernels import cuda_elementwise  # a real GPU: one pass
+        if cuda_elementwise.swish_backward(xp, y, s, dy, beta, bottom[0].mutable_diff_xp(xp)):
+            return
         bottom[0].mutable_diff_xp(xp)[...] = dy * (beta * y + s * (1 - beta * y))

@@ -15,7 +15,7 @@ written only after every input element at that position has been read; where a p
 an input that an earlier output of the same piece may overwrite, it reads a local copy.
 """
 from cython.parallel cimport prange
-from libc.stdint cimport uint8_t, uint32_t, uint64_t
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 
@@ -29,6 +29,7 @@ include "_vmath.pxi"
 
 cdef enum:
     CHUNK = 4096  # elements per piece (16 KB of float32: a few inputs and outputs stay in L1)
+    CHUNK_QUADS = 1024  # CHUNK / 4: Dropout's SplitMix64 outputs per piece
 
 # Neuron operations (forward: x -> y; backward: dy -> dx), parameters a, b, c as noted.
 cpdef enum Neuron:
@@ -429,23 +430,51 @@ cdef inline uint64_t _splitmix(uint64_t z) noexcept nogil:
     return z ^ (z >> 31)
 
 
+cdef extern from *:
+    """
+    #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    #define CAFFE_DROPOUT_LE 1
+    #else
+    #define CAFFE_DROPOUT_LE 0
+    #endif
+    """
+    bint CAFFE_DROPOUT_LE
+
+
 cdef void _dropout_piece(const real* x, real* y, uint8_t* mask, Py_ssize_t lo, Py_ssize_t n,
                          uint64_t seed, uint32_t threshold, real scale, bint apply) noexcept nogil:
-    # lo is a multiple of 4 (CHUNK is), so a SplitMix64 output never straddles two pieces.
+    # lo is a multiple of 4 (CHUNK is), so a SplitMix64 output never straddles two pieces. The piece's
+    # SplitMix64 outputs go to a buffer first; on a little-endian machine their 16-bit fields, lowest
+    # first, are then the buffer read as uint16, so the comparisons run 16 to a vector (extracting and
+    # comparing each field of a 64-bit lane had cost more than the generator).
+    cdef uint64_t bits[CHUNK_QUADS]
+    cdef const uint16_t* h = <const uint16_t*> bits
     cdef Py_ssize_t p, q, n4 = n // 4
     cdef uint64_t r, t = threshold
+    cdef uint16_t t16
     cdef uint64_t first = <uint64_t>(lo // 4 + 1)
     cdef uint8_t* mk = mask + lo
-    for p in range(n4):  # whole groups of four: no branch, so the compiler can vectorize it
-        r = _splitmix(seed + (first + <uint64_t>p) * <uint64_t>0x9e3779b97f4a7c15ULL)
-        mk[4 * p] = (r & 0xFFFF) >= t
-        mk[4 * p + 1] = ((r >> 16) & 0xFFFF) >= t
-        mk[4 * p + 2] = ((r >> 32) & 0xFFFF) >= t
-        mk[4 * p + 3] = (r >> 48) >= t
-    if n4 * 4 < n:
-        r = _splitmix(seed + (first + <uint64_t>n4) * <uint64_t>0x9e3779b97f4a7c15ULL)
-        for q in range(n - n4 * 4):
-            mk[4 * n4 + q] = ((r >> (16 * q)) & 0xFFFF) >= t
+    if CAFFE_DROPOUT_LE and n <= 4 * CHUNK_QUADS:
+        for p in range((n + 3) // 4):
+            bits[p] = _splitmix(seed + (first + <uint64_t>p) * <uint64_t>0x9e3779b97f4a7c15ULL)
+        if threshold > 65535:  # (ratio within 2^-17 of 1: nothing is kept)
+            for p in range(n):
+                mk[p] = 0
+        else:
+            t16 = <uint16_t>threshold
+            for p in range(n):
+                mk[p] = h[p] >= t16
+    else:
+        for p in range(n4):  # whole groups of four: no branch, so the compiler can vectorize it
+            r = _splitmix(seed + (first + <uint64_t>p) * <uint64_t>0x9e3779b97f4a7c15ULL)
+            mk[4 * p] = (r & 0xFFFF) >= t
+            mk[4 * p + 1] = ((r >> 16) & 0xFFFF) >= t
+            mk[4 * p + 2] = ((r >> 32) & 0xFFFF) >= t
+            mk[4 * p + 3] = (r >> 48) >= t
+        if n4 * 4 < n:
+            r = _splitmix(seed + (first + <uint64_t>n4) * <uint64_t>0x9e3779b97f4a7c15ULL)
+            for q in range(n - n4 * 4):
+                mk[4 * n4 + q] = ((r >> (16 * q)) & 0xFFFF) >= t
     if apply:
         for p in range(n):
             y[lo + p] = x[lo + p] * (scale if mk[p] else 0)

@@ -1,0 +1,123 @@
+"""Another build's memory-bound kernels ("old") against this checkout's ("new"), interleaved in one process.
+
+Usage:  python packages/layers/bench/ab_kernels.py OLD_KERNELS_DIR [--repeats 25]
+        OMP_NUM_THREADS=1 python packages/layers/bench/ab_kernels.py OLD_KERNELS_DIR   # per-thread CPU time
+
+OLD_KERNELS_DIR holds the compiled kernels of another checkout, e.g. a worktree of an older commit
+installed with scripts/install.sh: ../before/packages/layers/src/caffe/layers/kernels. The raw kernels
+(the AVX2 builds of pooling, normalization, softmax, elementwise) run at the ResNet res2 shape
+8x256x56x56 float32 (global AVE pooling: 8x2048x7x7), old and new alternating, median of --repeats,
+beside a np.copyto of the bottom (one read and one write of 25.7 MB). With OMP_NUM_THREADS=1 the
+figures are the thread's CPU time, far less disturbed by other processes than two threads' wall clock.
+Whole layers against the memory bandwidth: bench_layers.py --memory.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import importlib
+import importlib.util
+import os
+import statistics
+import time
+
+import numpy as np
+
+N, C, H, W = 8, 256, 56, 56
+S, PH, PW = H * W, 28, 28
+FLT_MIN = np.float32(np.finfo(np.float32).tiny)
+
+
+def pair(name, old_dir):
+    # This checkout's module first: a Cython module registers itself under its name when it loads, so the
+    # old one (from its file, under the same name) must come second.
+    new = importlib.import_module(f"caffe.layers.kernels.{name}")
+    paths = glob.glob(os.path.join(old_dir, f"{name}.cpython-*.so"))
+    if not paths:
+        raise SystemExit(f"ab_kernels: no {name} build in {old_dir}")
+    spec = importlib.util.spec_from_file_location(f"caffe.layers.kernels.{name}", paths[0])
+    old = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(old)
+    assert old is not new and old.__file__ != new.__file__
+    return old, new
+
+
+def cases(old_dir):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(N * C * S).astype(np.float32)
+    dy = rng.standard_normal(x.size).astype(np.float32)
+    y, dx, sc, e = np.empty_like(x), np.empty_like(x), np.empty_like(x), np.empty(0, np.float32)
+    yp, mk = np.empty(N * C * PH * PW, np.float32), np.empty(N * C * PH * PW, np.int32)
+    dyp = rng.standard_normal(yp.size).astype(np.float32)
+    g, gy = rng.standard_normal(8 * 2048 * 49).astype(np.float32), np.empty(8 * 2048, np.float32)
+    m, v, mask = np.zeros(C), np.zeros(C), np.empty(x.size, np.uint8)
+    lab, val = rng.integers(0, C, N * S).astype(np.int64), np.ones(N * S, np.uint8)
+    pool, norm, soft, elt = (pair(n, old_dir) for n in ("pooling_avx2", "normalization_avx2", "softmax_avx2",
+                                                        "elementwise_avx2"))
+    new_norm, new_soft = norm[1], soft[1]
+    new_norm.batch_norm_train_forward(x, y, e, m, v, N, C, S, 1e-5)
+    mf, inv = m.astype(np.float32), (1 / np.sqrt(v + 1e-5)).astype(np.float32)
+    sy, ly = np.empty_like(x), np.empty_like(x)
+    new_soft.softmax_forward(x, sy, N, C, S)
+    new_norm.lrn_across_forward(x, ly, sc, N, C, S, 5, 1e-4, 1.0, 0.75)
+    pool[1].max_pool_forward(x, yp, mk, N * C, H, W, PH, PW, 3, 3, 2, 2, 0, 0)
+
+    def softmax_loss(k):
+        # A build whose softmax_loss_forward takes the logits computes the probabilities and the loss at once;
+        # before it, the layer ran the softmax kernel and then this NumPy loss.
+        try:
+            return k.softmax_loss_forward(x, y, lab, val, N, C, S)
+        except (AttributeError, TypeError):
+            k.softmax_forward(x, y, N, C, S)
+            p = np.take_along_axis(y.reshape(N, C, S), lab.reshape(N, 1, S), axis=1)[:, 0, :]
+            return -np.where(val.reshape(N, S) != 0, np.log(np.maximum(p, FLT_MIN)), 0).sum()
+
+    return [
+        ("Pooling MAX 3/2 forward", pool,
+         lambda k: k.max_pool_forward(x, yp, mk, N * C, H, W, PH, PW, 3, 3, 2, 2, 0, 0)),
+        ("Pooling MAX 3/2 backward", pool, lambda k: k.max_pool_backward(dyp, mk, dx, N * C, S, PH * PW)),
+        ("Pooling AVE global forward", pool,
+         lambda k: k.ave_pool_forward(g, gy, 8 * 2048, 7, 7, 1, 1, 7, 7, 1, 1, 0, 0)),
+        ("BatchNorm train forward", norm, lambda k: k.batch_norm_train_forward(x, y, e, m, v, N, C, S, 1e-5)),
+        ("BatchNorm train fwd + x_norm", norm, lambda k: k.batch_norm_train_forward(x, y, sc, m, v, N, C, S, 1e-5)),
+        ("BatchNorm train backward", norm, lambda k: k.batch_norm_train_backward(dy, e, x, mf, inv, dx, N, C, S)),
+        ("LRN forward", norm, lambda k: k.lrn_across_forward(x, y, dx, N, C, S, 5, 1e-4, 1.0, 0.75)),
+        ("LRN backward", norm, lambda k: k.lrn_across_backward(x, ly, sc, dy, dx, N, C, S, 5, 1e-4, 0.75)),
+        ("Softmax forward", soft, lambda k: k.softmax_forward(x, y, N, C, S)),
+        ("Softmax backward", soft, lambda k: k.softmax_backward(sy, dy, dx, N, C, S)),
+        ("SoftmaxWithLoss forward", soft, softmax_loss),
+        ("Dropout forward", elt, lambda k: k.dropout_forward(x, y, mask, 77, 32768, 2.0)),
+    ], x, y
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("old", help="the other build's caffe/layers/kernels folder")
+    ap.add_argument("--repeats", type=int, default=25)
+    args = ap.parse_args(argv)
+    one = os.environ.get("OMP_NUM_THREADS") == "1"
+    clk = time.thread_time if one else time.perf_counter
+    todo, x, y = cases(args.old)
+    print(f"# {time.strftime('%Y-%m-%d %H:%M:%S')}  load avg {' '.join(f'{v:.2f}' for v in os.getloadavg())}  "
+          f"OMP_NUM_THREADS {os.environ.get('OMP_NUM_THREADS', 'unset')}  {'thread CPU time' if one else 'wall'} ms, "
+          f"median of {args.repeats}")
+    times = []
+    for _ in range(args.repeats):
+        t0 = clk()
+        np.copyto(y, x)
+        times.append(clk() - t0)
+    print(f"  np.copyto of 25.7 MB: {statistics.median(times) * 1e3:.2f} ms")
+    for name, (old, new), run in todo:
+        got = {old: [], new: []}
+        for i in range(args.repeats + 2):
+            for k in ((old, new) if i % 2 else (new, old)):
+                t0 = clk()
+                run(k)
+                if i >= 2:
+                    got[k].append(clk() - t0)
+        o, n = (statistics.median(got[k]) * 1e3 for k in (old, new))
+        print(f"  {name:30s} old {o:7.2f}  new {n:7.2f}  old / new {o / n:5.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

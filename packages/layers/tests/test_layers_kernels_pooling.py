@@ -1,0 +1,105 @@
+"""kernels.pooling against the layer's generic NumPy path (the GPU's code): MAX and AVE, forward and backward.
+
+The layer runs the kernel when it is built (pooling._k) and the NumPy code otherwise; each property runs
+both on the same blobs. MAX must agree bit for bit, argmax mask included: values come from a few integers
+(ties everywhere, so the first maximum in row-major order is tested), sprinkled with -inf, -FLT_MAX and NaN
+(never taken: Caffe's strict greater-than from -FLT_MAX). Shapes: tiny and odd ones, and a few large enough
+for both threads and for the kernels' whole-plane fast paths (W a multiple of the stride, global pooling).
+"""
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from caffe.layers import pooling
+from caffe.layers.testing import blobs_from_arrays, empty_tops, make_layer
+
+FLT_MAX = float(np.finfo(np.float32).max)
+DTYPES = st.sampled_from([np.float32, np.float64])
+SEEDS = st.integers(0, 2**31 - 1)
+# (N, C, H, W) past PARALLEL_MIN_WORK (32768): both threads; 56 / 112 even (3x3/2 rows tile), 55 odd.
+BIG = [(2, 9, 56, 56), (1, 4, 112, 112), (2, 5, 55, 55), (1, 3, 57, 64)]
+
+
+def _run(text, x, dy, dtype, kernel, n_top=1):
+    saved = pooling._k
+    if not kernel:
+        pooling._k = None
+    try:
+        layer = make_layer("Pooling", text)
+        bottom, top = blobs_from_arrays([x], dtype), empty_tops(n_top, dtype)
+        layer.SetUp(bottom, top)
+        layer.Forward(bottom, top)
+        top[0].diff[...] = dy if dy is not None else np.random.default_rng(7).normal(size=top[0].shape)
+        layer.Backward(top, [True], bottom)
+        return [t.data.copy() for t in top], bottom[0].diff.copy()
+    finally:
+        pooling._k = saved
+
+
+def _values(seed, shape, specials):
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-3, 4, shape).astype(np.float64)  # ties on purpose
+    if specials:
+        flat = x.reshape(-1)
+        for v in (-np.inf, -FLT_MAX, np.nan):
+            flat[rng.integers(0, flat.size, max(1, flat.size // 50))] = v
+    return x
+
+
+@st.composite
+def max_cases(draw):
+    k = (draw(st.integers(1, 4)), draw(st.integers(1, 4)))
+    if draw(st.booleans()):  # the nets' shapes: 3x3/2 (ResNet, GoogLeNet, CaffeNet), 3x3/1 pad 1, 2x2/2
+        k, s, p = draw(st.sampled_from([((3, 3), (2, 2), (0, 0)), ((3, 3), (2, 2), (1, 1)),
+                                        ((3, 3), (1, 1), (1, 1)), ((2, 2), (2, 2), (0, 0))]))
+    else:
+        s = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+        p = (draw(st.integers(0, k[0] - 1)), draw(st.integers(0, k[1] - 1)))
+    if draw(st.integers(0, 4)) == 0:
+        shape = draw(st.sampled_from(BIG))
+    else:
+        shape = (draw(st.integers(1, 2)), draw(st.integers(1, 3)),
+                 draw(st.integers(max(1, k[0] - 2 * p[0]), 13)), draw(st.integers(max(1, k[1] - 2 * p[1]), 13)))
+    ceil = draw(st.booleans())
+    text = (f"pooling_param {{ pool: MAX kernel_h: {k[0]} kernel_w: {k[1]} stride_h: {s[0]} stride_w: {s[1]} "
+            f"pad_h: {p[0]} pad_w: {p[1]} round_mode: {'CEIL' if ceil else 'FLOOR'} }}")
+    return shape, text
+
+
+@given(case=max_cases(), dtype=DTYPES, seed=SEEDS, specials=st.booleans())
+def test_max_pooling_kernel_matches_numpy(case, dtype, seed, specials):
+    shape, text = case
+    x = _values(seed, shape, specials)
+    tops_k, dx_k = _run(text, x, None, dtype, True, n_top=2)
+    tops_n, dx_n = _run(text, x, None, dtype, False, n_top=2)
+    np.testing.assert_array_equal(tops_k[0], tops_n[0])  # values (NaN never taken: none in the tops)
+    np.testing.assert_array_equal(tops_k[1], tops_n[1])  # Caffe's argmax: the first maximum
+    np.testing.assert_allclose(dx_k, dx_n, rtol=1e-6 if dtype == np.float32 else 1e-13, atol=1e-6)
+
+
+@given(shape=st.one_of(st.tuples(st.integers(1, 3), st.integers(1, 40), st.integers(1, 9), st.integers(1, 9)),
+                       st.sampled_from([(8, 64, 7, 7), (2, 33, 13, 13), (1, 5, 56, 56)])),
+       dtype=DTYPES, seed=SEEDS)
+def test_global_ave_pooling_kernel_matches_numpy(shape, dtype, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=shape) * 3 + 1
+    dy = rng.normal(size=shape[:2] + (1, 1))
+    text = "pooling_param { pool: AVE global_pooling: true }"
+    (yk,), dxk = _run(text, x, dy, dtype, True)
+    (yn,), dxn = _run(text, x, dy, dtype, False)
+    tol = 2e-6 if dtype == np.float32 else 1e-13  # the sum's order differs from NumPy's
+    np.testing.assert_allclose(yk, yn, rtol=tol, atol=tol * max(1.0, float(np.abs(x).max())))
+    np.testing.assert_allclose(dxk, dxn, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_max_pooling_kernel_first_maximum_in_every_window_position(dtype):
+    # All-equal planes: every window's first pixel (row-major, clipped to the image) is the argmax.
+    text = "pooling_param { pool: MAX kernel_size: 3 stride: 2 pad: 1 }"
+    x = np.ones((1, 2, 56, 56))
+    (_, mask), _ = _run(text, x, None, dtype, True, n_top=2)
+    H = W = 56
+    PH = PW = mask.shape[2]
+    hs = np.maximum(np.arange(PH) * 2 - 1, 0)
+    ws = np.maximum(np.arange(PW) * 2 - 1, 0)
+    np.testing.assert_array_equal(mask[0, 1], hs[:, None] * W + ws[None, :])
