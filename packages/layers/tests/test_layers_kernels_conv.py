@@ -233,6 +233,7 @@ def _compare_plans(case):
     ("1x1", dict(k=(1, 1), s=(1, 1), p=(0, 0), d=(1, 1), group=2)),
     ("direct", dict(k=(3, 3), s=(2, 1), p=(1, 1), d=(1, 1), group=3)),
     ("direct", dict(k=(3, 2), s=(1, 1), p=(1, 0), d=(2, 1), group=3)),
+    ("direct", dict(k=(1, 3), s=(1, 1), p=(1, 0), d=(1, 1), group=3)),  # pad past the kernel on one axis only
     ("blocked", dict(k=(3, 3), s=(1, 1), p=(1, 1), d=(1, 1), group=1)),    # same padding: im2col's fast copy
     ("blocked", dict(k=(2, 3), s=(2, 1), p=(1, 0), d=(1, 2), group=3)),
 ])

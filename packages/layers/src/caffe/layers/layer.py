@@ -83,7 +83,8 @@ class Layer:
     def reshape(self, bottom, top) -> None:
         raise NotImplementedError(f"{type(self).__name__} must implement reshape")
 
-    Reshape = reshape
+    def Reshape(self, bottom, top) -> None:
+        self.reshape(bottom, top)  # a call, not `Reshape = reshape`: that alias would be the base's, not the layer's
 
     def check_blob_counts(self, bottom, top) -> None:
         nb, nt = len(bottom), len(top)
@@ -139,7 +140,8 @@ class Layer:
     def allow_force_backward(self, bottom_index: int) -> bool:
         return True
 
-    AllowForceBackward = allow_force_backward
+    def AllowForceBackward(self, bottom_index: int) -> bool:
+        return self.allow_force_backward(bottom_index)  # the layer's own, as Reshape
 
     # -- forward/backward dispatch ---------------------------------------------------
     def Forward(self, bottom, top) -> float:

@@ -79,11 +79,12 @@ class LSTMUnitLayer(Layer):
         dc = top[0].diff_xp(xp)[0]
         dh = top[1].diff_xp(xp)[0]
         c_term = dc + dh * o * (1 - tanh_c * tanh_c)
-        if propagate_down[0]:
-            bottom[0].mutable_diff_xp(xp)[0] = c_term * cont * sf
+        # the gate diffs first: in place, bottom[0]'s diff is a top's diff (dh or dc), read here
         if propagate_down[1]:
             dx = xp.concatenate([c_term * g * i * (1 - i),
                                  c_term * c_prev * cont * sf * (1 - sf),
                                  dh * tanh_c * o * (1 - o),
                                  c_term * i * (1 - g * g)], axis=1)
             bottom[1].mutable_diff_xp(xp)[0] = dx
+        if propagate_down[0]:
+            bottom[0].mutable_diff_xp(xp)[0] = c_term * cont * sf
