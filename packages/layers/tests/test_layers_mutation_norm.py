@@ -360,3 +360,36 @@ def test_dropout_without_scale_train_both_paths(generic, monkeypatch):
 def test_dropout_mask_threshold():
     from caffe.layers.dropout import mask_threshold
     assert [mask_threshold(r) for r in (0.0, 0.5, 0.25, 0.1)] == [0, 32768, 16384, 6554]
+
+
+def splitmix_bits(seed, count):
+    """16-bit draws of SplitMix64 outputs 1, 2, ... (Python integers: the definition, not the code)."""
+    out, M = [], (1 << 64) - 1
+    for i in range((count + 3) // 4):
+        z = (seed + (i + 1) * 0x9E3779B97F4A7C15) & M
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M
+        z ^= z >> 31
+        out += [(z >> (16 * j)) & 0xFFFF for j in range(4)]
+    return out[:count]
+
+
+@PATHS
+def test_dropout_keeps_an_element_whose_draw_equals_the_threshold(generic, monkeypatch):
+    """Kept when the 16 bits are >= the threshold (so P(keep) = 1 - ratio): a ratio whose threshold is
+    exactly the first element's draw keeps it; one more drops it."""
+    if generic:
+        monkeypatch.setattr(_cpu, "elementwise", None)
+    context.set_random_seed(11)
+    seed = int(context.rng().integers(0, 2 ** 63))
+    bits = splitmix_bits(seed, 6)
+    for threshold in (bits[0], bits[0] + 1):
+        ratio = threshold / 2 ** 16  # exact in float32
+        context.set_random_seed(11)
+        layer = make_layer("Dropout", f"dropout_param {{ dropout_ratio: {ratio!r} }}")
+        bottom, top = blobs_from_arrays([np.ones(6)], np.float32), empty_tops(1, np.float32)
+        layer.SetUp(bottom, top)
+        assert layer.threshold == threshold
+        layer.Forward(bottom, top)
+        np.testing.assert_array_equal(layer.rand_vec_.data, [int(b >= threshold) for b in bits])
+        assert layer.rand_vec_.data[0] == (threshold == bits[0])
