@@ -166,6 +166,11 @@ def test_share_data_and_diff(shape):
     c = Blob([int(np.prod(shape)) + 1])
     with pytest.raises(ValueError, match="count"):
         c.share_data(a)
+    d = Blob(shape, dtype=np.float64)  # same count, other dtype: its bytes would be read as float32
+    with pytest.raises(ValueError, match="dtype mismatch: float64 vs float32"):
+        d.share_data(a)
+    with pytest.raises(ValueError, match="dtype mismatch: float64 vs float32"):
+        d.share_diff(a)
 
 
 def test_copy_from_with_and_without_reshape():

@@ -83,7 +83,7 @@ def test_split_in_place_only_on_top_0():
     layer.Forward(bottom, top)
     np.testing.assert_array_equal(top[1].data, X)
     with pytest.raises(LayerError, match=r"Split layer does not allow in-place computation \(top\[1\] is the bottom\)"):
-        make_layer("Split").SetUp(bottom, [Blob(), bottom[0]])
+        make_layer("Split").SetUp(bottom, [Blob(dtype=np.float64), bottom[0]])
 
 
 @pytest.mark.parametrize("type_name, text, xs, n_top, message", [

@@ -25,8 +25,12 @@ def test_map_is_the_receptive_field_center(tmp_path_factory, specs):
     n = caffe.NetSpec()
     n.data = L.Input(shape=dict(dim=[1, 1, 48, 48]))
     top = n.data
+    size = 48
     for i, (kind, ks, stride, pad) in enumerate(specs):
         pad = min(pad, ks - 1)  # Caffe's pooling needs pad < kernel
+        assume(size + 2 * pad >= ks)  # a map smaller than the kernel is refused when the net is built
+        span = size + 2 * pad - ks  # Caffe's output sizes: convolution floors, pooling ceils
+        size = (span // stride if kind == "Convolution" else -(-span // stride)) + 1
         if kind == "Convolution":  # all-ones kernels: every input in the field gets gradient
             top = L.Convolution(top, kernel_size=ks, stride=stride, pad=pad, num_output=1,
                                 weight_filler=dict(type="constant", value=1), bias_term=False)

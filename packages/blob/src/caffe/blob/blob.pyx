@@ -351,6 +351,8 @@ cdef class Blob:
     def share_data(self, Blob other) -> None:
         if self._count != other._count:
             raise ValueError(f"share_data: count mismatch: {self.shape_string()} vs {other.shape_string()}")
+        if self.dtype != other.dtype:  # Caffe's Blob<Dtype> can only share with its own type
+            raise ValueError(f"share_data: dtype mismatch: {self.dtype.name} vs {other.dtype.name}")
         other._touch()
         self._lazy = None
         self._data = other._data
@@ -361,6 +363,8 @@ cdef class Blob:
     def share_diff(self, Blob other) -> None:
         if self._count != other._count:
             raise ValueError(f"share_diff: count mismatch: {self.shape_string()} vs {other.shape_string()}")
+        if self.dtype != other.dtype:
+            raise ValueError(f"share_diff: dtype mismatch: {self.dtype.name} vs {other.dtype.name}")
         self._diff = other._diff
 
     def ShareDiff(self, Blob other) -> None:
