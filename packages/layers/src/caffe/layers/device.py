@@ -57,6 +57,27 @@ def cached(xp, key, build):
 
 CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 
+# What every kernel family's source starts with: Caffe's grid-stride loop, and a sum over a block's threads
+# (blockDim.x a power of two, buf one entry per thread in shared memory) for the one-block-per-row kernels.
+CUDA_COMMON = r"""
+#define CUDA_KERNEL_LOOP(i, n) \
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); \
+       i += (long long)blockDim.x * gridDim.x)
+
+template <typename A>
+__device__ A block_sum(A v, A* buf) {
+  buf[threadIdx.x] = v;
+  __syncthreads();
+  for (unsigned int k = blockDim.x / 2; k > 0; k >>= 1) {
+    if (threadIdx.x < k) buf[threadIdx.x] += buf[threadIdx.x + k];
+    __syncthreads();
+  }
+  const A r = buf[0];
+  __syncthreads();
+  return r;
+}
+"""
+
 
 def raw_kernel(name: str, source: str, dtype):
     """The CUDA kernel `name` of `source` compiled for dtype (T = float or double), once per device."""

@@ -18,10 +18,7 @@ import numpy as np
 
 from caffe.layers import device
 
-_SOURCE = r"""
-#define CUDA_KERNEL_LOOP(i, n) \
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); \
-       i += (long long)blockDim.x * gridDim.x)
+_SOURCE = device.CUDA_COMMON + r"""
 
 // y = x (* s[ch]) (+ b[ch]) on (outer, dim, inner)
 extern "C" __global__ void channel_scale(const long long n, const T* x, const T* s, const int has_s, const T* b,

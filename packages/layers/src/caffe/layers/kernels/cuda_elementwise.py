@@ -30,10 +30,7 @@ import numpy as np
 
 from caffe.layers import device
 
-_SOURCE = r"""
-#define CUDA_KERNEL_LOOP(i, n) \
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); \
-       i += (long long)blockDim.x * gridDim.x)
+_SOURCE = device.CUDA_COMMON + r"""
 
 // caffe.layers.dropout's mask: element e is kept when 16 bits (e % 4) of SplitMix64 draw e / 4 + 1 are
 // >= threshold; y = x * (kept ? scale : 0) when apply.

@@ -26,22 +26,7 @@ from caffe.layers import device
 
 STAT_THREADS = 256  # the block reducing one channel (a power of two, <= the shared buffer)
 
-_SOURCE = r"""
-#define CUDA_KERNEL_LOOP(i, n) \
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); \
-       i += (long long)blockDim.x * gridDim.x)
-
-__device__ double block_sum(double v, double* buf) {
-  buf[threadIdx.x] = v;
-  __syncthreads();
-  for (unsigned int k = blockDim.x / 2; k > 0; k >>= 1) {
-    if (threadIdx.x < k) buf[threadIdx.x] += buf[threadIdx.x + k];
-    __syncthreads();
-  }
-  const double r = buf[0];
-  __syncthreads();
-  return r;
-}
+_SOURCE = device.CUDA_COMMON + r"""
 
 // Block ch: mean and (population) variance of channel ch of x (n, c, s), in double.
 extern "C" __global__ void bn_stats(const T* x, const int n, const int c, const long long s,

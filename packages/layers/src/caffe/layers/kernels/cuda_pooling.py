@@ -21,10 +21,7 @@ import numpy as np
 
 from caffe.layers import device
 
-_SOURCE = r"""
-#define CUDA_KERNEL_LOOP(i, n) \
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); \
-       i += (long long)blockDim.x * gridDim.x)
+_SOURCE = device.CUDA_COMMON + r"""
 
 extern "C" __global__ void max_pool_forward(const long long n, const T* x, const int H, const int W,
     const int PH, const int PW, const int kh, const int kw, const int sh, const int sw, const int ph, const int pw,

@@ -22,12 +22,9 @@ from caffe.layers import device
 
 ROW_THREADS = 256  # the block of the row kernels (a power of two, <= the shared buffers below)
 
-_SOURCE = r"""
-#define CUDA_KERNEL_LOOP(i, n) \
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); \
-       i += (long long)blockDim.x * gridDim.x)
+_SOURCE = device.CUDA_COMMON + r"""
 
-// The block's max / sum of v (every thread gets it); buf holds blockDim.x (a power of two) values.
+// The block's max of v (every thread gets it; device.CUDA_COMMON has the sum); buf holds blockDim.x (a power of two) values.
 __device__ T block_max(T v, T* buf) {
   buf[threadIdx.x] = v;
   __syncthreads();
@@ -37,30 +34,6 @@ __device__ T block_max(T v, T* buf) {
   }
   const T r = buf[0];
   __syncthreads();  // buf is reused by the next reduction
-  return r;
-}
-
-__device__ T block_sum(T v, T* buf) {
-  buf[threadIdx.x] = v;
-  __syncthreads();
-  for (unsigned int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) buf[threadIdx.x] += buf[threadIdx.x + s];
-    __syncthreads();
-  }
-  const T r = buf[0];
-  __syncthreads();
-  return r;
-}
-
-__device__ double block_sum_d(double v, double* buf) {
-  buf[threadIdx.x] = v;
-  __syncthreads();
-  for (unsigned int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) buf[threadIdx.x] += buf[threadIdx.x + s];
-    __syncthreads();
-  }
-  const double r = buf[0];
-  __syncthreads();
   return r;
 }
 
@@ -132,8 +105,8 @@ extern "C" __global__ void softmax_loss_forward(const long long n, const T* prob
     loss -= (double)log(p < floor ? floor : p);
     count += 1;
   }
-  loss = block_sum_d(loss, buf);
-  count = block_sum_d(count, buf);
+  loss = block_sum(loss, buf);
+  count = block_sum(count, buf);
   low[threadIdx.x] = bad;
   __syncthreads();
   for (unsigned int s = blockDim.x / 2; s > 0; s >>= 1) {
