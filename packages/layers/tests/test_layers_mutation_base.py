@@ -1,0 +1,40 @@
+"""Mutation survivors (docs/MUTATION.md: layers-11 to layers-13, and the leftovers of layers-5, -7, -8):
+behaviour the earlier tests did not pin down."""
+import numpy as np
+import pytest
+
+from caffe.blob import context
+from caffe.layers import conv_cpu
+from caffe.layers.testing import blobs_from_arrays, empty_tops, make_layer
+
+# -- layers-7: Deconvolution's bottom diff is a convolution forward: float32 short-K goes exact ------------
+
+
+@pytest.mark.parametrize("weights", [True, False])
+@pytest.mark.parametrize("text, shape", [
+    ("num_output: 3 kernel_size: 3 stride: 2 pad: 1", (3, 2, 5, 4)),   # blocked, 27 terms
+    ("num_output: 7 kernel_size: 1", (3, 4, 6, 5)),                     # 1x1, 7 terms
+])
+def test_deconv_bottom_diff_is_the_exact_forward(weights, text, shape):
+    """float32 bottom diff == the float64 layer's rounded once (conv_base.EXACT_FORWARD_MAX_K), in
+    blocks of images and bands, with and without the weight diff asked."""
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=shape).astype(np.float32)
+    diffs = []
+    for dtype in (np.float32, np.float64):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(conv_cpu, "COL_BLOCK_BYTES", 600)
+            mp.setattr(conv_cpu, "MIN_BLOCK_COLS", 8)
+            context.set_random_seed(3)
+            layer = make_layer("Deconvolution", f"convolution_param {{ {text} "
+                               "weight_filler { type: 'gaussian' } bias_term: false }")
+            bottom, top = blobs_from_arrays([x], dtype), empty_tops(1, dtype)
+            layer.SetUp(bottom, top)
+            assert layer.exact_forward(np.float32)
+            layer.blobs[0].data[...] = layer.blobs[0].data.astype(np.float32)
+            layer.Forward(bottom, top)
+            top[0].diff[...] = np.random.default_rng(8).normal(size=top[0].shape).astype(np.float32)
+            layer.set_param_propagate_down(0, weights)
+            layer.Backward(top, [True], bottom)
+            diffs.append(bottom[0].diff.copy())
+    np.testing.assert_array_equal(diffs[0], diffs[1].astype(np.float32))
