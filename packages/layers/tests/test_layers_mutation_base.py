@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 
 from caffe.blob import context
-from caffe.layers import conv_cpu
-from caffe.layers.testing import blobs_from_arrays, empty_tops, make_layer
+from caffe.layers import LayerError, conv_cpu
+from caffe.layers.registry import create_layer
+from caffe.layers.testing import blobs_from_arrays, empty_tops, layer_param, make_layer, run_forward
 
 # -- layers-7: Deconvolution's bottom diff is a convolution forward: float32 short-K goes exact ------------
 
@@ -38,3 +39,44 @@ def test_deconv_bottom_diff_is_the_exact_forward(weights, text, shape):
             layer.Backward(top, [True], bottom)
             diffs.append(bottom[0].diff.copy())
     np.testing.assert_array_equal(diffs[0], diffs[1].astype(np.float32))
+
+
+# -- layers-8: InnerProduct's stored blobs, parameter dtype and errors -----------------------------------
+
+
+def _ip_with_blobs(shapes, text="num_output: 2"):
+    param = layer_param("InnerProduct", f"inner_product_param {{ {text} }}", name="fc")
+    for shape in shapes:
+        bp = param.blobs.add()
+        bp.shape.dim.extend(shape)
+        bp.data.extend([0.5] * int(np.prod(shape)))
+    return create_layer(param)
+
+
+@pytest.mark.parametrize("shapes, match", [
+    ([(2, 3)], r"'fc' \(InnerProduct\): Incorrect number of weight blobs: expected 2 \(bias_term True\), got 1"),
+    ([(2, 3), (3,)], r"'fc' \(InnerProduct\): Incorrect bias shape: expected shape \(2,\); instead.*\(3,\)"),
+])
+def test_inner_product_stored_blobs_checked_by_name(shapes, match):
+    with pytest.raises(LayerError, match=match):
+        run_forward(_ip_with_blobs(shapes), [np.zeros((4, 3))])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("bias", [True, False])
+def test_inner_product_parameters_follow_the_bottom_dtype(dtype, bias):
+    layer = make_layer("InnerProduct", f"inner_product_param {{ num_output: 2 bias_term: {str(bias).lower()} }}")
+    run_forward(layer, [np.zeros((4, 3))], dtype=dtype)
+    assert [b.dtype for b in layer.blobs] == [np.dtype(dtype)] * (1 + bias)
+
+
+def test_inner_product_errors_name_the_bias_filler_and_the_input_count():
+    text = "inner_product_param { num_output: 2 bias_filler { type: 'bogus' } }"
+    with pytest.raises(LayerError, match=r"inner_product_param\.bias_filler: "):
+        run_forward(make_layer("InnerProduct", text), [np.zeros((4, 3))])
+    layer = make_layer("InnerProduct", "inner_product_param { num_output: 2 }")
+    bottom, top = run_forward(layer, [np.zeros((2, 3, 4))])  # K = 12 from axis 1
+    bottom[0].reshape((2, 5, 4))
+    with pytest.raises(LayerError, match=r"shape \(2, 5, 4\) has 20 inputs from axis 1, the layer was set up "
+                                         r"for 12"):
+        layer.Reshape(bottom, top)
