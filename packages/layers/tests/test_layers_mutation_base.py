@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from caffe.blob import context
-from caffe.layers import LayerError, conv_cpu
+from caffe.layers import LayerError, conv_cpu, pooling
 from caffe.layers.registry import create_layer
 from caffe.layers.testing import blobs_from_arrays, empty_tops, layer_param, make_layer, run_forward
 
@@ -80,3 +80,32 @@ def test_inner_product_errors_name_the_bias_filler_and_the_input_count():
     with pytest.raises(LayerError, match=r"shape \(2, 5, 4\) has 20 inputs from axis 1, the layer was set up "
                                          r"for 12"):
         layer.Reshape(bottom, top)
+
+
+# -- layers-5: STOCHASTIC pooling's draw, as Caffe's StoPoolForwardTrain computes it ----------------------
+
+
+def test_stochastic_train_threshold_rounds_in_the_blob_dtype():
+    """Caffe's threshold is the float32 product draw * window sum: with a draw just above 1/3 and the sum
+    3, it rounds to exactly the first cumulative sum 1, which then takes the draw (a float64 product,
+    1 + 3e-8, would pass on to the second element)."""
+    x = np.array([1.0, 2.0, 0.0, 0.0], np.float32).reshape(1, 1, 2, 2)
+    u = np.float32(1 / 3)
+    u = np.nextafter(u, np.float32(1)) if np.float64(u) * 3 <= 1 else u
+    assert np.float64(u) * 3 > 1 and np.float32(u) * np.float32(3) == 1
+    spec = pooling.PoolSpec(pooling.STOCHASTIC, (2, 2), (1, 1), (0, 0))
+    y, idx = np.zeros((1, 1, 1, 1), np.float32), np.zeros((1, 1, 1, 1), np.int32)
+    pooling.stochastic_forward_train(np, spec, x, y, idx, np.full((1, 1, 1, 1), u, np.float64))
+    assert idx.item() == 0 and y.item() == 1
+
+
+def test_stochastic_train_window_without_a_hit_takes_its_own_last_element():
+    """A window whose running sums never reach the threshold (a negative sum) takes its last element
+    inside the image, each window on its own: a partial window at the CEIL edge stops at the image."""
+    x = -np.arange(1.0, 6.0).reshape(1, 1, 1, 5)           # windows [-1 -2] [-3 -4] [-5 | outside]
+    spec = pooling.PoolSpec(pooling.STOCHASTIC, (1, 2), (1, 2), (0, 0))
+    y, idx = np.zeros((1, 1, 1, 3)), np.zeros((1, 1, 1, 3), np.int32)
+    uniform = np.array([0.9, 0.1, 0.1]).reshape(1, 1, 1, 3)  # first window: a hit at its first element
+    pooling.stochastic_forward_train(np, spec, x, y, idx, uniform)
+    assert idx.ravel().tolist() == [0, 3, 4]
+    assert y.ravel().tolist() == [-1.0, -4.0, -5.0]
