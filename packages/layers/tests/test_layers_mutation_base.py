@@ -109,3 +109,28 @@ def test_stochastic_train_window_without_a_hit_takes_its_own_last_element():
     pooling.stochastic_forward_train(np, spec, x, y, idx, uniform)
     assert idx.ravel().tolist() == [0, 3, 4]
     assert y.ravel().tolist() == [-1.0, -4.0, -5.0]
+
+
+# -- layers-11: LRN's scratch buffers follow the blobs' dtype --------------------------------------------
+
+
+@pytest.mark.parametrize("region", ["ACROSS_CHANNELS", "WITHIN_CHANNEL"])
+def test_lrn_reused_with_another_dtype_computes_in_it(monkeypatch, region):
+    """The generic path's scratch buffers are kept per name across calls: a layer set up on float32 and
+    then run on float64 bottoms of the same shape must not go on computing in the float32 buffers."""
+    from caffe.layers import _cpu
+    monkeypatch.setattr(_cpu, "normalization", None)  # the generic path (the GPU's, and without kernels)
+    text = f"lrn_param {{ local_size: 3 alpha: 2.5 beta: 0.6 norm_region: {region} }}"
+    x = np.random.default_rng(3).normal(size=(2, 4, 3, 3))
+    layer = make_layer("LRN", text)
+    run_forward(layer, [x], dtype=np.float32)
+    bottom, top = blobs_from_arrays([x], np.float64), empty_tops(1, np.float64)
+    layer.Forward(bottom, top)  # no second SetUp (which would drop the buffers)
+    top[0].diff[...] = 1.0
+    layer.Backward(top, [True], bottom)
+    fresh = make_layer("LRN", text)
+    fb, ft = run_forward(fresh, [x], dtype=np.float64)
+    ft[0].diff[...] = 1.0
+    fresh.Backward(ft, [True], fb)
+    np.testing.assert_array_equal(top[0].data, ft[0].data)
+    np.testing.assert_array_equal(bottom[0].diff, fb[0].diff)
