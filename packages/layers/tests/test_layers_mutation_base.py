@@ -134,3 +134,34 @@ def test_lrn_reused_with_another_dtype_computes_in_it(monkeypatch, region):
     fresh.Backward(ft, [True], fb)
     np.testing.assert_array_equal(top[0].data, ft[0].data)
     np.testing.assert_array_equal(bottom[0].diff, fb[0].diff)
+
+
+# -- layers-12: the Layer base ------------------------------------------------------------------------
+
+
+def test_a_zero_loss_weight_skips_only_its_own_top():
+    """loss_weight per top (Caffe's SetLossWeights): a 0 before a non-zero weight leaves that top alone
+    and goes on to the next; Forward's loss sums only the weighted tops, whatever the others' diffs hold."""
+    layer = make_layer("Slice", "slice_param { axis: 1 } loss_weight: 0 loss_weight: 2.5")
+    x = np.arange(1.0, 7.0).reshape(1, 2, 3)
+    bottom, top = blobs_from_arrays([x]), empty_tops(2)
+    layer.SetUp(bottom, top)
+    assert [layer.loss(0), layer.loss(1)] == [0.0, 2.5]
+    np.testing.assert_array_equal(top[1].diff, 2.5)
+    np.testing.assert_array_equal(top[0].diff, 0)
+    top[0].diff[...] = 7.0  # e.g. left from a backward: not a loss
+    assert layer.Forward(bottom, top) == pytest.approx(2.5 * x[:, 1].sum(), rel=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_to_proto_writes_float_data_and_the_diff_when_asked(dtype):
+    """Caffe's Layer::ToProto(param, write_diff): each parameter blob as a BlobProto of float data (a
+    caffemodel holds floats, whatever the blob's dtype here), with its diff only when asked."""
+    layer = make_layer("PReLU", "prelu_param { filler { type: 'constant' value: 0.5 } }")
+    run_forward(layer, [np.ones((1, 3, 2))], dtype=dtype)
+    layer.blobs[0].diff[...] = [1.0, 2.0, 3.0]
+    plain, with_diff = layer.to_proto(), layer.to_proto(write_diff=True)
+    for proto in (plain, with_diff):
+        assert list(proto.blobs[0].data) == [0.5] * 3 and not len(proto.blobs[0].double_data)
+    assert not len(plain.blobs[0].diff)
+    assert list(with_diff.blobs[0].diff) == [1.0, 2.0, 3.0] and not len(with_diff.blobs[0].double_diff)
