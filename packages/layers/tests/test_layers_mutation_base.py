@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from caffe.blob import context
-from caffe.layers import LayerError, conv_cpu, pooling
+from caffe.layers import GradientChecker, GradientCheckError, LayerError, conv_cpu, pooling
+from caffe.layers.layer import NeuronLayer
 from caffe.layers.registry import create_layer
 from caffe.layers.testing import blobs_from_arrays, empty_tops, layer_param, make_layer, run_forward
 
@@ -165,3 +166,93 @@ def test_to_proto_writes_float_data_and_the_diff_when_asked(dtype):
         assert list(proto.blobs[0].data) == [0.5] * 3 and not len(proto.blobs[0].double_data)
     assert not len(plain.blobs[0].diff)
     assert list(with_diff.blobs[0].diff) == [1.0, 2.0, 3.0] and not len(with_diff.blobs[0].double_diff)
+
+
+# -- layers-12: the gradient checker's refusals and whole-net mode ------------------------------------
+
+
+class _Square(NeuronLayer):
+    """y = x^2, its gradient off by `factor`."""
+    type = "TestSquareBase"
+    factor = 1.0
+
+    def forward_xp(self, xp, bottom, top):
+        top[0].mutable_data_xp(xp)[...] = bottom[0].data_xp(xp) ** 2
+
+    def backward_xp(self, xp, top, propagate_down, bottom):
+        bottom[0].mutable_diff_xp(xp)[...] = 2 * self.factor * bottom[0].data_xp(xp) * top[0].diff_xp(xp)
+
+
+def _square(factor=1.0, name="sq"):
+    layer = _Square(layer_param("TestSquareBase", name=name))
+    layer.factor = factor
+    return layer
+
+
+X = np.array([[-1.5, -0.7, 0.3], [0.9, 1.2, 2.0]])
+
+
+def test_gradient_checker_refuses_what_it_cannot_check():
+    checker = GradientChecker(1e-3, 1e-6)
+    with pytest.raises(GradientCheckError, match="exhaustive mode needs at least one top blob"):
+        checker.check_gradient_exhaustive(make_layer("Silence"), blobs_from_arrays([X]), [])
+    pool = make_layer("Pooling", "pooling_param { pool: AVE kernel_size: 2 }")  # 4 inputs, 1 output
+    with pytest.raises(GradientCheckError, match="element-wise mode needs bottoms with the top's count"):
+        checker.check_gradient_eltwise(pool, blobs_from_arrays([X[:, :2].reshape(1, 1, 2, 2)]), empty_tops(1))
+    bottom, top = blobs_from_arrays([X]), empty_tops(1)
+    layer = _square()
+    layer.SetUp(bottom, top)
+    for top_id, top_data_id in ((-1, 0), (0, -1)):
+        with pytest.raises(GradientCheckError, match="element-wise mode needs a top_id and a top_data_id"):
+            checker.check_gradient_single(layer, bottom, top, -1, top_id, top_data_id, element_wise=True)
+    with pytest.raises(GradientCheckError, match="no blobs to check"):  # no bottom (-2) and no parameters
+        checker.check_gradient_single(layer, bottom, top, -2, -1, -1)
+
+
+def test_gradient_checker_with_check_bottom_below_minus_one_checks_only_the_parameters():
+    ip = make_layer("InnerProduct", "inner_product_param { num_output: 2 weight_filler { type: 'gaussian' } "
+                                    "bias_filler { type: 'gaussian' } }")
+    bottom, top = blobs_from_arrays([X]), empty_tops(1)
+    checker = GradientChecker(1e-3, 1e-6)
+    checker.check_gradient(ip, bottom, top, check_bottom=-2)
+    real = ip.backward_xp
+
+    def wrong_bottom(xp, top_, propagate_down, bottom_):
+        real(xp, top_, [True], bottom_)
+        bottom_[0].diff[...] *= 1.3  # checked only when a bottom is asked
+    ip.backward_xp = wrong_bottom
+    ip.backward_cpu = lambda top_, pd, bottom_: wrong_bottom(np, top_, pd, bottom_)
+    checker.check_gradient(ip, bottom, top, check_bottom=-2)
+    with pytest.raises(GradientCheckError, match="bottom 0 element"):
+        checker.check_gradient(ip, bottom, top, check_bottom=0)
+
+
+class _TinyNet:
+    """What check_gradient_net needs of a net: layers, bottom_vecs, top_vecs, forward()."""
+
+    def __init__(self, layers, x):
+        self.layers = layers
+        self.bottom_vecs, self.top_vecs = [], []
+        blobs = blobs_from_arrays([x])
+        for layer in layers:
+            top = empty_tops(1)
+            layer.SetUp(blobs, top)
+            self.bottom_vecs.append(blobs)
+            self.top_vecs.append(top)
+            blobs = top
+        self.forwards = 0
+
+    def forward(self):
+        self.forwards += 1
+        for layer, b, t in zip(self.layers, self.bottom_vecs, self.top_vecs):
+            layer.Forward(b, t)
+
+
+def test_gradient_check_net_checks_every_layer_on_the_activations_the_net_feeds_it():
+    x = X / 2
+    net = _TinyNet([_square(name="a"), _square(name="b")], x)
+    GradientChecker(1e-4, 1e-6).check_gradient_net(net)
+    assert net.forwards == 2
+    np.testing.assert_array_equal(net.bottom_vecs[1][0].data, x ** 2)  # restored after the check
+    with pytest.raises(GradientCheckError, match=r"in layer 'b' \(TestSquareBase\)"):
+        GradientChecker(1e-4, 1e-6).check_gradient_net(_TinyNet([_square(name="a"), _square(1.01, "b")], x))
