@@ -256,3 +256,68 @@ def test_gradient_check_net_checks_every_layer_on_the_activations_the_net_feeds_
     np.testing.assert_array_equal(net.bottom_vecs[1][0].data, x ** 2)  # restored after the check
     with pytest.raises(GradientCheckError, match=r"in layer 'b' \(TestSquareBase\)"):
         GradientChecker(1e-4, 1e-6).check_gradient_net(_TinyNet([_square(name="a"), _square(1.01, "b")], x))
+
+
+# -- layers-12: Python layers ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def pymodule(monkeypatch):
+    """A module of user layers that python_param.module can import (registered in sys.modules)."""
+    import sys
+    import types
+
+    import caffe.layers.python_layer as pl
+
+    mod = types.ModuleType("mutation_base_pylayers")
+
+    class Doubler(pl.Layer):
+        def reshape(self, bottom, top):
+            top[0].reshape(bottom[0].shape)
+
+        def forward(self, bottom, top):
+            top[0].data[...] = 2 * bottom[0].data
+
+        def backward(self, top, propagate_down, bottom):
+            bottom[0].diff[...] = 2 * top[0].diff
+
+    class PlainListBlobs(Doubler):
+        def __init__(self):
+            self.blobs = []  # not a BlobVec: the wrapper keeps its own
+
+    class Broken(Doubler):
+        def __init__(self):
+            raise RuntimeError("no GPU for this one")
+
+    mod.Doubler, mod.PlainListBlobs, mod.Broken = Doubler, PlainListBlobs, Broken
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    return mod
+
+
+def _py(layer, extra=""):
+    return make_layer("Python", f"python_param {{ module: 'mutation_base_pylayers' layer: '{layer}' {extra} }}",
+                      name="py")
+
+
+def test_python_layer_construction_errors_and_blobs(pymodule):
+    with pytest.raises(LayerError, match=r"'py' \(Python\): cannot construct Python layer "
+                                         r"mutation_base_pylayers\.Broken: no GPU for this one"):
+        _py("Broken")
+    layer = _py("PlainListBlobs")
+    layer.blobs.add_blob()  # still pycaffe's BlobVec; no shape: an empty blob
+    layer.blobs.add_blob(2, 3)
+    assert layer.blobs is layer.impl.blobs and [b.shape for b in layer.blobs] == [(), (2, 3)]
+    assert _py("Doubler", "share_in_parallel: true").share_in_parallel
+    assert not _py("Doubler").share_in_parallel
+
+
+def test_python_layer_runs_the_same_code_in_gpu_mode(pymodule):
+    """A Python layer has one forward/backward: Caffe calls it in either mode (data moved as needed)."""
+    layer = _py("Doubler")
+    bottom, top = run_forward(layer, [np.arange(3.0)])
+    top[0].data[...] = 0
+    layer.forward_gpu(bottom, top)
+    np.testing.assert_array_equal(top[0].data, [0.0, 2.0, 4.0])
+    top[0].diff[...] = 1.5
+    layer.backward_gpu(top, [True], bottom)
+    np.testing.assert_array_equal(bottom[0].diff, 3.0)
