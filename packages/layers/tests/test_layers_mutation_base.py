@@ -321,3 +321,13 @@ def test_python_layer_runs_the_same_code_in_gpu_mode(pymodule):
     top[0].diff[...] = 1.5
     layer.backward_gpu(top, [True], bottom)
     np.testing.assert_array_equal(bottom[0].diff, 3.0)
+
+
+def test_package_getattr_loads_submodules_and_names_what_is_missing():
+    import importlib
+
+    import caffe.layers as layers_pkg
+    assert layers_pkg.__getattr__("testing") is importlib.import_module("caffe.layers.testing")
+    with pytest.raises(AttributeError, match=r"module 'caffe.layers' has no attribute 'no_such_thing' "
+                                             r"\(NetSpec layer builders are layer type names, with a capital"):
+        layers_pkg.no_such_thing  # noqa: B018  (lowercase: not taken for a NetSpec layer builder)
