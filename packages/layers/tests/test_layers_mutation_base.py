@@ -331,3 +331,43 @@ def test_package_getattr_loads_submodules_and_names_what_is_missing():
     with pytest.raises(AttributeError, match=r"module 'caffe.layers' has no attribute 'no_such_thing' "
                                              r"\(NetSpec layer builders are layer type names, with a capital"):
         layers_pkg.no_such_thing  # noqa: B018  (lowercase: not taken for a NetSpec layer builder)
+
+
+# -- layers-13: the CPU paths' helpers (caffe.layers._cpu) -----------------------------------------------
+
+
+def test_kernels_usable_only_when_every_blob_has_one_float_dtype():
+    from caffe.blob import Blob
+    from caffe.layers import _cpu
+    f32, f64 = Blob((2,), dtype=np.float32), Blob((2,), dtype=np.float64)
+    module = object()  # any built module
+    assert _cpu.usable(module, f32, f32, f32) and _cpu.usable(module, f64, f64)
+    assert not _cpu.usable(module, f32, f32, f64) and not _cpu.usable(module, f64, f32, f64)
+    assert not _cpu.usable(None, f32, f32)
+    assert not _cpu.usable(module, Blob((2,), dtype=np.float16), Blob((2,), dtype=np.float16))
+
+
+@pytest.mark.parametrize("type_name", ["ELU", "BNLL", "Clip"])
+def test_in_place_neuron_after_a_reshape(type_name):
+    """In place, forward saves the bottom (Caffe's bottom_memory_) for backward: after the blob is reshaped
+    the saved copy follows the new shape; a backward before the next forward is refused by name."""
+    text = "clip_param { min: -0.5 max: 0.5 }" if type_name == "Clip" else ""
+    rng = np.random.default_rng(4)
+    layer = make_layer(type_name, text, name="n")
+    blob = blobs_from_arrays([rng.normal(size=(2, 3))])[0]
+    layer.SetUp([blob], [blob])
+    for shape in ((2, 3), (4, 5)):
+        x = rng.normal(size=shape)
+        blob.reshape(shape)
+        blob.data[...] = x
+        layer.Forward([blob], [blob])
+        blob.diff[...] = 1.0
+        layer.Backward([blob], [True], [blob])
+        fresh = make_layer(type_name, text)
+        fb, ft = run_forward(fresh, [x])
+        ft[0].diff[...] = 1.0
+        fresh.Backward(ft, [True], fb)
+        np.testing.assert_array_equal(blob.diff, fb[0].diff)
+    blob.reshape((3, 3))
+    with pytest.raises(LayerError, match=rf"'n' \({type_name}\): backward in place needs a forward pass first"):
+        layer.Backward([blob], [True], [blob])
