@@ -5,7 +5,7 @@ import pytest
 
 from caffe.blob import context
 from caffe.layers import GradientChecker, GradientCheckError, LayerError, conv_cpu, pooling
-from caffe.layers.layer import NeuronLayer
+from caffe.layers.layer import Layer, NeuronLayer
 from caffe.layers.registry import create_layer
 from caffe.layers.testing import blobs_from_arrays, empty_tops, layer_param, make_layer, run_forward
 
@@ -371,3 +371,21 @@ def test_in_place_neuron_after_a_reshape(type_name):
     blob.reshape((3, 3))
     with pytest.raises(LayerError, match=rf"'n' \({type_name}\): backward in place needs a forward pass first"):
         layer.Backward([blob], [True], [blob])
+
+
+@pytest.mark.parametrize("limits, ok, bad", [
+    (dict(exact_num_bottom_blobs=0), [(0, 1)], [(1, 1)]),                       # a data layer: no bottom
+    (dict(min_bottom_blobs=2, max_bottom_blobs=3), [(2, 1), (3, 1)], [(1, 1), (4, 1)]),
+    (dict(min_top_blobs=1, max_top_blobs=2), [(1, 1), (1, 2)], [(1, 0), (1, 3)]),
+    (dict(exact_num_top_blobs=0), [(1, 0)], [(1, 1)]),                          # Silence
+])
+def test_blob_count_limits_are_inclusive(limits, ok, bad):
+    """Caffe's ExactNum/MinBottom/MaxTop...Blobs(): the bounds themselves are allowed, 0 is a real exact
+    count, and one past a bound is refused."""
+    cls = type("Counted", (Layer,), dict(limits, type="Counted", reshape=lambda self, bottom, top: None))
+    for nb, nt in ok:
+        cls(layer_param("Counted")).check_blob_counts([None] * nb, [None] * nt)
+    for nb, nt in bad:
+        with pytest.raises(LayerError, match=r"\(Counted\): expects (exactly|at least|at most) \d+ "
+                                             rf"(bottom|top) blob\(s\), got ({nb}|{nt})"):
+            cls(layer_param("Counted")).check_blob_counts([None] * nb, [None] * nt)
