@@ -347,10 +347,15 @@ def test_kernels_usable_only_when_every_blob_has_one_float_dtype():
     assert not _cpu.usable(module, Blob((2,), dtype=np.float16), Blob((2,), dtype=np.float16))
 
 
+@pytest.mark.parametrize("kernels", [True, False])
 @pytest.mark.parametrize("type_name", ["ELU", "BNLL", "Clip"])
-def test_in_place_neuron_after_a_reshape(type_name):
+def test_in_place_neuron_after_a_reshape(monkeypatch, type_name, kernels):
     """In place, forward saves the bottom (Caffe's bottom_memory_) for backward: after the blob is reshaped
-    the saved copy follows the new shape; a backward before the next forward is refused by name."""
+    the saved copy follows the new shape; a backward before the next forward is refused by name. Both CPU
+    paths: the kernels and the generic one (the GPU's, and the CPU's without the kernels)."""
+    from caffe.layers import _cpu
+    if not kernels:
+        monkeypatch.setattr(_cpu, "elementwise", None)
     text = "clip_param { min: -0.5 max: 0.5 }" if type_name == "Clip" else ""
     rng = np.random.default_rng(4)
     layer = make_layer(type_name, text, name="n")
@@ -389,3 +394,9 @@ def test_blob_count_limits_are_inclusive(limits, ok, bad):
         with pytest.raises(LayerError, match=r"\(Counted\): expects (exactly|at least|at most) \d+ "
                                              rf"(bottom|top) blob\(s\), got ({nb}|{nt})"):
             cls(layer_param("Counted")).check_blob_counts([None] * nb, [None] * nt)
+
+
+def test_cpu_feature_probe_answers_for_the_feature_asked():
+    from caffe.layers import _cpu
+    assert _cpu.cpu_has_avx2("NO_SUCH_FEATURE") is False
+    assert isinstance(_cpu.cpu_has_avx2(), bool)
