@@ -137,6 +137,19 @@ def test_lrn_reused_with_another_dtype_computes_in_it(monkeypatch, region):
     np.testing.assert_array_equal(bottom[0].diff, fb[0].diff)
 
 
+
+@pytest.mark.parametrize("beta", [0.75, 1.75])
+def test_lrn_generic_path_matches_the_kernel_for_beta(monkeypatch, beta):
+    """beta 0.75 takes a sqrt shortcut on the generic path, any other beta pow: both agree with the
+    compiled kernel's scale^-beta (beta 1.75 is one past the shortcut)."""
+    from caffe.layers import _cpu
+    text = f"lrn_param {{ local_size: 3 alpha: 1.5 beta: {beta} k: 1.5 }}"
+    x = np.random.default_rng(5).normal(size=(2, 5, 3, 2))
+    _, kernel_top = run_forward(make_layer("LRN", text), [x])
+    monkeypatch.setattr(_cpu, "normalization", None)
+    _, generic_top = run_forward(make_layer("LRN", text), [x])
+    np.testing.assert_allclose(generic_top[0].data, kernel_top[0].data, rtol=1e-12, atol=1e-14)
+
 # -- layers-12: the Layer base ------------------------------------------------------------------------
 
 
