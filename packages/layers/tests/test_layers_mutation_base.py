@@ -413,3 +413,26 @@ def test_cpu_feature_probe_answers_for_the_feature_asked():
     from caffe.layers import _cpu
     assert _cpu.cpu_has_avx2("NO_SUCH_FEATURE") is False
     assert isinstance(_cpu.cpu_has_avx2(), bool)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not context.gpu_available(), reason="needs a usable CUDA GPU (CuPy)")
+def test_gpu_forward_returns_the_loss_as_a_deferred_device_scalar():
+    """In GPU mode Forward's loss stays on the device until read (no copy per iteration), and reads as the
+    CPU's float; without a loss weight it is 0.0."""
+    from caffe.blob.deferred import DeviceScalar
+    x, y = np.array([[1.0, 2.0], [0.5, -1.0]]), np.zeros((2, 2))
+    context.set_mode_gpu()
+    try:
+        layer = make_layer("EuclideanLoss", "loss_weight: 3")
+        bottom, top = blobs_from_arrays([x, y], np.float32), empty_tops(1, np.float32)
+        layer.SetUp(bottom, top)
+        loss = layer.Forward(bottom, top)
+        assert isinstance(loss, DeviceScalar)
+        assert float(loss) == pytest.approx(3 * (x ** 2).sum() / 4, rel=1e-6)
+        sig = make_layer("Sigmoid")
+        b, t = blobs_from_arrays([x], np.float32), empty_tops(1, np.float32)
+        sig.SetUp(b, t)
+        assert sig.Forward(b, t) == 0.0
+    finally:
+        context.set_mode_cpu()
