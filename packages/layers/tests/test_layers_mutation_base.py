@@ -292,7 +292,8 @@ def pymodule(monkeypatch):
             top[0].data[...] = 2 * bottom[0].data
 
         def backward(self, top, propagate_down, bottom):
-            bottom[0].diff[...] = 2 * top[0].diff
+            if propagate_down[0]:
+                bottom[0].diff[...] = 2 * top[0].diff
 
     class PlainListBlobs(Doubler):
         def __init__(self):
@@ -333,6 +334,8 @@ def test_python_layer_runs_the_same_code_in_gpu_mode(pymodule):
     np.testing.assert_array_equal(top[0].data, [0.0, 2.0, 4.0])
     top[0].diff[...] = 1.5
     layer.backward_gpu(top, [True], bottom)
+    np.testing.assert_array_equal(bottom[0].diff, 3.0)
+    layer.backward_gpu(top, [False], bottom)  # propagate_down reaches the user's backward
     np.testing.assert_array_equal(bottom[0].diff, 3.0)
 
 
@@ -436,3 +439,23 @@ def test_gpu_forward_returns_the_loss_as_a_deferred_device_scalar():
         assert sig.Forward(b, t) == 0.0
     finally:
         context.set_mode_cpu()
+
+
+def test_layer_base_defaults():
+    """The base class's answers for what a layer does not override (Caffe's Layer defaults)."""
+    layer = make_layer("Sigmoid", name="s")
+    assert layer.AllowForceBackward(0) is True and layer.AllowForceBackward(3) is True
+    assert repr(layer) == "<SigmoidLayer 's' type=Sigmoid>"
+    layer.set_param_propagate_down(0, True)
+    layer.set_param_propagate_down(2, False)  # extends the list by what is missing, no more
+    assert [layer.param_propagate_down(i) for i in range(5)] == [True, True, False, False, False]
+
+    class Bare(Layer):
+        type = "Bare"
+    bare = Bare(layer_param("Bare"))
+    with pytest.raises(NotImplementedError, match="Bare must implement reshape"):
+        bare.Reshape([], [])
+    with pytest.raises(NotImplementedError, match="Bare implements no forward"):
+        bare.forward_xp(np, [], [])
+    with pytest.raises(NotImplementedError, match="Bare implements no backward"):
+        bare.backward_xp(np, [], [], [])
