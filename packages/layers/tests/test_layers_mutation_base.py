@@ -7,7 +7,8 @@ from caffe.blob import context
 from caffe.layers import GradientChecker, GradientCheckError, LayerError, conv_cpu, pooling
 from caffe.layers.layer import Layer, NeuronLayer
 from caffe.layers.registry import create_layer
-from caffe.layers.testing import blobs_from_arrays, empty_tops, layer_param, make_layer, run_forward
+from caffe.layers.testing import (blobs_from_arrays, check_layer_gradient, empty_tops, layer_param, make_layer,
+                                 run_forward)
 
 # -- layers-7: Deconvolution's bottom diff is a convolution forward: float32 short-K goes exact ------------
 
@@ -165,6 +166,10 @@ def test_a_zero_loss_weight_skips_only_its_own_top():
     np.testing.assert_array_equal(top[0].diff, 0)
     top[0].diff[...] = 7.0  # e.g. left from a backward: not a loss
     assert layer.Forward(bottom, top) == pytest.approx(2.5 * x[:, 1].sum(), rel=1e-12)
+    both = make_layer("Slice", "slice_param { axis: 1 } loss_weight: 0.5 loss_weight: 2.5")
+    top = empty_tops(2)
+    both.SetUp(bottom, top)
+    assert both.Forward(bottom, top) == pytest.approx(0.5 * x[:, 0].sum() + 2.5 * x[:, 1].sum(), rel=1e-12)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -220,6 +225,18 @@ def test_gradient_checker_refuses_what_it_cannot_check():
             checker.check_gradient_single(layer, bottom, top, -1, top_id, top_data_id, element_wise=True)
     with pytest.raises(GradientCheckError, match="no blobs to check"):  # no bottom (-2) and no parameters
         checker.check_gradient_single(layer, bottom, top, -2, -1, -1)
+    ip = make_layer("InnerProduct", "inner_product_param { num_output: 6 }")
+    ip.SetUp(bottom, top)
+    with pytest.raises(GradientCheckError, match="element-wise mode is for layers without parameter blobs"):
+        checker.check_gradient_single(ip, bottom, top, -1, 0, 0, element_wise=True)
+
+
+def test_gradient_checker_single_mode_sums_every_top():
+    """The single-output objective is 0.5 * the sum of squares over every top (Caffe's top_id < 0): a
+    layer with two tops is checked against both."""
+    x = np.random.default_rng(2).normal(size=(2, 4, 3))
+    check_layer_gradient(make_layer("Slice", "slice_param { axis: 1 slice_point: 1 }"), [x], n_top=2,
+                         mode="single")
 
 
 def test_gradient_checker_with_check_bottom_below_minus_one_checks_only_the_parameters():
@@ -459,3 +476,18 @@ def test_layer_base_defaults():
         bare.forward_xp(np, [], [])
     with pytest.raises(NotImplementedError, match="Bare implements no backward"):
         bare.backward_xp(np, [], [], [])
+
+
+def test_loss_bottoms_first_dimension_and_zero_axis_bottoms():
+    """LossLayer checks the first dimensions (the message names both shapes); a 0-axis bottom has none to
+    compare: EuclideanLoss takes it as one item of one value (it raised an IndexError before)."""
+    with pytest.raises(LayerError, match=r"same first dimension: bottom\[0\] \(2, 3\) vs bottom\[1\] \(3, 2\)"):
+        run_forward(make_layer("EuclideanLoss"), [np.zeros((2, 3)), np.zeros((3, 2))])
+    for shapes in (((), ()), ((), (1,)), ((1,), ())):
+        layer = make_layer("EuclideanLoss")
+        bottom, top = run_forward(layer, [np.full(shapes[0], 3.0), np.full(shapes[1], 1.0)])
+        assert top[0].data.item() == 2.0  # (3 - 1)^2 / 2, N = 1
+        layer.Backward(top, [True, True], bottom)
+        assert bottom[0].diff.item() == 2.0 and bottom[1].diff.item() == -2.0
+    with pytest.raises(LayerError, match=r"inputs must have the same dimension: bottom\[0\] \(2,\)"):
+        run_forward(make_layer("EuclideanLoss"), [np.zeros(2), np.zeros(())])
