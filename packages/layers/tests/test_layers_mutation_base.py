@@ -491,3 +491,40 @@ def test_loss_bottoms_first_dimension_and_zero_axis_bottoms():
         assert bottom[0].diff.item() == 2.0 and bottom[1].diff.item() == -2.0
     with pytest.raises(LayerError, match=r"inputs must have the same dimension: bottom\[0\] \(2,\)"):
         run_forward(make_layer("EuclideanLoss"), [np.zeros(2), np.zeros(())])
+
+
+def test_gradient_checker_defaults():
+    c = GradientChecker()
+    assert (c.stepsize, c.threshold, c.seed, c.kink, c.kink_range) == (1e-2, 1e-3, 1701, 0.0, -1.0)
+
+
+def _check(factor, x, **kw):
+    layer = _square(factor)
+    bottom, top = blobs_from_arrays([np.asarray(x, np.float64)]), empty_tops(1)
+    GradientChecker(**kw).check_gradient_eltwise(layer, bottom, top)
+
+
+def test_gradient_checker_tolerance_is_relative_to_the_larger_magnitude_and_one():
+    """Caffe's rule: |g - e| <= threshold * max(|g|, |e|, 1), each term of the max needed, the bound
+    itself allowed. x^2 at x = 2: e = 4 (exact in float64 for these steps)."""
+    thr = 1e-3
+    _check(1 + 1.0005 * thr, [2.0], threshold=thr)       # within thr * |g|, not thr * |e|
+    _check(1 - 0.9995 * thr, [2.0], threshold=thr)       # within thr * |e|, not thr * |g|
+    with pytest.raises(GradientCheckError):
+        _check(1 + 1.5 * thr, [2.0], threshold=thr)
+    # |g|, |e| < 1: the absolute floor thr * 1, not 2 (x = 0.05: g = 0.2 * factor)
+    _check(1 + 0.5 * thr / 0.2, [0.05], threshold=thr)
+    with pytest.raises(GradientCheckError):
+        _check(1 + 1.5 * thr / 0.2, [0.05], threshold=thr)
+    # the bound itself: x = 0.25, stepsize 0.5: e = 1 exactly, g = 2, |g - e| = 0.5 * max(2, 1, 1)
+    _check(2.0, [0.25], threshold=0.5, stepsize=0.5)
+
+
+def test_gradient_checker_kink_range_bounds_are_skipped():
+    """Elements with |x| in [kink - range, kink + range] are not checked (Caffe's strict comparisons
+    outside): a wrong gradient exactly on either bound is not reported, just outside it is."""
+    kw = dict(threshold=1e-6, stepsize=1e-4, kink=0.5, kink_range=0.25)
+    _check(1.5, [0.25, -0.75, 0.5], **kw)
+    for x in (0.2, 0.8):
+        with pytest.raises(GradientCheckError):
+            _check(1.5, [x], **kw)
