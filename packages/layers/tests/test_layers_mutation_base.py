@@ -528,3 +528,38 @@ def test_gradient_checker_kink_range_bounds_are_skipped():
     for x in (0.2, 0.8):
         with pytest.raises(GradientCheckError):
             _check(1.5, [x], **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not context.gpu_available(), reason="needs a usable CUDA GPU (CuPy)")
+def test_gpu_mode_falls_back_to_the_cpu_code_of_a_layer_without_forward_xp():
+    """A layer with only forward_cpu / backward_cpu runs them in GPU mode (Caffe's default Forward_gpu);
+    a layer with forward_xp runs it with CuPy."""
+    class CpuOnly(NeuronLayer):
+        type = "CpuOnly"
+
+        def forward_cpu(self, bottom, top):
+            top[0].mutable_cpu_data()[...] = 3 * bottom[0].cpu_data()
+
+        def backward_cpu(self, top, propagate_down, bottom):
+            if propagate_down[0]:
+                bottom[0].mutable_cpu_diff()[...] = 3 * top[0].cpu_diff()
+
+    x = np.array([[1.0, -2.0, 0.5]])
+    context.set_mode_gpu()
+    try:
+        for layer, scale in ((CpuOnly(layer_param("CpuOnly")), 3.0), (_square(), None)):
+            bottom, top = blobs_from_arrays([x]), empty_tops(1)
+            layer.SetUp(bottom, top)
+            layer.Forward(bottom, top)
+            top[0].diff[...] = 1.0
+            layer.Backward(top, [True], bottom)
+            want_y, want_dx = (scale * x, np.full(x.shape, scale)) if scale else (x ** 2, 2 * x)
+            np.testing.assert_array_equal(top[0].data, want_y)
+            np.testing.assert_array_equal(bottom[0].diff, want_dx)
+            bottom[0].diff[...] = 5.0
+            layer.Backward(top, [False], bottom)
+            if scale:  # propagate_down reaches the layer's own backward
+                np.testing.assert_array_equal(bottom[0].diff, 5.0)
+    finally:
+        context.set_mode_cpu()
