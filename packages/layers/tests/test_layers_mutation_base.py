@@ -302,6 +302,9 @@ def pymodule(monkeypatch):
     mod = types.ModuleType("mutation_base_pylayers")
 
     class Doubler(pl.Layer):
+        def setup(self, bottom, top):
+            self.seen = (bottom[0].shape, len(top))
+
         def reshape(self, bottom, top):
             top[0].reshape(bottom[0].shape)
 
@@ -346,6 +349,7 @@ def test_python_layer_runs_the_same_code_in_gpu_mode(pymodule):
     """A Python layer has one forward/backward: Caffe calls it in either mode (data moved as needed)."""
     layer = _py("Doubler")
     bottom, top = run_forward(layer, [np.arange(3.0)])
+    assert layer.impl.seen == ((3,), 1)  # setup(bottom, top) sees the blobs
     top[0].data[...] = 0
     layer.forward_gpu(bottom, top)
     np.testing.assert_array_equal(top[0].data, [0.0, 2.0, 4.0])
