@@ -413,6 +413,11 @@ def test_in_place_neuron_after_a_reshape(monkeypatch, type_name, kernels):
     blob.reshape((3, 3))
     with pytest.raises(LayerError, match=rf"'n' \({type_name}\): backward in place needs a forward pass first"):
         layer.Backward([blob], [True], [blob])
+    fresh = make_layer(type_name, text, name="n")  # in place, no forward yet
+    blob = blobs_from_arrays([np.ones((2, 2))])[0]
+    fresh.SetUp([blob], [blob])
+    with pytest.raises(LayerError, match=rf"'n' \({type_name}\): backward in place needs a forward pass first"):
+        fresh.Backward([blob], [True], [blob])
 
 
 @pytest.mark.parametrize("limits, ok, bad", [
@@ -436,7 +441,17 @@ def test_blob_count_limits_are_inclusive(limits, ok, bad):
 def test_cpu_feature_probe_answers_for_the_feature_asked():
     from caffe.layers import _cpu
     assert _cpu.cpu_has_avx2("NO_SUCH_FEATURE") is False
-    assert isinstance(_cpu.cpu_has_avx2(), bool)
+    assert _cpu.cpu_has_avx2() is _cpu.cpu_has_avx2("AVX2")  # the default asks for AVX2
+
+
+def test_kernel_loader_prefers_the_avx2_build_and_falls_back():
+    """_load takes name_avx2 when asked and built, else the baseline build, else None (no kernels)."""
+    from caffe.layers import _cpu
+    base = "caffe.layers.kernels.elementwise"
+    assert _cpu._load("elementwise", avx2=False).__name__ == base
+    assert _cpu._load("elementwise", avx2=True).__name__ == base + "_avx2"
+    assert _cpu._load("channelwise", avx2=True).__name__ == "caffe.layers.kernels.channelwise"  # one build
+    assert _cpu._load("no_such_kernels", avx2=True) is None
 
 
 @pytest.mark.gpu
