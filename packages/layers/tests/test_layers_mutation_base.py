@@ -442,6 +442,12 @@ def test_cpu_feature_probe_answers_for_the_feature_asked():
     from caffe.layers import _cpu
     assert _cpu.cpu_has_avx2("NO_SUCH_FEATURE") is False
     assert _cpu.cpu_has_avx2() is _cpu.cpu_has_avx2("AVX2")  # the default asks for AVX2
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__
+    except ImportError:  # pragma: no cover - NumPy < 2
+        from numpy.core._multiarray_umath import __cpu_features__
+    have = [name for name, on in __cpu_features__.items() if on]
+    assert all(_cpu.cpu_has_avx2(name) is True for name in have[:3])  # as NumPy's own dispatch sees it
 
 
 def test_kernel_loader_prefers_the_avx2_build_and_falls_back():
