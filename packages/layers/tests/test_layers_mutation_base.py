@@ -380,6 +380,7 @@ def test_kernels_usable_only_when_every_blob_has_one_float_dtype():
     module = object()  # any built module
     assert _cpu.usable(module, f32, f32, f32) and _cpu.usable(module, f64, f64)
     assert not _cpu.usable(module, f32, f32, f64) and not _cpu.usable(module, f64, f32, f64)
+    assert not _cpu.usable(module, f64, f32, f32)  # the first blob's dtype is the one all must have
     assert not _cpu.usable(None, f32, f32)
     assert not _cpu.usable(module, Blob((2,), dtype=np.float16), Blob((2,), dtype=np.float16))
 
@@ -588,3 +589,31 @@ def test_gpu_mode_falls_back_to_the_cpu_code_of_a_layer_without_forward_xp():
                 np.testing.assert_array_equal(bottom[0].diff, 5.0)
     finally:
         context.set_mode_cpu()
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("type_name, text", [
+    ("ReLU", "relu_param { negative_slope: 0.1 }"), ("Sigmoid", ""), ("TanH", ""), ("ELU", ""), ("BNLL", ""),
+    ("Swish", ""), ("Clip", "clip_param { min: -0.5 max: 0.5 }"), ("AbsVal", ""),
+])
+def test_neuron_kernels_in_float32(type_name, text, in_place):
+    """The CPU kernels take float32 blobs (the nets' dtype) through caffe.layers._cpu: its unused operands
+    are empty arrays of the blobs' dtype, not float64."""
+    if type_name == "AbsVal" and in_place:
+        pytest.skip("AbsVal refuses in place")
+    x = np.array([[-1.5, -0.2, 0.3, 2.0]])
+    results = []
+    for dtype in (np.float32, np.float64):
+        layer = make_layer(type_name, text)
+        bottom = blobs_from_arrays([x], dtype)
+        top = bottom if in_place else empty_tops(1, dtype)
+        layer.SetUp(bottom, top)
+        layer.Forward(bottom, top)
+        y = top[0].data.copy()
+        top[0].diff[...] = 1.0
+        layer.Backward(top, [True], bottom)
+        results.append((y, bottom[0].diff.copy()))
+    (y32, dx32), (y64, dx64) = results
+    assert y32.dtype == np.float32
+    np.testing.assert_allclose(y32, y64, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(dx32, dx64, rtol=1e-6, atol=1e-7)
