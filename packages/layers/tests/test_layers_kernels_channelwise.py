@@ -128,12 +128,22 @@ def test_batch_norm_state_lives_in_blobs():
     assert not any(isinstance(v, np.ndarray) for v in vars(layer).values())
 
 
-@given(shape=shapes(min_dims=4, max_dims=4, max_side=6, big=[(2, 7, 67, 101), (1, 3, 300, 2)]), dtype=DTYPES,
-       seed=SEEDS, size=st.sampled_from([1, 3, 5, 7]), beta=st.sampled_from([0.75, 0.6]),
+# LRN's pieces: (2, 7, 67, 101) is cut into four per image for the threads, with a short last piece;
+# (9, 2, 65, 70) has pieces of the 4096-position cap plus a remainder; (1, 3, 300, 2) is cut to the
+# 256-position minimum (batch 1).
+@given(shape=shapes(min_dims=4, max_dims=4, max_side=6, big=[(2, 7, 67, 101), (1, 3, 300, 2), (9, 2, 65, 70)]),
+       dtype=DTYPES, seed=SEEDS, size=st.sampled_from([1, 3, 5, 7]), beta=st.sampled_from([0.75, 0.6]),
        k=st.sampled_from([1.0, 2.0]))
 def test_lrn_across_channels_kernels_match_numpy(shape, dtype, seed, size, beta, k):
     text = f"lrn_param {{ local_size: {size} alpha: 0.3 beta: {beta} k: {k} }}"
     check_paths("LRN", text, [arrays(seed, shape)], [arrays(seed + 1, shape)], dtype)
+
+
+@pytest.mark.parametrize("shape", [(2, 7, 67, 101), (1, 3, 300, 2), (9, 2, 65, 70)])
+def test_lrn_across_channels_every_piece_cut_matches_numpy(shape):
+    """The piece cuts above, each drawn every run (the property draws them only sometimes)."""
+    text = "lrn_param { local_size: 5 alpha: 0.3 beta: 0.75 }"
+    check_paths("LRN", text, [arrays(1, shape)], [arrays(2, shape)], np.float32, mixed=False)
 
 
 def test_lrn_within_channel_keeps_its_scale_in_a_blob():

@@ -31,7 +31,25 @@ ctypedef fused real:
 include "_vmath.pxi"
 
 cdef enum:
-    PIECE = 512  # LRN: spatial positions per work item (C rows of it stay in L1/L2)
+    # LRN: at most this many spatial positions per work item. The window slides along the channels, so
+    # only its 2r + 1 rows of a piece (and the double sums) need to stay in cache, not all C rows: long
+    # pieces make every row a long contiguous run the hardware prefetcher follows (512 positions, 2 KB
+    # per row, left the first read of each row waiting on memory).
+    PIECE = 4096
+    MIN_PIECE = 256  # positions: pieces are cut no shorter when split for the threads
+
+
+cdef Py_ssize_t _lrn_piece(Py_ssize_t N, Py_ssize_t S, int threads) noexcept nogil:
+    """Positions per LRN work item: up to PIECE, and short enough that there are at least four
+    items per thread where the images allow (batch 1), a multiple of 16 (whole cache lines)."""
+    cdef Py_ssize_t want = (4 * threads + N - 1) // N, p
+    p = (S + want - 1) // want
+    if p > PIECE:
+        p = PIECE
+    if p < MIN_PIECE:
+        p = MIN_PIECE
+    p = (p + 15) // 16 * 16
+    return p if p < S else S
 
 
 def _need(Py_ssize_t have, Py_ssize_t need, str what):
@@ -327,15 +345,17 @@ def lrn_across_forward(const real[::1] x, real[::1] y, real[::1] scale, Py_ssize
     _need(x.shape[0], n, "bottom")
     _need(y.shape[0], n, "top")
     _need(scale.shape[0], n, "scale")
-    cdef Py_ssize_t pieces = (S + PIECE - 1) // PIECE
+    cdef int nt = _threads(n * size)
+    cdef Py_ssize_t P = _lrn_piece(N, S, nt)
+    cdef Py_ssize_t pieces = (S + P - 1) // P
     cdef const real* xp = &x[0]
     cdef real* yp = &y[0]
     cdef real* sp = &scale[0]
     with nogil:
-        for t in prange(N * pieces, schedule="dynamic", chunksize=_grab(C * PIECE), num_threads=_threads(n * size)):
+        for t in prange(N * pieces, schedule="dynamic", chunksize=_grab(C * P), num_threads=nt):
             img = t // pieces
-            lo = (t % pieces) * PIECE
-            m = S - lo if S - lo < PIECE else PIECE
+            lo = (t % pieces) * P
+            m = S - lo if S - lo < P else P
             _lrn_fwd_piece(xp + img * C * S + lo, yp + img * C * S + lo, sp + img * C * S + lo, C, S, m, r,
                            <real>(alpha / size), <real>k, <real>beta)
 
@@ -392,13 +412,15 @@ def lrn_across_backward(const real[::1] x, const real[::1] y, const real[::1] sc
         return
     for buf, what in ((x, "bottom"), (y, "top"), (scale, "scale"), (dy, "top diff"), (dx, "bottom diff")):
         _need(len(buf), n, what)
-    cdef Py_ssize_t pieces = (S + PIECE - 1) // PIECE
+    cdef int nt = _threads(n * size)
+    cdef Py_ssize_t P = _lrn_piece(N, S, nt)
+    cdef Py_ssize_t pieces = (S + P - 1) // P
     cdef real cache = <real>(2.0 * alpha * beta / size)
     with nogil:
-        for t in prange(N * pieces, schedule="dynamic", chunksize=_grab(C * PIECE), num_threads=_threads(n * size)):
+        for t in prange(N * pieces, schedule="dynamic", chunksize=_grab(C * P), num_threads=nt):
             img = t // pieces
-            lo = (t % pieces) * PIECE
-            m = S - lo if S - lo < PIECE else PIECE
+            lo = (t % pieces) * P
+            m = S - lo if S - lo < P else P
             off = img * C * S + lo
             _lrn_bwd_piece(&x[0] + off, &y[0] + off, &scale[0] + off, &dy[0] + off, &dx[0] + off, C, S, m, r,
                            cache, <real>beta)
