@@ -117,6 +117,29 @@ def test_batch_norm_in_place_backward_reads_x_norm_and_out_of_place_recomputes_i
     np.testing.assert_array_equal(a["bottom_diff"][0], b["bottom_diff"][0])  # the same bits
 
 
+@pytest.mark.parametrize("offset", [0, 1, 3])
+def test_batch_norm_streamed_x_norm_is_the_top_bit_for_bit(offset):
+    """From 4 MB up, x_norm goes out by non-temporal stores (its aligned middle; offset misaligns the start):
+    the same bits as the top, and the layer in place (which keeps x_norm) agrees with out of place."""
+    shape = (2, 3, 419, 421)  # 4.2 MB of float32, rows of odd length
+    n, c, s = shape[0], shape[1], shape[2] * shape[3]
+    x = (arrays(2, shape) * 3 + 1).astype(np.float32).ravel()
+    y = np.empty_like(x)
+    for module in {normalization, _cpu.normalization}:  # the baseline build (SSE2) and the layers' (AVX2)
+        keep = np.empty(x.size + offset, np.float32)[offset:]
+        module.batch_norm_train_forward(x, y, keep, np.zeros(c), np.zeros(c), n, c, s, 1e-5)
+        np.testing.assert_array_equal(keep, y)
+        y2 = np.empty_like(x)
+        module.batch_norm_train_forward(x, y2, np.empty(0, np.float32), np.zeros(c), np.zeros(c), n, c, s, 1e-5)
+        np.testing.assert_array_equal(y2, y)
+    if offset == 0:
+        dy = arrays(3, shape).astype(np.float32)
+        a = run("BatchNorm", "", [x.reshape(shape)], [dy], np.float32, in_place=True)
+        b = run("BatchNorm", "", [x.reshape(shape)], [dy], np.float32, in_place=False)
+        np.testing.assert_array_equal(a["top"][0], b["top"][0])
+        np.testing.assert_array_equal(a["bottom_diff"][0], b["bottom_diff"][0])
+
+
 def test_batch_norm_state_lives_in_blobs():
     x = arrays(0, (2, 3, 4))
     layer = make_layer("BatchNorm")
