@@ -50,6 +50,7 @@ def cases(old_dir):
     dy = rng.standard_normal(x.size).astype(np.float32)
     y, dx, sc, e = np.empty_like(x), np.empty_like(x), np.empty_like(x), np.empty(0, np.float32)
     xn = np.empty_like(x)
+    e64, emk = np.empty(0), np.empty(x.size, np.int32)
     yp, mk = np.empty(N * C * PH * PW, np.float32), np.empty(N * C * PH * PW, np.int32)
     dyp = rng.standard_normal(yp.size).astype(np.float32)
     g, gy = rng.standard_normal(8 * 2048 * 49).astype(np.float32), np.empty(8 * 2048, np.float32)
@@ -93,6 +94,9 @@ def cases(old_dir):
         ("Softmax backward", soft, lambda k: k.softmax_backward(sy, dy, dx, N, C, S), (dx,)),
         ("SoftmaxWithLoss forward", soft, softmax_loss, (y,)),
         ("Dropout forward", elt, lambda k: k.dropout_forward(x, y, mask, 77, 32768, 2.0), (y, mask)),
+        ("Eltwise MAX forward", elt, lambda k: k.eltwise_forward(2, [x, dy], e64, y, emk), (y, emk)),
+        ("Eltwise MAX backward", elt, lambda k: k.eltwise_backward(2, [x, dy], [dx, sc], e64, e, dy, emk, False),
+         (dx, sc)),
     ], x, y
 
 
