@@ -7,7 +7,8 @@ OLD_KERNELS_DIR holds the compiled kernels of another checkout, e.g. a worktree 
 installed with scripts/install.sh: ../before/packages/layers/src/caffe/layers/kernels. The raw kernels
 (the AVX2 builds of pooling, normalization, softmax, elementwise) run at the ResNet res2 shape
 8x256x56x56 float32 (global AVE pooling: 8x2048x7x7), old and new alternating, median of --repeats,
-beside a np.copyto of the bottom (one read and one write of 25.7 MB). Each case first runs both
+beside a np.copyto of the bottom (one read and one write of 25.7 MB); then MAX pooling and LRN at the
+shapes of CaffeNet, SqueezeNet 1.1 and GoogLeNet (batch 8). Each case first runs both
 builds once on the same inputs and says whether their outputs (and returned value) are the same
 bits. With OMP_NUM_THREADS=1 the figures are the thread's CPU time, far less disturbed by other
 processes than two threads' wall clock. --only picks cases by substrings of their names.
@@ -97,7 +98,44 @@ def cases(old_dir):
         ("Eltwise MAX forward", elt, lambda k: k.eltwise_forward(2, [x, dy], e64, y, emk), (y, emk)),
         ("Eltwise MAX backward", elt, lambda k: k.eltwise_backward(2, [x, dy], [dx, sc], e64, e, dy, emk, False),
          (dx, sc)),
-    ], x, y
+    ] + net_shape_cases(pool, norm, rng), x, y
+
+
+def _pooled(h, k, s, p):
+    # Caffe's ceil rounding, the last window starting inside the image (or its top padding)
+    o = -(-(h + 2 * p - k) // s) + 1
+    return o - 1 if p and (o - 1) * s >= h + p else o
+
+
+# MAX pooling and LRN at the shapes of the nets (batch 8): CaffeNet / AlexNet, SqueezeNet 1.1, GoogLeNet
+NET_POOL = [("CaffeNet pool1", 96, 55, 3, 2, 0), ("CaffeNet pool2", 256, 27, 3, 2, 0),
+            ("SqueezeNet pool1", 64, 111, 3, 2, 0), ("GoogLeNet pool1", 64, 112, 3, 2, 0),
+            ("GoogLeNet 3x3/1 pad 1", 192, 28, 3, 1, 1)]
+NET_LRN = [("CaffeNet norm1", 96, 55), ("CaffeNet norm2", 256, 27), ("GoogLeNet norm2", 192, 56)]
+
+
+def net_shape_cases(pool, norm, rng):
+    out = []
+    for name, c, h, k, s, p in NET_POOL:
+        ph = _pooled(h, k, s, p)
+        x = rng.standard_normal(8 * c * h * h).astype(np.float32)
+        y, mk = np.empty(8 * c * ph * ph, np.float32), np.empty(8 * c * ph * ph, np.int32)
+        out.append((f"MAX fwd {name} {c}x{h}", pool,
+                    lambda km, x=x, y=y, mk=mk, c=c, h=h, ph=ph, k=k, s=s, p=p:
+                    km.max_pool_forward(x, y, mk, 8 * c, h, h, ph, ph, k, k, s, s, p, p), (y, mk)))
+    for name, c, h in NET_LRN:
+        x = rng.standard_normal(8 * c * h * h).astype(np.float32)
+        y, sc = np.empty_like(x), np.empty_like(x)
+        dyl, dxl = rng.standard_normal(x.size).astype(np.float32), np.empty_like(x)
+        norm[1].lrn_across_forward(x, y, sc, 8, c, h * h, 5, 1e-4, 1.0, 0.75)
+        yf, scf = y.copy(), sc.copy()
+        out.append((f"LRN fwd {name} {c}x{h}", norm,
+                    lambda km, x=x, y=y, sc=sc, c=c, h=h: km.lrn_across_forward(x, y, sc, 8, c, h * h, 5, 1e-4, 1.0,
+                                                                              0.75), (y, sc)))
+        out.append((f"LRN bwd {name} {c}x{h}", norm,
+                    lambda km, x=x, yf=yf, scf=scf, dyl=dyl, dxl=dxl, c=c, h=h:
+                    km.lrn_across_backward(x, yf, scf, dyl, dxl, 8, c, h * h, 5, 1e-4, 0.75), (dxl,)))
+    return out
 
 
 def main(argv=None):
@@ -136,7 +174,7 @@ def main(argv=None):
                 if i >= 2:
                     got[k].append(clk() - t0)
         o, n = (statistics.median(got[k]) * 1e3 for k in (old, new))
-        print(f"  {name:30s} old {o:7.2f}  new {n:7.2f}  old / new {o / n:5.2f}  "
+        print(f"  {name:38s} old {o:7.2f}  new {n:7.2f}  old / new {o / n:5.2f}  "
               f"{'same bits' if same else 'OUTPUTS DIFFER'}", flush=True)
 
 
