@@ -66,6 +66,19 @@ cdef extern from *:
         T m = -FLT_MAX, v;                                                                           \
         int c = -1, gt;                                                                              \
         Py_ssize_t w;                                                                                \
+        if (we - ws == 2) { /* the usual border window of a 3-wide kernel, in straight lines */      \
+            v = xr[ws];                                                                              \
+            gt = -(int)(v > m);                                                                      \
+            c = c ^ ((c ^ (int)(ws - w0)) & gt);                                                     \
+            m = v > m ? v : m;                                                                       \
+            v = xr[ws + 1];                                                                          \
+            gt = -(int)(v > m);                                                                      \
+            c = c ^ ((c ^ (int)(ws + 1 - w0)) & gt);                                                 \
+            m = v > m ? v : m;                                                                       \
+            *hm = m;                                                                                 \
+            *hc = c;                                                                                 \
+            return;                                                                                  \
+        }                                                                                            \
         for (w = ws; w < we; w++) {                                                                  \
             v = xr[w];                                                                               \
             gt = -(int)(v > m);                                                                      \
