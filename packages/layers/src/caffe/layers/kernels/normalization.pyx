@@ -380,34 +380,43 @@ cdef inline real _pow_neg(real s, real beta) noexcept nogil:
 cdef void _lrn_fwd_piece(const real* x, real* y, real* scale, Py_ssize_t C, Py_ssize_t S, Py_ssize_t P,
                          int r, real a, real k, real beta) noexcept nogil:
     # x, y, scale point at channel 0, position lo of one image; P positions; channel stride S.
-    cdef double* acc = <double*> malloc(P * sizeof(double))
+    # One pass over the positions per channel: add the square of the channel entering the window, compute,
+    # subtract the one leaving (the same operations in the same order per position as three passes, so
+    # the same bits; fused, the adds hide under the square roots and the division, which bound the loop).
+    # Where no channel enters or leaves, a row of zeros does (acc + 0.0 and acc - 0.0 are acc: the sums
+    # are never -0.0).
+    cdef double* acc = <double*> malloc(P * sizeof(double) + P * sizeof(real))
     cdef Py_ssize_t c, j
     cdef const real* xe
     cdef const real* xl
     cdef const real* xc
+    cdef real* zero
+    cdef real* sc
+    cdef real* yc
     cdef real s
+    cdef double t
     if acc == NULL:
         return
+    zero = <real*>(acc + P)
     for j in range(P):
         acc[j] = 0
+        zero[j] = 0
     for c in range(r if r < C else C):
         xe = x + c * S
         for j in range(P):
             acc[j] += <double>xe[j] * xe[j]
     for c in range(C):
-        if c + r < C:
-            xe = x + (c + r) * S
-            for j in range(P):
-                acc[j] += <double>xe[j] * xe[j]
+        xe = x + (c + r) * S if c + r < C else zero
+        xl = x + (c - r) * S if c - r >= 0 else zero
         xc = x + c * S
+        sc = scale + c * S
+        yc = y + c * S
         for j in range(P):
-            s = k + a * <real>acc[j]
-            scale[c * S + j] = s
-            y[c * S + j] = xc[j] * _pow_neg(s, beta)
-        if c - r >= 0:
-            xl = x + (c - r) * S
-            for j in range(P):
-                acc[j] -= <double>xl[j] * xl[j]
+            t = acc[j] + <double>xe[j] * xe[j]
+            s = k + a * <real>t
+            sc[j] = s
+            yc[j] = xc[j] * _pow_neg(s, beta)
+            acc[j] = t - <double>xl[j] * xl[j]
     free(acc)
 
 
@@ -442,19 +451,27 @@ cdef inline real _ratio(const real* dy, const real* y, const real* scale, Py_ssi
 
 cdef void _lrn_bwd_piece(const real* x, const real* y, const real* scale, const real* dy, real* dx,
                          Py_ssize_t C, Py_ssize_t S, Py_ssize_t P, int r, real cache, real beta) noexcept nogil:
-    # The window's rows of dy * y / scale are kept in a ring of 2r + 1 rows (L1): each is computed once,
+    # The window's rows of dy * y / scale are kept in a ring of 2r + 1 rows (L1/L2): each is computed once,
     # when its channel enters the window, and subtracted from that same row when it leaves (the same
-    # values as computing it twice, without the second division).
+    # values as computing it twice, without the second division). One pass over the positions per
+    # channel, as the forward: enter, compute, leave, in the order three passes took (the same bits);
+    # a row of zeros leaves where no channel does.
     cdef Py_ssize_t ring = 2 * r + 1
-    cdef double* acc = <double*> malloc(P * sizeof(double) + ring * P * sizeof(real))
+    cdef double* acc = <double*> malloc(P * sizeof(double) + (ring + 1) * P * sizeof(real))
     cdef real* rows
     cdef real* q
-    cdef Py_ssize_t c, j, o
+    cdef real* ql
+    cdef real* zero
+    cdef Py_ssize_t c, j, o, oe
+    cdef double t
+    cdef real v
     if acc == NULL:
         return
     rows = <real*>(acc + P)
+    zero = rows + ring * P
     for j in range(P):
         acc[j] = 0
+        zero[j] = 0
     for c in range(r if r < C else C):
         o = c * S
         q = rows + (c % ring) * P
@@ -462,19 +479,22 @@ cdef void _lrn_bwd_piece(const real* x, const real* y, const real* scale, const 
             q[j] = _ratio(dy, y, scale, o + j)
             acc[j] += q[j]
     for c in range(C):
-        if c + r < C:
-            o = (c + r) * S
-            q = rows + ((c + r) % ring) * P
-            for j in range(P):
-                q[j] = _ratio(dy, y, scale, o + j)
-                acc[j] += q[j]
         o = c * S
-        for j in range(P):
-            dx[o + j] = dy[o + j] * _pow_neg(scale[o + j], beta) - <real>acc[j] * x[o + j] * cache
-        if c - r >= 0:
-            q = rows + ((c - r) % ring) * P
+        ql = rows + ((c - r) % ring) * P if c - r >= 0 else zero
+        if c + r < C:
+            oe = (c + r) * S
+            q = rows + ((c + r) % ring) * P
+            for j in range(P):  # (apart: one loop over ten arrays was not vectorized)
+                q[j] = _ratio(dy, y, scale, oe + j)
             for j in range(P):
-                acc[j] -= q[j]
+                t = acc[j] + q[j]
+                dx[o + j] = dy[o + j] * _pow_neg(scale[o + j], beta) - <real>t * x[o + j] * cache
+                acc[j] = t - ql[j]
+        else:
+            for j in range(P):
+                t = acc[j]
+                dx[o + j] = dy[o + j] * _pow_neg(scale[o + j], beta) - <real>t * x[o + j] * cache
+                acc[j] = t - ql[j]
     free(acc)
 
 
