@@ -107,9 +107,10 @@ def test_max_pooling_kernel_first_maximum_in_every_window_position(dtype):
 
 # The AVX2 blocks of eight outputs (float32, pooling_avx2): rows of 8 to 20 windows, so every remainder of a
 # row's last block (done as the block ending at the row's last window) and rows of exactly one block come
-# up, for the horizontal 3x3/2 pass, the vertical 3-row pass and the clipped windows at the borders; ties
-# and -inf / -FLT_MAX / NaN as in the property above. Every width is checked on every run.
-@pytest.mark.parametrize("k, s, p", [(3, 2, 0), (3, 2, 1), (3, 1, 1)])
+# up, for the horizontal 3x3/2 pass, the vertical 3-row pass, the clipped windows at the borders and the
+# whole-window 2x2/2 rows (where H and W are even); ties and -inf / -FLT_MAX / NaN as in the property
+# above. Every width is checked on every run.
+@pytest.mark.parametrize("k, s, p", [(3, 2, 0), (3, 2, 1), (3, 1, 1), (2, 2, 0)])
 @pytest.mark.parametrize("specials", [False, True])
 def test_max_pooling_eight_output_blocks_every_remainder(k, s, p, specials):
     for i, w in enumerate(range(15, 42)):

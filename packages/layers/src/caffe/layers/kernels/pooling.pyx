@@ -192,8 +192,42 @@ cdef extern from *:
         _mm256_storeu_ps(yr + pw, m);
         _mm256_storeu_si256((__m256i*)(mr + pw), idx);
     }
+    /* outputs 0..7 of a 2x2 / stride 2 output row: rows r0, r1 (reads r0[0..15], r1[0..15]); taps in
+       row-major order, argmax top + {0, 1, W, W + 1}, top = top0 + 2i */
+    static inline void caffe_pool_2x2_f8(const float* r0, const float* r1, float* y, int* mask, int top0,
+                                         int W) {
+        __m256 a = _mm256_loadu_ps(r0), b = _mm256_loadu_ps(r0 + 8);
+        __m256 c = _mm256_loadu_ps(r1), d = _mm256_loadu_ps(r1 + 8);
+        __m256 t0 = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
+        __m256 t1 = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
+        __m256 t2 = _mm256_shuffle_ps(c, d, _MM_SHUFFLE(2, 0, 2, 0));
+        __m256 t3 = _mm256_shuffle_ps(c, d, _MM_SHUFFLE(3, 1, 3, 1));
+        __m256 lowest = _mm256_set1_ps(-FLT_MAX), m, g;
+        __m256i top = _mm256_add_epi32(_mm256_set1_epi32(top0), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
+        __m256i idx;
+        t0 = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t0), _MM_SHUFFLE(3, 1, 2, 0)));
+        t1 = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t1), _MM_SHUFFLE(3, 1, 2, 0)));
+        t2 = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t2), _MM_SHUFFLE(3, 1, 2, 0)));
+        t3 = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t3), _MM_SHUFFLE(3, 1, 2, 0)));
+        g = _mm256_cmp_ps(t0, lowest, _CMP_GT_OQ);
+        m = _mm256_blendv_ps(lowest, t0, g);
+        idx = _mm256_blendv_epi8(_mm256_set1_epi32(-1), top, _mm256_castps_si256(g));
+        g = _mm256_cmp_ps(t1, m, _CMP_GT_OQ);
+        m = _mm256_blendv_ps(m, t1, g);
+        idx = _mm256_blendv_epi8(idx, _mm256_add_epi32(top, _mm256_set1_epi32(1)), _mm256_castps_si256(g));
+        g = _mm256_cmp_ps(t2, m, _CMP_GT_OQ);
+        m = _mm256_blendv_ps(m, t2, g);
+        idx = _mm256_blendv_epi8(idx, _mm256_add_epi32(top, _mm256_set1_epi32(W)), _mm256_castps_si256(g));
+        g = _mm256_cmp_ps(t3, m, _CMP_GT_OQ);
+        m = _mm256_blendv_ps(m, t3, g);
+        idx = _mm256_blendv_epi8(idx, _mm256_add_epi32(top, _mm256_set1_epi32(W + 1)), _mm256_castps_si256(g));
+        _mm256_storeu_ps(y, m);
+        _mm256_storeu_si256((__m256i*)mask, idx);
+    }
     #else
     #define CAFFE_POOL_AVX2 0
+    static inline void caffe_pool_2x2_f8(const float* r0, const float* r1, float* y, int* mask, int top0,
+                                         int W) {}
     static inline void caffe_pool_h_k3s2_f8(const float* src, float* hm, int* hc) {}
     static inline void caffe_pool_v3_f8(const float* h0, const float* h1, const float* h2, const int* c0,
                                         const int* c1, const int* c2, float* yr, int* mr, int pw, int r0,
@@ -202,6 +236,7 @@ cdef extern from *:
     """
     bint CAFFE_POOL_AVX2
     void caffe_pool_h_k3s2_f8(const float* src, float* hm, int* hc) nogil
+    void caffe_pool_2x2_f8(const float* r0, const float* r1, float* y, int* mask, int top0, int W) nogil
     void caffe_pool_v3_f8(const float* h0, const float* h1, const float* h2, const int* c0, const int* c1,
                           const int* c2, float* yr, int* mr, int pw, int r0, int r1, int r2, int s, int p0) nogil
 
@@ -515,6 +550,18 @@ cdef inline void _max_plane_2x2(const real* x, real* y, int* mask, Py_ssize_t W,
     for ph in range(PH):
         r0 = x + 2 * ph * W
         r1 = r0 + W
+        if real is float:
+            if CAFFE_POOL_AVX2 and PW >= 8:  # blocks of eight; the last one ends at the row's last output
+                pw = 0
+                while pw + 8 <= PW:
+                    caffe_pool_2x2_f8(r0 + 2 * pw, r1 + 2 * pw, y + ph * PW + pw, mask + ph * PW + pw,
+                                      <int>(2 * ph * W + 2 * pw), <int>W)
+                    pw += 8
+                if pw < PW:
+                    pw = PW - 8
+                    caffe_pool_2x2_f8(r0 + 2 * pw, r1 + 2 * pw, y + ph * PW + pw, mask + ph * PW + pw,
+                                      <int>(2 * ph * W + 2 * pw), <int>W)
+                continue
         for pw in range(PW):
             m = -FLT_MAX
             idx = -1
