@@ -1,0 +1,155 @@
+"""Mutation survivors of the data layers (docs/MUTATION.md, layers-10 and layers-14): DummyData's shared
+filler and shape, its legacy fields one at a time; MemoryData's own API (add_mat_vector, add_datum_vector,
+set_batch_size: what pycaffe's net.set_input_arrays and friends call), its errors naming the item at fault."""
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from caffe.blob import Blob, context
+from caffe.layers import LayerError
+from caffe.layers.data_transformer import array_to_datum
+from caffe.layers.testing import make_layer
+
+
+# -- DummyData ------------------------------------------------------------------------------------
+
+def test_dummy_data_one_filler_and_one_shape_serve_every_top():
+    """Caffe: one data_filler (or one shape) is used for every top; a non-constant one refills each."""
+    layer = make_layer("DummyData", """dummy_data_param { shape { dim: 2 dim: 3 }
+        data_filler { type: "uniform" min: 1 max: 2 } }""")
+    top = [Blob(), Blob(), Blob()]
+    context.set_random_seed(3)
+    layer.SetUp([], top)
+    assert [t.shape for t in top] == [(2, 3)] * 3
+    layer.Forward([], top)
+    first = [t.data.copy() for t in top]
+    for t in first:
+        assert np.all((t >= 1) & (t <= 2))
+    layer.Forward([], top)
+    for a, t in zip(first, top):
+        assert not np.array_equal(a, t.data)  # each top refilled by the one filler
+
+
+@pytest.mark.parametrize("field", ["num", "channels", "height", "width"])
+def test_dummy_data_any_one_legacy_field_makes_the_legacy_form(field):
+    """Caffe's legacy check is num OR channels OR height OR width: any one of them alone asks for all four."""
+    missing = "num" if field != "num" else "channels"
+    with pytest.raises(LayerError, match=f"{missing} must be specified once, or once per top blob"):
+        make_layer("DummyData", f"dummy_data_param {{ {field}: 2 }}").SetUp([], [Blob()])
+
+
+def test_dummy_data_legacy_fields_per_top():
+    layer = make_layer("DummyData", "dummy_data_param { num: 2 num: 1 channels: 3 height: 1 height: 2 "
+                                    "width: 4 data_filler { value: 5 } }")
+    top = [Blob(), Blob()]
+    layer.SetUp([], top)
+    assert top[0].shape == (2, 3, 1, 4) and top[1].shape == (1, 3, 2, 4)
+    assert np.all(top[0].data == 5) and np.all(top[1].data == 5)
+
+
+# -- MemoryData -----------------------------------------------------------------------------------
+
+def memory_layer(b=2, c=1, h=2, w=3, extra="", name="mem"):
+    layer = make_layer("MemoryData", f"memory_data_param {{ batch_size: {b} channels: {c} height: {h} "
+                                     f"width: {w} }} {extra}", name=name)
+    top = [Blob(), Blob()]
+    layer.SetUp([], top)
+    return layer, top
+
+
+@given(b=st.integers(1, 3), k=st.integers(1, 3), c=st.integers(1, 3), h=st.integers(1, 3), w=st.integers(1, 3),
+       scale=st.sampled_from([1.0, 0.5, 2.0]), mean=st.sampled_from([None, 1.0, 3.5]), uint8=st.booleans())
+def test_add_mat_vector_transforms_and_serves_every_image(b, k, c, h, w, scale, mean, uint8):
+    extra = f"transform_param {{ scale: {scale} {'' if mean is None else f'mean_value: {mean}'} }}"
+    layer, top = memory_layer(b, c, h, w, extra)
+    n = b * k
+    rng = np.random.default_rng(n * 31 + c * 7 + h * 3 + w)
+    images = rng.integers(0, 256, size=(n, c, h, w))
+    images = images.astype(np.uint8) if uint8 else images.astype(np.float32) + 0.25
+    labels = rng.integers(0, 10, size=n)
+    layer.add_mat_vector(list(images), list(labels))
+    want = (images.astype(np.float32) - np.float32(mean or 0)) * np.float32(scale)
+    for it in range(k):
+        assert layer.has_new_data
+        layer.Forward([], top)
+        assert top[0].shape == (b, c, h, w) and top[1].shape == (b,)
+        np.testing.assert_array_equal(top[0].data, want[it * b:(it + 1) * b])
+        np.testing.assert_array_equal(top[1].data, labels[it * b:(it + 1) * b])
+        assert top[0].dtype == np.float32
+    assert not layer.has_new_data  # consumed: adding works again
+    layer.add_mat_vector(list(images[:b]), list(labels[:b]))
+
+
+def test_add_mat_vector_errors_name_the_layer_and_the_image():
+    layer, top = memory_layer(2, 1, 2, 2)
+    ok = [np.zeros((1, 2, 2), np.uint8)] * 2
+    with pytest.raises(LayerError, match=r"^Layer 'mem' \(MemoryData\): 2 images but 3 labels$"):
+        layer.add_mat_vector(ok, [0, 1, 2])
+    with pytest.raises(LayerError, match=r"^Layer 'mem' \(MemoryData\): there is no image to add$"):
+        layer.add_mat_vector([], [])
+    with pytest.raises(LayerError, match=r"multiple of the batch size 2, got 3 images$"):
+        layer.add_mat_vector(ok + ok[:1], [0, 1, 2])
+    # the transformer's error, with the layer named once and the item by its index
+    with pytest.raises(LayerError, match=r"^Layer 'mem' \(MemoryData\): image 1 is 1x3x2 but the batch holds "
+                                         r"1x2x2 items"):
+        layer.add_mat_vector([ok[0], np.zeros((1, 3, 2), np.uint8)], [0, 1])
+    with pytest.raises(LayerError, match=r"^Layer 'mem' \(MemoryData\): image 0 has shape \(2, 2\); expected"):
+        layer.add_mat_vector([np.zeros((2, 2)), ok[0]], [0, 1])
+    layer.add_mat_vector(ok, [0, 1])
+    with pytest.raises(LayerError, match=r"^Layer 'mem' \(MemoryData\): can't add images until current data "
+                                         r"has been consumed$"):
+        layer.add_mat_vector(ok, [0, 1])
+
+
+def test_add_datum_vector_errors_name_the_layer_and_the_datum():
+    layer, top = memory_layer(2, 1, 2, 2)
+    good = array_to_datum(np.zeros((1, 2, 2), np.uint8), 1)
+    bad = array_to_datum(np.zeros((1, 2, 2), np.uint8), 1)
+    bad.data = b"\0\0\0"
+    with pytest.raises(LayerError, match=r"^Layer 'mem' \(MemoryData\): Datum 1: Datum holds 3 bytes of data"):
+        layer.add_datum_vector([good, bad])
+    with pytest.raises(LayerError, match=r"^Layer 'mem' \(MemoryData\): there is no datum to add$"):
+        layer.add_datum_vector([])
+    with pytest.raises(LayerError, match=r"^Layer 'mem' \(MemoryData\): datum 1 is 1x3x3 but the batch"):
+        layer.add_datum_vector([good, array_to_datum(np.zeros((1, 3, 3), np.uint8), 0)])
+    layer.add_datum_vector([good, good])
+    with pytest.raises(LayerError, match=r"^Layer 'mem' \(MemoryData\): can't add datums until current data "
+                                         r"has been consumed$"):
+        layer.add_datum_vector([good, good])
+
+
+def test_set_batch_size_changes_the_batches_served():
+    """Caffe's set_batch_size: the next Forward serves (and shapes the tops for) the new batch size."""
+    layer, top = memory_layer(2, 1, 1, 2)
+    data = np.arange(12, dtype=np.float32).reshape(6, 1, 1, 2)
+    layer.reset(data, np.arange(6, dtype=np.float32), 6)
+    layer.set_batch_size(3)
+    assert layer.batch_size == 3
+    for start in (0, 3, 0):
+        layer.Forward([], top)
+        assert top[0].shape == (3, 1, 1, 2) and top[1].shape == (3,)
+        np.testing.assert_array_equal(top[1].data, np.arange(start, start + 3))
+        np.testing.assert_array_equal(top[0].data, data[start:start + 3])
+    layer.set_batch_size(1)  # 1 is a batch size
+    layer.Forward([], top)
+    np.testing.assert_array_equal(top[1].data, [3])
+    layer.set_batch_size("2")  # pycaffe passes ints; a numeric string is read as Caffe's int would be
+    assert layer.batch_size == 2
+    with pytest.raises(LayerError, match="multiple of the batch size 2, got 3 images"):
+        layer.add_mat_vector([np.zeros((1, 1, 2))] * 3, [0] * 3)
+
+
+def test_set_batch_size_errors():
+    layer, top = memory_layer(2, 1, 1, 1)
+    for bad in (0, -1):
+        with pytest.raises(LayerError, match=rf"^Layer 'mem' \(MemoryData\): batch_size must be positive, "
+                                             rf"got {bad}$"):
+            layer.set_batch_size(bad)
+    assert layer.batch_size == 2
+    layer.add_mat_vector([np.ones((1, 1, 1))] * 2, [0, 1])
+    with pytest.raises(LayerError, match=r"^Layer 'mem' \(MemoryData\): can't change batch_size until current "
+                                         r"data has been consumed$"):
+        layer.set_batch_size(1)
+    layer.Forward([], top)
+    layer.set_batch_size(1)  # consumed
+    assert layer.batch_size == 1
