@@ -101,13 +101,18 @@ def test_add_mat_vector_errors_name_the_layer_and_the_image():
         layer.add_mat_vector(ok, [0, 1])
 
 
-def test_add_datum_vector_errors_name_the_layer_and_the_datum():
+def test_add_datum_vector_bad_datum_names_the_layer_and_the_datum():
     layer, top = memory_layer(2, 1, 2, 2)
     good = array_to_datum(np.zeros((1, 2, 2), np.uint8), 1)
     bad = array_to_datum(np.zeros((1, 2, 2), np.uint8), 1)
     bad.data = b"\0\0\0"
     with pytest.raises(LayerError, match=r"^Layer 'mem' \(MemoryData\): Datum 1: Datum holds 3 bytes of data"):
         layer.add_datum_vector([good, bad])
+
+
+def test_add_datum_vector_errors_name_the_layer_and_the_datum():
+    layer, top = memory_layer(2, 1, 2, 2)
+    good = array_to_datum(np.zeros((1, 2, 2), np.uint8), 1)
     with pytest.raises(LayerError, match=r"^Layer 'mem' \(MemoryData\): there is no datum to add$"):
         layer.add_datum_vector([])
     with pytest.raises(LayerError, match=r"^Layer 'mem' \(MemoryData\): datum 1 is 1x3x3 but the batch"):
@@ -153,3 +158,74 @@ def test_set_batch_size_errors():
     layer.Forward([], top)
     layer.set_batch_size(1)  # consumed
     assert layer.batch_size == 1
+
+
+# -- HDF5Output -----------------------------------------------------------------------------------
+
+def test_hdf5_output_stores_legacy_4d_rows_and_appends(tmp_path):
+    """Caffe writes num x channels x height x width whatever the bottoms' axes: a (N, D) data bottom is stored
+    (N, D, 1, 1), a (N,) label (N, 1, 1, 1); later batches append."""
+    h5py = pytest.importorskip("h5py")
+    out = tmp_path / "o.h5"
+    layer = make_layer("HDF5Output", f'hdf5_output_param {{ file_name: "{out}" }}')
+    bottom = [Blob(2, 5), Blob(2)]
+    layer.SetUp(bottom, [])
+    for k in range(2):
+        bottom[0].data[...] = np.arange(10).reshape(2, 5) + 10 * k
+        bottom[1].data[...] = [k, -k]
+        layer.Forward(bottom, [])
+    with h5py.File(out, "r") as f:
+        assert f["data"].shape == (4, 5, 1, 1) and f["label"].shape == (4, 1, 1, 1)
+        np.testing.assert_array_equal(f["data"][...].reshape(4, 5), np.arange(20).reshape(4, 5))
+        np.testing.assert_array_equal(f["label"][...].ravel(), [0, 0, 1, -1])
+
+
+def test_hdf5_output_error_texts(tmp_path):
+    pytest.importorskip("h5py")
+    with pytest.raises(LayerError, match=r"^Layer 'test' \(HDF5Output\): hdf5_output_param.file_name must name "
+                                         r"the HDF5 file to write$"):
+        make_layer("HDF5Output").SetUp([Blob(1), Blob(1)], [])
+    (tmp_path / "dir.h5").mkdir()  # the folder exists, but the file cannot be created: a folder has its name
+    with pytest.raises(LayerError, match=r"^Layer 'test' \(HDF5Output\): cannot create HDF5 file '.*dir.h5': "):
+        make_layer("HDF5Output", f'hdf5_output_param {{ file_name: "{tmp_path}/dir.h5" }}').SetUp(
+            [Blob(1), Blob(1)], [])
+    layer = make_layer("HDF5Output", f'hdf5_output_param {{ file_name: "{tmp_path}/o.h5" }}')
+    bottom = [Blob(2, 3), Blob(3)]
+    layer.SetUp(bottom, [])
+    with pytest.raises(LayerError, match=r"same num: bottom\[0\] \(2, 3\) vs bottom\[1\] \(3,\)$"):
+        layer.Forward(bottom, [])
+    bottom = [Blob(2, 3), Blob(2)]
+    layer.Forward(bottom, [])
+    with pytest.raises(LayerError, match=r"^Layer 'test' \(HDF5Output\): bottom 'data' changed shape from "
+                                         r"\(3, 1, 1\) to \(4, 1, 1\) between batches; HDF5 file '.*o.h5' needs "
+                                         r"one row shape$"):
+        layer.Forward([Blob(2, 4), Blob(2)], [])
+
+
+# -- Caffe's method names -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", ["lmdb", "leveldb"])
+def test_cursor_caffe_names_call_the_backends_cursor(tmp_path, backend):
+    """Cursor.SeekToFirst/Next/Valid were class aliases of the base class's NotImplementedError stubs."""
+    if backend == "leveldb":
+        pytest.importorskip("plyvel", reason="LevelDB needs the optional plyvel package")
+    from caffe.layers import db
+    path = str(tmp_path / "db")
+    db.write_db(path, [(b"a", b"1"), (b"b", b"2")], backend)
+    with db.open_db(path, backend) as d:
+        cur = d.NewCursor()
+        assert cur.Valid() and cur.key() == b"a"
+        cur.Next()
+        assert cur.Valid() and cur.value() == b"2"
+        cur.Next()
+        assert not cur.Valid()
+        cur.SeekToFirst()
+        assert cur.Valid() and cur.key() == b"a"
+
+
+def test_data_layer_setup_caffe_name_calls_the_layers_own():
+    """BaseDataLayer.DataLayerSetUp was an alias of the base class's no-op: MemoryData's tops stayed unshaped."""
+    layer, _ = memory_layer(3, 2, 1, 1)
+    top = [Blob(), Blob()]
+    layer.DataLayerSetUp([], top)
+    assert top[0].shape == (3, 2, 1, 1) and top[1].shape == (3,)

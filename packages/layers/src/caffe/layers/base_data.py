@@ -136,7 +136,8 @@ class BaseDataLayer(Layer):
     def data_layer_setup(self, bottom, top):
         pass
 
-    DataLayerSetUp = data_layer_setup
+    def DataLayerSetUp(self, bottom, top):  # Caffe's name: the subclass's data_layer_setup (not an alias of this pass)
+        self.data_layer_setup(bottom, top)
 
     def reshape(self, bottom, top):
         pass  # data layers reshape their tops in Forward, batch by batch
