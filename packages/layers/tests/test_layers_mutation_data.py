@@ -229,3 +229,146 @@ def test_data_layer_setup_caffe_name_calls_the_layers_own():
     top = [Blob(), Blob()]
     layer.DataLayerSetUp([], top)
     assert top[0].shape == (3, 2, 1, 1) and top[1].shape == (3,)
+
+
+# -- HDF5Data -------------------------------------------------------------------------------------
+
+def h5_list(tmp_path, *files, name="list.txt"):
+    """Write each {dataset: array} dict to an .h5 file and list them; returns the list file's path."""
+    h5py = pytest.importorskip("h5py")
+    paths = []
+    for i, datasets in enumerate(files):
+        p = tmp_path / f"f{i}.h5"
+        with h5py.File(p, "w") as f:
+            for k, v in datasets.items():
+                f[k] = v
+        paths.append(str(p))
+    lst = tmp_path / name
+    lst.write_text("\n".join(paths) + "\n")
+    return lst
+
+
+def h5_layer(source, batch, tops=("data",), shuffle=False, phase=0, name="h5"):
+    layer = make_layer("HDF5Data", f'hdf5_data_param {{ source: "{source}" batch_size: {batch} '
+                                   f'shuffle: {str(shuffle).lower()} }}', phase=phase, name=name)
+    layer.layer_param.top.extend(tops)
+    return layer
+
+
+def served(layer, n_forward, n_top=1):
+    top = [Blob() for _ in range(n_top)]
+    layer.SetUp([], top)
+    out = []
+    for _ in range(n_forward):
+        layer.Forward([], top)
+        out += list(top[0].data.reshape(top[0].shape[0], -1)[:, 0])
+    return out
+
+
+def test_hdf5_data_batch_size_one_and_a_one_row_file(tmp_path):
+    lst = h5_list(tmp_path, {"data": np.array([[7.0]])}, {"data": np.array([[8.0], [9.0]])})
+    assert served(h5_layer(lst, 1), 4) == [7, 8, 9, 7]
+    with pytest.raises(LayerError, match=r"^Layer 'h5' \(HDF5Data\): hdf5_data_param.batch_size must be "
+                                         r"positive, got 0$"):
+        h5_layer(lst, 0).SetUp([], [Blob()])
+
+
+@pytest.mark.parametrize("count, rank, want", [(3, 1, [1, 4, 7, 1]), (3, 2, [2, 5, 8, 2]), (2, 1, [1, 3, 5, 7])])
+def test_hdf5_data_shards_for_any_solver_count_but_not_in_test(tmp_path, count, rank, want):
+    """Caffe's Skip(): rank r keeps stream positions r, r+N, ... (across wraps); the TEST phase keeps all."""
+    lst = h5_list(tmp_path, {"data": np.arange(9.0)[:, None]})
+    try:
+        context.set_solver_count(count)
+        context.set_solver_rank(rank)
+        assert served(h5_layer(lst, 2), 2) == want
+        assert served(h5_layer(lst, 3, phase=1), 1) == [0, 1, 2]
+    finally:
+        context.set_solver_count(1)
+        context.set_solver_rank(0)
+
+
+def test_hdf5_data_shuffle_permutes_and_is_reproducible(tmp_path):
+    lst = h5_list(tmp_path, {"data": np.arange(8.0)[:, None]}, {"data": np.arange(8.0, 16.0)[:, None]})
+    assert served(h5_layer(lst, 4), 8) == list(range(16)) * 2  # in order without shuffle
+    runs = []
+    for _ in range(2):
+        context.set_random_seed(11)
+        runs.append(served(h5_layer(lst, 4, shuffle=True), 8))
+    assert runs[0] == runs[1]
+    first_pass, second_pass = runs[0][:16], runs[0][16:]
+    assert sorted(first_pass) == sorted(second_pass) == list(range(16))
+    assert first_pass != list(range(16)) and second_pass != first_pass  # rows (and files) reshuffled each pass
+
+
+def test_hdf5_data_one_file_is_loaded_once(tmp_path, monkeypatch):
+    """As Caffe: with a single file, wrapping around serves it again without reloading it."""
+    lst = h5_list(tmp_path, {"data": np.arange(3.0)[:, None]})
+    layer = h5_layer(lst, 2)
+    loads = []
+    real = layer.load_file
+    monkeypatch.setattr(layer, "load_file", lambda f: (loads.append(f), real(f)))
+    assert served(layer, 4) == [0, 1, 2, 0, 1, 2, 0, 1]
+    assert len(loads) == 1  # at setup only
+
+
+def test_hdf5_data_row_shapes_must_agree_across_files(tmp_path):
+    lst = h5_list(tmp_path, {"data": np.zeros((2, 3, 2)), "label": np.zeros(2)},
+                  {"data": np.zeros((2, 3, 1)), "label": np.zeros(2)})
+    with pytest.raises(LayerError, match=r"^Layer 'h5' \(HDF5Data\): HDF5 file '.*f1.h5' has row shapes "
+                                         r"\[\(3, 1\), \(\)\] but the first file had \[\(3, 2\), \(\)\]$"):
+        served(h5_layer(lst, 2, tops=("data", "label")), 2, n_top=2)
+    # the same row shapes in files of different lengths are fine
+    ok = h5_list(tmp_path, {"data": np.zeros((1, 3, 2))}, {"data": np.ones((3, 3, 2))}, name="ok.txt")
+    assert served(h5_layer(ok, 2), 2) == [0, 1, 1, 1]
+
+
+def test_hdf5_data_tops_without_names_read_top0_top1(tmp_path):
+    lst = h5_list(tmp_path, {"top0": np.arange(4.0)[:, None], "top1": np.arange(4.0) + 10})
+    layer = h5_layer(lst, 2, tops=())
+    top = [Blob(), Blob()]
+    layer.SetUp([], top)
+    layer.Forward([], top)
+    assert list(top[0].data.ravel()) == [0, 1] and list(top[1].data) == [10, 11]
+
+
+def test_hdf5_data_error_texts(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    with pytest.raises(LayerError, match=r"^Layer 'h5' \(HDF5Data\): hdf5_data_param.source must name a text "
+                                         r"file listing HDF5 files$"):
+        h5_layer("", 1).SetUp([], [Blob()])
+    with pytest.raises(LayerError, match=r"^Layer 'h5' \(HDF5Data\): Cannot open HDF5 list file "
+                                         r"\(hdf5_data_param.source\) '.*nolist.txt': no such file"):
+        h5_layer(tmp_path / "nolist.txt", 1).SetUp([], [Blob()])
+    layer = h5_layer(h5_list(tmp_path, {"data": np.zeros((2, 1))}), 1, tops=("data", "label"))
+    with pytest.raises(LayerError, match=r"^Layer 'h5' \(HDF5Data\): the layer names 2 tops but was given 1 "
+                                         r"blobs$"):
+        layer.SetUp([], [Blob()])
+    (tmp_path / "adir.h5").mkdir()
+    (tmp_path / "dir.txt").write_text(str(tmp_path / "adir.h5"))
+    with pytest.raises(LayerError, match=r"^Layer 'h5' \(HDF5Data\): Cannot read HDF5 file '.*adir.h5': it is a "
+                                         r"directory, not a regular file .*\(listed in '.*dir.txt'\)$"):
+        h5_layer(tmp_path / "dir.txt", 1).SetUp([], [Blob()])
+    (tmp_path / "text.h5").write_text("not hdf5")
+    (tmp_path / "text.txt").write_text(str(tmp_path / "text.h5"))
+    with pytest.raises(LayerError, match=r"^Layer 'h5' \(HDF5Data\): cannot open HDF5 file '.*text.h5': \S"):
+        h5_layer(tmp_path / "text.txt", 1).SetUp([], [Blob()])
+
+    def one(name, **datasets):
+        lst = tmp_path / f"{name}.txt"
+        with h5py.File(tmp_path / f"{name}.h5", "w") as f:
+            for k, v in datasets.items():
+                f[k] = v
+        lst.write_text(str(tmp_path / f"{name}.h5"))
+        return h5_layer(lst, 1)
+
+    with pytest.raises(LayerError, match=r"has no dataset 'data' for top 'data' \(datasets: none\)$"):
+        one("nods").SetUp([], [Blob()])
+    with pytest.raises(LayerError, match=r"^Layer 'h5' \(HDF5Data\): HDF5 file '.*scalar.h5' dataset 'data' is "
+                                         r"a scalar; it needs at least one axis \(rows\)$"):
+        one("scalar", data=np.float32(1)).SetUp([], [Blob()])
+    with pytest.raises(LayerError, match=r"dataset 'data' holds values of type complex128, not numbers$"):
+        one("cplx", data=np.zeros(2, np.complex128)).SetUp([], [Blob()])
+    with pytest.raises(LayerError, match=r"dataset 'data' holds strings, not numbers$"):
+        one("str", data=np.array([b"a", b"b"])).SetUp([], [Blob()])
+    with pytest.raises(LayerError, match=r"^Layer 'h5' \(HDF5Data\): HDF5 file '.*empty.h5' holds no rows$"):
+        one("empty", data=np.zeros((0, 2))).SetUp([], [Blob()])
