@@ -3,7 +3,7 @@ filler and shape, its legacy fields one at a time; MemoryData's own API (add_mat
 set_batch_size: what pycaffe's net.set_input_arrays and friends call), its errors naming the item at fault."""
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import example, given, strategies as st
 
 from caffe.blob import Blob, context
 from caffe.layers import LayerError
@@ -58,7 +58,8 @@ def memory_layer(b=2, c=1, h=2, w=3, extra="", name="mem"):
 
 
 @given(b=st.integers(1, 3), k=st.integers(1, 3), c=st.integers(1, 3), h=st.integers(1, 3), w=st.integers(1, 3),
-       scale=st.sampled_from([1.0, 0.5, 2.0]), mean=st.sampled_from([None, 1.0, 3.5]), uint8=st.booleans())
+       scale=st.sampled_from([1.0, 0.5, 0.1]), mean=st.sampled_from([None, 1.0, 0.3]), uint8=st.booleans())
+@example(b=2, k=2, c=2, h=3, w=3, scale=0.1, mean=0.3, uint8=True)  # float32 (x - mean) * scale, as Caffe: not float64
 def test_add_mat_vector_transforms_and_serves_every_image(b, k, c, h, w, scale, mean, uint8):
     extra = f"transform_param {{ scale: {scale} {'' if mean is None else f'mean_value: {mean}'} }}"
     layer, top = memory_layer(b, c, h, w, extra)
@@ -372,3 +373,70 @@ def test_hdf5_data_error_texts(tmp_path):
         one("str", data=np.array([b"a", b"b"])).SetUp([], [Blob()])
     with pytest.raises(LayerError, match=r"^Layer 'h5' \(HDF5Data\): HDF5 file '.*empty.h5' holds no rows$"):
         one("empty", data=np.zeros((0, 2))).SetUp([], [Blob()])
+
+
+# -- MemoryData: reset and setup ------------------------------------------------------------------
+
+@pytest.mark.parametrize("labels", [np.arange(4.0), np.arange(4.0)[:, None], np.arange(4.0).reshape(4, 1, 1, 1)],
+                         ids=["1d", "2d", "4d"])
+def test_memory_data_labels_of_any_legacy_shape_give_a_1d_label_top(labels):
+    layer, top = memory_layer(2, 1, 1, 1)
+    layer.reset(np.zeros((4, 1, 1, 1), np.float32), labels)
+    for start in (0, 2):
+        layer.Forward([], top)
+        assert top[1].shape == (2,)
+        np.testing.assert_array_equal(top[1].data, [start, start + 1])
+
+
+def test_memory_data_scalar_label_for_a_batch_of_one():
+    layer, top = memory_layer(1, 1, 1, 1)
+    layer.reset(np.ones((1, 1, 1, 1), np.float32), np.float32(5))
+    layer.Forward([], top)
+    assert top[1].shape == (1,) and top[1].data[0] == 5
+
+
+def test_memory_data_other_dtypes_are_copied_at_reset():
+    """Only an array already in the top's dtype is borrowed; anything else is converted once, at reset."""
+    layer, top = memory_layer(2, 1, 1, 1)
+    data, labels = np.ones((2, 1, 1, 1), np.float64), np.array([1, 2])
+    layer.reset(data, labels)
+    data[...] = 9
+    labels[...] = 9
+    layer.Forward([], top)
+    assert list(top[0].data.ravel()) == [1, 1] and list(top[1].data) == [1, 2]
+
+
+def test_memory_data_reset_and_forward_error_texts():
+    layer, top = memory_layer(2, 1, 2, 3)
+    with pytest.raises(LayerError, match=r"^Layer 'mem' \(MemoryData\): MemoryDataLayer needs to be initialized by "
+                                         r"calling reset\(\) \(pycaffe: net.set_input_arrays\)$"):
+        layer.Forward([], top)
+    with pytest.raises(LayerError, match=r"data array must have shape \(n, 1, 2, 3\), got \(\)$"):
+        layer.reset(np.float32(1), np.zeros(2))
+    with pytest.raises(LayerError, match=r"^Layer 'mem' \(MemoryData\): data array holds 2 items, fewer than "
+                                         r"n = 4$"):
+        layer.reset(np.zeros((2, 1, 2, 3)), np.zeros(4), 4)
+    with pytest.raises(LayerError, match=r"^Layer 'mem' \(MemoryData\): labels array holds 2 labels, fewer than "
+                                         r"n = 4; data and labels must have the same first dimension$"):
+        layer.reset(np.zeros((4, 1, 2, 3)), np.zeros((2, 2)), 4)  # 4 values, but 2 rows
+    with pytest.raises(LayerError, match=r"labels array holds 1 labels, fewer than n = 2"):
+        layer.reset(np.zeros((2, 1, 2, 3)), np.float32(0))
+    with pytest.raises(LayerError, match=r"n must be a positive multiple of batch size 2, got n = 0$"):
+        layer.reset(np.zeros((2, 1, 2, 3)), np.zeros(2), 0)
+
+
+@pytest.mark.parametrize("field", ["batch_size", "channels", "height", "width"])
+def test_memory_data_every_size_must_be_positive(field):
+    sizes = {**dict(batch_size=2, channels=1, height=2, width=3), field: 0}
+    text = " ".join(f"{k}: {v}" for k, v in sizes.items())
+    with pytest.raises(LayerError, match=r"^Layer 'test' \(MemoryData\): batch_size, channels, height, and width "
+                                         r"must be specified and positive in memory_data_param \(got "
+                                         rf"{sizes['batch_size']}, {sizes['channels']}, {sizes['height']}, "
+                                         rf"{sizes['width']}\)$"):
+        make_layer("MemoryData", f"memory_data_param {{ {text} }}").SetUp([], [Blob(), Blob()])
+
+
+def test_dummy_data_shape_and_legacy_together_text():
+    with pytest.raises(LayerError, match=r"^Layer 'test' \(DummyData\): both shape and legacy fields \(num, "
+                                         r"channels, height, width\) were specified$"):
+        make_layer("DummyData", "dummy_data_param { shape { dim: 1 } width: 1 }").SetUp([], [Blob()])
