@@ -1,6 +1,8 @@
 """Mutation survivors of the data layers (docs/MUTATION.md, layers-10 and layers-14): DummyData's shared
 filler and shape, its legacy fields one at a time; MemoryData's own API (add_mat_vector, add_datum_vector,
 set_batch_size: what pycaffe's net.set_input_arrays and friends call), its errors naming the item at fault."""
+import os
+
 import numpy as np
 import pytest
 from hypothesis import example, given, strategies as st
@@ -440,3 +442,89 @@ def test_dummy_data_shape_and_legacy_together_text():
     with pytest.raises(LayerError, match=r"^Layer 'test' \(DummyData\): both shape and legacy fields \(num, "
                                          r"channels, height, width\) were specified$"):
         make_layer("DummyData", "dummy_data_param { shape { dim: 1 } width: 1 }").SetUp([], [Blob()])
+
+
+# -- db (layers-14) -------------------------------------------------------------------------------
+
+def test_describe_folder_hints(tmp_path):
+    from caffe.layers import db
+    (tmp_path / "ldb").mkdir()
+    (tmp_path / "ldb" / "000005.ldb").write_bytes(b"")  # LevelDB table files, CURRENT missing
+    with pytest.raises(db.DBError, match=r"looks like a LevelDB database: set backend: LEVELDB / -backend "
+                                         r"leveldb\)$"):
+        db.open_db(str(tmp_path / "ldb"), "lmdb")
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(db.DBError, match=r"^'.*plain' is not an LMDB database: it has no data.mdb$"):
+        db.open_db(str(tmp_path / "plain"), "lmdb")
+
+
+def test_partial_folders_of_live_writers_are_kept_and_not_signalled(tmp_path, monkeypatch):
+    """The next writer removes only dead writers' folders: probing a live one (signal 0) must not hurt it,
+    and a process of another user (PermissionError) counts as alive."""
+    import subprocess
+    import sys
+    from caffe.layers import db
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / f".t_db.partial-{child.pid}-0123abcd").mkdir()
+        db.write_db(str(tmp_path / "t_db"), [(b"k", b"v")])
+        assert (tmp_path / f".t_db.partial-{child.pid}-0123abcd").is_dir()
+        assert child.poll() is None  # still running: probed with signal 0 only
+    finally:
+        child.kill()
+        child.wait()
+
+    def refused(pid, sig):
+        raise PermissionError(1, "Operation not permitted")
+    monkeypatch.setattr(db.os, "kill", refused)
+    assert db._pid_alive(12345) is True
+
+
+def test_db_writer_abort_closes_and_is_idempotent(tmp_path):
+    from caffe.layers import db
+    w = db.DBWriter(str(tmp_path / "a_db"))
+    w.put(b"k", b"v")
+    w.abort()
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(db.DBError, match=r"database '.*a_db' is already closed"):
+        w.put(b"k2", b"v")
+    w.abort()  # again: nothing left to remove, no error
+    done = db.DBWriter(str(tmp_path / "b_db"))
+    done.put(b"k", b"v")
+    done.close()
+    done.abort()  # after close: the database stays
+    with db.open_db(str(tmp_path / "b_db")) as d:
+        assert list(d.items()) == [(b"k", b"v")]
+
+
+# -- window data's rounding -----------------------------------------------------------------------
+
+def test_window_round_is_c_round_half_away_from_zero():
+    from caffe.layers.window_data_layer import _round
+    xs = [-2.5, -1.5, -0.6, -0.5, -0.4, 0.0, 0.4, 0.5, 0.6, 1.5, 2.5, 3.7]
+    assert [_round(x) for x in xs] == [-3, -2, -1, -1, 0, 0, 0, 1, 1, 2, 3, 4]
+
+
+# -- DataTransformer.transform (layers-14) --------------------------------------------------------
+
+def test_transform_returns_the_dtype_asked_and_names_the_item():
+    from caffe.layers.data_transformer import DataError, DataTransformer
+    from caffe.proto import caffe_pb2
+    p = caffe_pb2.TransformationParameter()
+    p.scale = 0.1
+    tf = DataTransformer(p, name="T")
+    img = np.arange(4, dtype=np.uint8).reshape(1, 2, 2)
+    out = tf.transform(img)
+    assert out.dtype == np.float32 and out.shape == (1, 2, 2)
+    np.testing.assert_array_equal(out, img.astype(np.float32) * np.float32(0.1))
+    assert tf.transform(img, dtype=np.float64).dtype == np.float64
+    with pytest.raises(DataError, match=r"^T: image 'x' is 1x2x2 but the batch holds 1x3x3 items"):
+        tf.transform(img, out=np.empty((1, 3, 3), np.float32), where="image 'x'")
+    with pytest.raises(DataError, match=r"^T: image 'y' has shape \(2, 2\); expected channels x height x width$"):
+        tf.transform(np.zeros((2, 2)), where="image 'y'")
+    bad = array_to_datum(img, 0)
+    bad.data = b"\0"
+    with pytest.raises(DataError, match=r"^Datum 7: Datum holds 1 bytes"):
+        tf.transform(bad, where="Datum 7")
+    with pytest.raises(DataError, match=r"^Datum: Datum holds 1 bytes"):
+        tf.transform(bad)
