@@ -528,3 +528,27 @@ def test_transform_returns_the_dtype_asked_and_names_the_item():
         tf.transform(bad, where="Datum 7")
     with pytest.raises(DataError, match=r"^Datum: Datum holds 1 bytes"):
         tf.transform(bad)
+
+
+# -- base_data (layers-14) ------------------------------------------------------------------------
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_decode_pool_works_in_a_forked_child():
+    """A child forked after a parallel decode inherited the pool without its threads: its next parallel
+    decode (Data with encoded records, ImageData) waited forever. The child now starts its own pool."""
+    from caffe.layers import base_data
+    from caffe.layers.data_transformer import decode_threads
+    if decode_threads() == 1:
+        pytest.skip("one core: parallel_map does not use the pool")
+    assert base_data.parallel_map(lambda x: x + 1, [1, 2, 3]) == [2, 3, 4]
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if the pool answers (SIGALRM ends a hang after 20 s)
+        import signal
+        signal.alarm(20)
+        ok = False
+        try:
+            ok = base_data.parallel_map(lambda x: x * 2, [1, 2, 3]) == [2, 4, 6]
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"forked child: wait status {status}"
