@@ -552,3 +552,102 @@ def test_decode_pool_works_in_a_forked_child():
             os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"forked child: wait status {status}"
+
+
+# -- WindowData's warp (layers-14) ----------------------------------------------------------------
+
+def c_round(v: float) -> int:
+    return int(np.sign(v) * np.floor(abs(v) + 0.5))
+
+
+def caffe_window_geometry(win, cols, rows, crop, context_pad, square, mirror):
+    """Caffe's window_data_layer.cpp, float32 as in a float net: the region read (x1, y1, x2, y2), the size it
+    is warped to (w, h) and where it lands (pad_h, pad_w)."""
+    f = np.float32
+    x1, y1, x2, y2 = win
+    w = h = crop
+    pad_h = pad_w = 0
+    if context_pad > 0 or square:
+        scale = f(crop) / f(crop - 2 * context_pad)
+        half_h, half_w = f((y2 - y1 + 1) / 2.0), f((x2 - x1 + 1) / 2.0)
+        cx, cy = f(x1) + half_w, f(y1) + half_h
+        if square:
+            half_h = half_w = max(half_h, half_w)
+        x1, x2 = c_round(float(cx - half_w * scale)), c_round(float(cx + half_w * scale))
+        y1, y2 = c_round(float(cy - half_h * scale)), c_round(float(cy + half_h * scale))
+        full_h, full_w = y2 - y1 + 1, x2 - x1 + 1
+        left, top, right = max(0, -x1), max(0, -y1), max(0, x2 - (cols - 1))
+        bottom = max(0, y2 - (rows - 1))
+        x1, y1, x2, y2 = x1 + left, y1 + top, x2 - right, y2 - bottom
+        sx, sy = f(crop) / f(full_w), f(crop) / f(full_h)
+        w, h = c_round(float(f(x2 - x1 + 1) * sx)), c_round(float(f(y2 - y1 + 1) * sy))
+        pad_h = c_round(float(f(top) * sy))
+        pad_w = c_round(float(f(right if mirror else left) * sx))
+        h, w = min(h, crop - pad_h), min(w, crop - pad_w)
+    return (x1, y1, x2, y2), (w, h), pad_h, pad_w
+
+
+class _SpyImage:
+    """Stands for the Pillow image: records the region cropped and the size it is resized to."""
+
+    def __init__(self, cols, rows):
+        self.size = (cols, rows)
+        self.calls = []
+
+    def crop(self, box):
+        self.calls.append(("crop", box))
+        return self
+
+    def resize(self, size, method):
+        from PIL import Image
+        self.calls.append(("resize", size))
+        return Image.new("RGB", size)
+
+
+def window_warper(crop, context_pad, square):
+    pytest.importorskip("PIL")
+    layer = make_layer("WindowData")
+    layer.crop_size, layer.context_pad, layer.use_square = crop, context_pad, square
+    layer.images = {0: ("img.png", (3, 0, 0))}
+    return layer
+
+
+@given(cols=st.integers(1, 12), rows=st.integers(1, 12), data=st.data(), crop=st.integers(1, 9),
+       square=st.booleans(), mirror=st.booleans())
+@example(cols=12, rows=10, data=None, crop=7, square=False, mirror=False)   # context_pad 1, warp mode
+@example(cols=12, rows=10, data=None, crop=8, square=True, mirror=True)     # a window at the right edge
+@example(cols=5, rows=12, data=None, crop=3, square=True, mirror=False)     # tall window, square
+def test_window_warp_geometry_matches_caffe(cols, rows, data, crop, square, mirror):
+    if data is None:  # the examples: fixed windows
+        win, context_pad = {(12, 7): ((2, 3, 6, 5), 1), (12, 8): ((9, 2, 11, 9), 2),
+                            (5, 3): ((2, 0, 2, 11), 1)}[(cols, crop)]
+    else:
+        x1 = data.draw(st.integers(0, cols - 1))
+        x2 = data.draw(st.integers(x1, cols - 1))
+        y1 = data.draw(st.integers(0, rows - 1))
+        y2 = data.draw(st.integers(y1, rows - 1))
+        win, context_pad = (x1, y1, x2, y2), data.draw(st.integers(0, (crop - 1) // 2))
+    layer = window_warper(crop, context_pad, square)
+    img = _SpyImage(cols, rows)
+    arr, pad_h, pad_w = layer._warp(img, [0, 1, 1.0, *win], mirror)
+    box, size, want_h, want_w = caffe_window_geometry(win, cols, rows, crop, context_pad, square, mirror)
+    assert (pad_h, pad_w) == (want_h, want_w)
+    if size[0] <= 0 or size[1] <= 0:
+        assert arr is None and img.calls == []
+    else:
+        x1, y1, x2, y2 = box
+        assert img.calls == [("crop", (x1, y1, x2 + 1, y2 + 1)), ("resize", size)]
+        assert arr.shape == (3, size[1], size[0])
+
+
+def test_window_outside_its_image_is_named():
+    layer = window_warper(4, 0, False)
+    for win in [(0, 0, 9, 7), (3, 3, 3, 3), (9, 0, 9, 0), (0, 7, 0, 7)]:  # inside (edges included): read
+        img = _SpyImage(10, 8)
+        layer._warp(img, [0, 1, 1.0, *win], False)
+        assert img.calls[0] == ("crop", (win[0], win[1], win[2] + 1, win[3] + 1))
+    for win in [(0, 0, 10, 7), (0, 0, 9, 8), (-1, 0, 3, 3), (0, -1, 3, 3), (5, 0, 4, 3), (0, 5, 3, 4)]:
+        from caffe.layers.data_transformer import DataError
+        with pytest.raises(DataError, match=rf"^window \({win[0]}, {win[1]}, {win[2]}, {win[3]}\) lies outside "
+                                            rf"its 10x8 image 'img.png'$"):
+            layer._warp(_SpyImage(10, 8), [0, 1, 1.0, *win], False)
