@@ -651,3 +651,29 @@ def test_window_outside_its_image_is_named():
         with pytest.raises(DataError, match=rf"^window \({win[0]}, {win[1]}, {win[2]}, {win[3]}\) lies outside "
                                             rf"its 10x8 image 'img.png'$"):
             layer._warp(_SpyImage(10, 8), [0, 1, 1.0, *win], False)
+
+
+# -- ImageData (layers-14) ------------------------------------------------------------------------
+
+def test_image_data_errors_in_later_batches_name_the_image_and_line(tmp_path):
+    Image = pytest.importorskip("PIL.Image")
+    for name, (h, w) in {"big.png": (6, 8), "small.png": (4, 4), "wide.png": (6, 9)}.items():
+        Image.fromarray(np.zeros((h, w, 3), np.uint8)).save(tmp_path / name)
+    (tmp_path / "l1.txt").write_text("big.png 0\nsmall.png 1\n")
+    layer = make_layer("ImageData", f'image_data_param {{ source: "{tmp_path}/l1.txt" root_folder: "{tmp_path}/" '
+                                    f'batch_size: 1 }} transform_param {{ crop_size: 5 }}', name="img")
+    top = [Blob(), Blob()]
+    layer.SetUp([], top)
+    layer.Forward([], top)
+    with pytest.raises(LayerError, match=r"^Layer 'img' \(ImageData\): image '.*small.png' \(list file '.*l1.txt' "
+                                         r"line 2\) is 4x4, smaller than crop_size 5$"):
+        layer.Forward([], top)
+    layer.close()
+    (tmp_path / "l2.txt").write_text("big.png 0\nwide.png 1\n")
+    layer = make_layer("ImageData", f'image_data_param {{ source: "{tmp_path}/l2.txt" root_folder: "{tmp_path}/" '
+                                    f'batch_size: 2 }}', name="img")
+    layer.SetUp([], top)
+    with pytest.raises(LayerError, match=r"^Layer 'img' \(ImageData\): image '.*wide.png' \(list file '.*l2.txt' "
+                                         r"line 2\) is 3x6x9 but the batch holds 3x6x8 items"):
+        layer.Forward([], top)
+    layer.close()
