@@ -677,3 +677,24 @@ def test_image_data_errors_in_later_batches_name_the_image_and_line(tmp_path):
                                          r"line 2\) is 3x6x9 but the batch holds 3x6x8 items"):
         layer.Forward([], top)
     layer.close()
+
+
+def test_window_file_parse_errors(tmp_path):
+    from caffe.layers.data_transformer import DataError
+    from caffe.layers.window_data_layer import parse_window_file
+    f = tmp_path / "w.txt"
+    for text, tail in [("# 0\nim.png\n3\n16\n20\n1\n1 0.9 1 1 4", "ended early, expected window coordinates x1 y1 "
+                                                                  "x2 y2"),
+                       ("# 0\nim.png\n3\n16", "ended early, expected width"),
+                       ("# 0\nim.png\n3\n16\n20\n1\n1 high 1 1 4 4", "line 7: expected a window's overlap, "
+                                                                   "got 'high'"),
+                       ("0\nim.png", "line 1: expected '# image_index', got '0'")]:
+        f.write_text(text)
+        with pytest.raises(DataError, match=rf"^window file '.*w.txt':? {tail}$"):
+            parse_window_file(str(f))
+    with pytest.raises(DataError, match=r"^failed to open window file '.*none.txt': no such file$"):
+        parse_window_file(str(tmp_path / "none.txt"))
+    f.write_text("# 3\nim.png\n3 16 20\n1\n1 0.75 0 1 4 5\n")
+    images, windows = parse_window_file(str(f), "root/")
+    assert images == {3: ("root/im.png", (3, 16, 20))}
+    assert windows == [([3, 1, np.float32(0.75), 0, 1, 4, 5], 5)]
