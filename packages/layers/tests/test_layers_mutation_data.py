@@ -698,3 +698,75 @@ def test_window_file_parse_errors(tmp_path):
     images, windows = parse_window_file(str(f), "root/")
     assert images == {3: ("root/im.png", (3, 16, 20))}
     assert windows == [([3, 1, np.float32(0.75), 0, 1, 4, 5], 5)]
+
+
+def _window_setup(tmp_path, windows, extra="", crop=6, batch=2, fg=1.0, transform="", name="win"):
+    """One 12x10 image (BGR on disk as PNG RGB) and the given (label, overlap, x1, y1, x2, y2) windows."""
+    Image = pytest.importorskip("PIL.Image")
+    rng = np.random.default_rng(4)
+    rgb = rng.integers(0, 256, size=(10, 12, 3)).astype(np.uint8)
+    Image.fromarray(rgb).save(tmp_path / "im.png")
+    lines = ["# 0", "im.png", "3", "10", "12", str(len(windows))] + [" ".join(map(str, w)) for w in windows]
+    (tmp_path / "w.txt").write_text("\n".join(lines) + "\n")
+    layer = make_layer("WindowData", f'window_data_param {{ source: "{tmp_path}/w.txt" root_folder: "{tmp_path}/" '
+                                     f'batch_size: {batch} fg_fraction: {fg} fg_threshold: 0.5 bg_threshold: 0.3 '
+                                     f'{extra} }} transform_param {{ crop_size: {crop} {transform} }}', name=name)
+    return layer, Image.fromarray(rgb)
+
+
+@pytest.mark.parametrize("mode, context_pad, crop", [("square", 0, 6), ("square", 1, 5), ("warp", 1, 5),
+                                                     ("warp", 0, 1)])
+def test_window_data_items_match_caffes_geometry(tmp_path, mode, context_pad, crop):
+    """End to end: a 10 wide x 4 high window at the image's top edge, square and/or with context; the item is
+    the region Caffe reads, warped (bilinear) to its size, placed at Caffe's padding, zeros elsewhere."""
+    from PIL import Image
+    win = (3, 0.9, 1, 0, 10, 3)  # label 3, foreground
+    layer, img = _window_setup(tmp_path, [win], f'crop_mode: "{mode}" context_pad: {context_pad}', crop=crop,
+                               batch=1)
+    top = [Blob(), Blob()]
+    layer.SetUp([], top)
+    layer.Forward([], top)
+    layer.close()
+    (x1, y1, x2, y2), (w, h), pad_h, pad_w = caffe_window_geometry(win[2:], 12, 10, crop, context_pad,
+                                                                   mode == "square", False)
+    want = np.zeros((3, crop, crop), np.float32)
+    region = np.asarray(img.crop((x1, y1, x2 + 1, y2 + 1)).resize((w, h), Image.BILINEAR))
+    want[:, pad_h:pad_h + h, pad_w:pad_w + w] = region[:, :, ::-1].transpose(2, 0, 1)
+    np.testing.assert_array_equal(top[0].data[0], want)
+    assert top[1].data[0] == 3
+
+
+def test_window_data_setup_boundaries(tmp_path):
+    wins = [(1, 0.5, 0, 0, 5, 5), (0, 0.1, 2, 2, 6, 6)]  # overlap == fg_threshold: foreground, as Caffe's >=
+    layer, _ = _window_setup(tmp_path, wins, batch=1, fg=1.0, crop=1)  # batch 1, crop 1: allowed
+    top = [Blob(), Blob()]
+    layer.SetUp([], top)
+    assert top[0].shape == (1, 3, 1, 1)
+    layer.Forward([], top)
+    assert top[1].data[0] == 1
+    layer.close()
+    layer, _ = _window_setup(tmp_path, wins, "context_pad: 2", crop=5)  # 2 * 2 < 5: allowed
+    layer.SetUp([], top)
+    layer.close()
+    for extra, crop, batch, text in [
+            ("context_pad: 3", 6, 2, r"context_pad 3 leaves no room in crop_size 6$"),
+            ("", 6, 0, r"window_data_param.batch_size must be positive, got 0$"),
+            ("", 0, 2, r"transform_param.crop_size must be positive: it is the size of the warped windows$")]:
+        layer, _ = _window_setup(tmp_path, wins, extra, crop=crop, batch=batch)
+        with pytest.raises(LayerError, match=r"^Layer 'win' \(WindowData\): " + text):
+            layer.SetUp([], [Blob(), Blob()])
+
+
+def test_window_data_transform_scale_when_window_scale_is_unset(tmp_path):
+    """The docstring's rule: window_data_param.scale when set, else transform_param.scale."""
+    wins = [(2, 0.9, 0, 0, 5, 5)]
+    out = {}
+    for key, extra, transform in [("plain", "", ""), ("tp", "", "scale: 0.5"), ("wp", "scale: 0.25", "scale: 0.5")]:
+        layer, _ = _window_setup(tmp_path, wins, extra, batch=1, transform=transform)
+        top = [Blob(), Blob()]
+        layer.SetUp([], top)
+        layer.Forward([], top)
+        layer.close()
+        out[key] = top[0].data.copy()
+    np.testing.assert_array_equal(out["tp"], out["plain"] * np.float32(0.5))
+    np.testing.assert_array_equal(out["wp"], out["plain"] * np.float32(0.25))
