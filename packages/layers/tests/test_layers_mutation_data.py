@@ -770,3 +770,30 @@ def test_window_data_transform_scale_when_window_scale_is_unset(tmp_path):
         out[key] = top[0].data.copy()
     np.testing.assert_array_equal(out["tp"], out["plain"] * np.float32(0.5))
     np.testing.assert_array_equal(out["wp"], out["plain"] * np.float32(0.25))
+
+
+def test_window_data_setup_error_texts_and_the_window_mean_file(tmp_path):
+    from caffe.blob.proto_io import array_to_blob_proto
+    fg_only = [(1, 0.9, 0, 0, 5, 5)]
+    layer, _ = _window_setup(tmp_path, fg_only, fg=0.5, batch=2)
+    with pytest.raises(LayerError, match=r"^Layer 'win' \(WindowData\): window file '.*w.txt' has no background "
+                                         r"windows \(overlap < bg_threshold 0.3\) but fg_fraction leaves 1 per "
+                                         r"batch$"):
+        layer.SetUp([], [Blob(), Blob()])
+    mean = np.full((1, 3, 6, 6), 7, np.float32)
+    (tmp_path / "m.binaryproto").write_bytes(array_to_blob_proto(mean).SerializeToString())
+    layer, _ = _window_setup(tmp_path, fg_only, f'mean_file: "{tmp_path}/m.binaryproto"', batch=1,
+                             transform="mean_value: 1")  # the window's mean_file with transform's mean_value
+    with pytest.raises(LayerError, match=r"^Layer 'win' \(WindowData\): cannot specify mean_file and mean_value "
+                                         r"at the same time$"):
+        layer.SetUp([], [Blob(), Blob()])
+    # window_data_param's own (deprecated) mean_file is read when transform_param has none
+    out = []
+    for extra in ("", f'mean_file: "{tmp_path}/m.binaryproto"'):
+        layer, _ = _window_setup(tmp_path, fg_only, extra, batch=1)
+        top = [Blob(), Blob()]
+        layer.SetUp([], top)
+        layer.Forward([], top)
+        layer.close()
+        out.append(top[0].data.copy())
+    np.testing.assert_array_equal(out[1], out[0] - 7)
