@@ -797,3 +797,24 @@ def test_window_data_setup_error_texts_and_the_window_mean_file(tmp_path):
         layer.close()
         out.append(top[0].data.copy())
     np.testing.assert_array_equal(out[1], out[0] - 7)
+
+
+def test_window_data_mean_file_shape_checks_and_image_cache(tmp_path):
+    from caffe.blob.proto_io import array_to_blob_proto
+    fg_only = [(1, 0.9, 0, 0, 5, 5)]
+    for shape in [(1, 6, 6), (3, 5, 8), (3, 8, 5)]:
+        (tmp_path / "m.binaryproto").write_bytes(array_to_blob_proto(np.zeros((1,) + shape, np.float32))
+                                                 .SerializeToString())
+        layer, _ = _window_setup(tmp_path, fg_only, batch=1, transform=f'mean_file: "{tmp_path}/m.binaryproto"')
+        with pytest.raises(LayerError, match=rf"^Layer 'win' \(WindowData\): mean_file '.*m.binaryproto' holds a "
+                                             rf"{shape[0]}x{shape[1]}x{shape[2]} mean; it needs 3 channels and at "
+                                             rf"least crop_size 6 in height and width$"):
+            layer.SetUp([], [Blob(), Blob()])
+    layer, _ = _window_setup(tmp_path, fg_only, "cache_images: true", batch=1)
+    top = [Blob(), Blob()]
+    layer.SetUp([], top)
+    (tmp_path / "im.png").unlink()  # cached at setup: still served
+    for _ in range(6):  # more batches than the 4 prefetched: some are loaded after the file is gone
+        layer.Forward([], top)
+    layer.close()
+    assert top[0].data.any()
