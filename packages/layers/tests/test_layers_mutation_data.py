@@ -777,7 +777,7 @@ def test_window_data_setup_error_texts_and_the_window_mean_file(tmp_path):
     fg_only = [(1, 0.9, 0, 0, 5, 5)]
     layer, _ = _window_setup(tmp_path, fg_only, fg=0.5, batch=2)
     with pytest.raises(LayerError, match=r"^Layer 'win' \(WindowData\): window file '.*w.txt' has no background "
-                                         r"windows \(overlap < bg_threshold 0.3\) but fg_fraction leaves 1 per "
+                                         r"windows \(overlap < bg_threshold 0\.3\S*\) but fg_fraction leaves 1 per "
                                          r"batch$"):
         layer.SetUp([], [Blob(), Blob()])
     mean = np.full((1, 3, 6, 6), 7, np.float32)
