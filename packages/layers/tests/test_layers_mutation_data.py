@@ -818,3 +818,32 @@ def test_window_data_mean_file_shape_checks_and_image_cache(tmp_path):
         layer.Forward([], top)
     layer.close()
     assert top[0].data.any()
+
+
+def test_transformer_draws_from_its_own_generator_seeded_once():
+    """Caffe's InitRand: the transformer seeds its own generator once (on first use when init_rand was not
+    called); later draws leave the runtime generator alone."""
+    from caffe.layers.data_transformer import DataTransformer
+    from caffe.proto import caffe_pb2
+    p = caffe_pb2.TransformationParameter()
+    p.mirror = True
+    tf = DataTransformer(p)  # no init_rand(): rng() seeds it
+    imgs = np.arange(2 * 8, dtype=np.uint8).reshape(8, 1, 1, 2)
+    out = np.empty((8, 1, 1, 2), np.float32)
+    context.set_random_seed(5)
+    tf.transform_batch(list(imgs), out)
+    state = context.rng().bit_generator.state
+    tf.transform_batch(list(imgs), out)
+    assert context.rng().bit_generator.state == state
+
+
+def test_read_image_sizes_and_color(tmp_path):
+    Image = pytest.importorskip("PIL.Image")
+    from caffe.layers.data_transformer import read_image
+    Image.fromarray(np.arange(12, dtype=np.uint8).reshape(3, 4), "L").save(tmp_path / "g.png")
+    assert read_image(str(tmp_path / "g.png")).shape == (3, 3, 4)  # color by default: gray made BGR
+    assert read_image(str(tmp_path / "g.png"), is_color=False).shape == (1, 3, 4)
+    assert read_image(str(tmp_path / "g.png"), 1, 1).shape == (3, 1, 1)  # 1 is a size
+    assert read_image(str(tmp_path / "g.png"), 5, 1, is_color=False).shape == (1, 5, 1)
+    assert read_image(str(tmp_path / "g.png"), 5, 0).shape == (3, 3, 4)  # both needed to resize
+    assert read_image(str(tmp_path / "g.png"), 0, 5).shape == (3, 3, 4)
