@@ -847,3 +847,64 @@ def test_read_image_sizes_and_color(tmp_path):
     assert read_image(str(tmp_path / "g.png"), 5, 1, is_color=False).shape == (1, 5, 1)
     assert read_image(str(tmp_path / "g.png"), 5, 0).shape == (3, 3, 4)  # both needed to resize
     assert read_image(str(tmp_path / "g.png"), 0, 5).shape == (3, 3, 4)
+
+
+def _image_list(tmp_path, n=5):
+    Image = pytest.importorskip("PIL.Image")
+    lines = []
+    for i in range(n):
+        Image.fromarray(np.full((4, 6, 3), i, np.uint8)).save(tmp_path / f"p{i}.png")
+        lines.append(f"p{i}.png {i * 10}")
+    (tmp_path / "l.txt").write_text("\n".join(lines) + "\n")
+
+
+def _image_layer(tmp_path, extra="", batch=2, transform=""):
+    return make_layer("ImageData", f'image_data_param {{ source: "{tmp_path}/l.txt" root_folder: "{tmp_path}/" '
+                                   f'batch_size: {batch} {extra} }} transform_param {{ {transform} }}', name="img")
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_image_data_rand_skip_starts_at_a_drawn_line(tmp_path, seed):
+    """Caffe: skip = caffe_rng_rand() % rand_skip lines at setup (drawn from the runtime generator)."""
+    _image_list(tmp_path)
+    context.set_random_seed(seed)
+    skip = int(context.rng().integers(0, 2**32)) % 4
+    context.set_random_seed(seed)
+    layer = _image_layer(tmp_path, "rand_skip: 4", batch=3)
+    top = [Blob(), Blob()]
+    layer.SetUp([], top)
+    layer.Forward([], top)
+    layer.close()
+    assert top[1].shape == (3,)
+    assert list(top[1].data) == [(skip + i) % 5 * 10 for i in range(3)]
+    assert top[0].data[0, 0, 0, 0] == skip
+
+
+def test_image_data_setup_boundaries(tmp_path):
+    _image_list(tmp_path, 2)
+    layer = _image_layer(tmp_path, "new_height: 1 new_width: 1", batch=1)  # 1 is a size; batch 1
+    top = [Blob(), Blob()]
+    layer.SetUp([], top)
+    assert top[0].shape == (1, 3, 1, 1) and top[1].shape == (1,)
+    layer.close()
+    for extra, text in [("new_height: 0 new_width: 3", "image_data_param.new_height and new_width must be set at "
+                                                       "the same time$"),
+                        ("batch_size: 0", r"image_data_param.batch_size must be positive, got 0$")]:
+        with pytest.raises(LayerError, match=r"^Layer 'img' \(ImageData\): " + text):
+            make_layer("ImageData", f'image_data_param {{ source: "{tmp_path}/l.txt" batch_size: 1 {extra} }}'
+                       .replace("batch_size: 1 batch_size: 0", "batch_size: 0"), name="img").SetUp(
+                [], [Blob(), Blob()])
+    with pytest.raises(LayerError, match=r"^Layer 'img' \(ImageData\): image_data_param.source must name the "
+                                         r"list file$"):
+        make_layer("ImageData", "image_data_param { batch_size: 1 }", name="img").SetUp([], [Blob(), Blob()])
+    with pytest.raises(LayerError, match=r"^Layer 'img' \(ImageData\): image '.*p0.png' \(list file '.*l.txt' "
+                                         r"line 1\) is 4x6, smaller than crop_size 5$"):
+        _image_layer(tmp_path, transform="crop_size: 5").SetUp([], [Blob(), Blob()])
+    context.set_random_seed(0)
+    with pytest.raises(LayerError, match=r"^Layer 'img' \(ImageData\): rand_skip drew \d+ but the list has only "
+                                         r"2 lines$"):
+        for seed in range(20):  # some draw % 1000 is >= 2
+            context.set_random_seed(seed)
+            layer = _image_layer(tmp_path, "rand_skip: 1000")
+            layer.SetUp([], [Blob(), Blob()])
+            layer.close()
