@@ -908,3 +908,36 @@ def test_image_data_setup_boundaries(tmp_path):
             layer = _image_layer(tmp_path, "rand_skip: 1000")
             layer.SetUp([], [Blob(), Blob()])
             layer.close()
+
+
+def test_decode_gray_depths_and_alpha_like_opencv():
+    """OpenCV's ANYCOLOR decode without ANYDEPTH: 16-bit gray to 8 bits (value / 256), 32-bit int or float
+    gray kept when within 0..255 (else / 256), gray+alpha and 1-bit to gray; color stays BGR."""
+    import io
+    Image = pytest.importorskip("PIL.Image")
+    from caffe.layers.data_transformer import decode_image_bytes
+
+    def enc(img, fmt="PNG"):
+        buf = io.BytesIO()
+        img.save(buf, fmt)
+        return buf.getvalue()
+
+    v16 = np.array([[0, 255, 256, 1000, 65535]], np.uint16)
+    got = decode_image_bytes(enc(Image.fromarray(v16)))
+    np.testing.assert_array_equal(got, (v16 // 256).astype(np.uint8)[None])
+    small = np.array([[0, 7, 200, 255]], np.int32)
+    np.testing.assert_array_equal(decode_image_bytes(enc(Image.fromarray(small), "TIFF")), small[None])
+    big = np.array([[0, 512, 1024, 65280]], np.int32)
+    np.testing.assert_array_equal(decode_image_bytes(enc(Image.fromarray(big), "TIFF")),
+                                  (big // 256)[None])
+    f = np.array([[0.0, 3.0, 254.0]], np.float32)
+    np.testing.assert_array_equal(decode_image_bytes(enc(Image.fromarray(f), "TIFF")), f[None])
+    la = Image.fromarray(np.array([[[10, 0], [200, 255]]], np.uint8))
+    np.testing.assert_array_equal(decode_image_bytes(enc(la)), [[[10, 200]]])
+    one = Image.fromarray(np.array([[0, 255, 255]], np.uint8), "L").convert("1")
+    np.testing.assert_array_equal(decode_image_bytes(enc(one)), [[[0, 255, 255]]])
+    rgb = np.array([[[1, 2, 3]]], np.uint8)
+    np.testing.assert_array_equal(decode_image_bytes(enc(Image.fromarray(rgb, "RGB")), force_color=True),
+                                  [[[3]], [[2]], [[1]]])
+    np.testing.assert_array_equal(decode_image_bytes(enc(Image.fromarray(v16[:, :1].astype(np.uint8), "L")),
+                                                     force_gray=True), [[[0]]])
