@@ -20,6 +20,7 @@ An exception in the thread reaches the caller of Forward with its message.
 """
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import weakref
@@ -43,6 +44,17 @@ def decode_pool() -> ThreadPoolExecutor:
         if _pool is None:
             _pool = ThreadPoolExecutor(max_workers=decode_threads(), thread_name_prefix="caffe-decode")
         return _pool
+
+
+def _forget_pool_in_child() -> None:
+    # A forked child inherits the pool but none of its threads: work submitted there would wait forever.
+    global _pool, _pool_lock
+    _pool = None
+    _pool_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool_in_child)
 
 
 def parallel_map(fn, items):
@@ -136,7 +148,8 @@ class BaseDataLayer(Layer):
     def data_layer_setup(self, bottom, top):
         pass
 
-    DataLayerSetUp = data_layer_setup
+    def DataLayerSetUp(self, bottom, top):  # Caffe's name: the subclass's data_layer_setup (not an alias of this pass)
+        self.data_layer_setup(bottom, top)
 
     def reshape(self, bottom, top):
         pass  # data layers reshape their tops in Forward, batch by batch

@@ -97,9 +97,15 @@ class Cursor:
     def valid(self) -> bool:
         raise NotImplementedError
 
-    SeekToFirst = seek_to_first
-    Next = next
-    Valid = valid
+    # Caffe's names call the subclass's method (a class alias here would bind the base's NotImplementedError)
+    def SeekToFirst(self) -> None:
+        self.seek_to_first()
+
+    def Next(self) -> None:
+        self.next()
+
+    def Valid(self) -> bool:
+        return self.valid()
 
 
 class _LMDBCursor(Cursor):

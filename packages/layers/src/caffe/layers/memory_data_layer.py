@@ -82,7 +82,10 @@ class MemoryDataLayer(BaseDataLayer):
     def add_datum_vector(self, datums) -> None:
         """Transform Datums (transform_param) and serve them (count a multiple of batch_size)."""
         labels = [d.label for d in datums]
-        images = [self.data_transformer.image(d, f"Datum {i}") for i, d in enumerate(datums)]
+        try:
+            images = [self.data_transformer.image(d, f"Datum {i}") for i, d in enumerate(datums)]
+        except DataError as exc:  # a bad Datum: name the layer too
+            raise self.error(str(exc)) from None
         self._add(images, labels, "datum")
 
     AddDatumVector = add_datum_vector

@@ -118,7 +118,7 @@ class WindowDataLayer(BasePrefetchingDataLayer):
             if w[OVERLAP] >= fg_threshold:
                 if w[LABEL] <= 0:
                     raise self.error(f"window file '{wp.source}' line {lineno}: a foreground window "
-                                     f"(overlap {w[OVERLAP]} >= fg_threshold {wp.fg_threshold}) needs a class "
+                                     f"(overlap {w[OVERLAP]} >= fg_threshold {wp.fg_threshold:g}) needs a class "
                                      f"index > 0, got {w[LABEL]}")
                 self.fg_windows.append(w)
             elif w[OVERLAP] < bg_threshold:
@@ -129,10 +129,10 @@ class WindowDataLayer(BasePrefetchingDataLayer):
         self.num_fg = int(np.float32(self.batch_size) * np.float32(self.fg_fraction))
         if self.num_fg and not self.fg_windows:
             raise self.error(f"window file '{wp.source}' has no foreground windows (overlap >= fg_threshold "
-                             f"{wp.fg_threshold}) but fg_fraction asks for {self.num_fg} per batch")
+                             f"{wp.fg_threshold:g}) but fg_fraction asks for {self.num_fg} per batch")
         if self.batch_size - self.num_fg and not self.bg_windows:
             raise self.error(f"window file '{wp.source}' has no background windows (overlap < bg_threshold "
-                             f"{wp.bg_threshold}) but fg_fraction leaves {self.batch_size - self.num_fg} "
+                             f"{wp.bg_threshold:g}) but fg_fraction leaves {self.batch_size - self.num_fg} "
                              f"per batch")
         channels = next(iter(self.images.values()))[1][0]
         if channels != 3:

@@ -1,0 +1,943 @@
+"""Mutation survivors of the data layers (docs/MUTATION.md, layers-10 and layers-14): DummyData's shared
+filler and shape, its legacy fields one at a time; MemoryData's own API (add_mat_vector, add_datum_vector,
+set_batch_size: what pycaffe's net.set_input_arrays and friends call), its errors naming the item at fault."""
+import os
+
+import numpy as np
+import pytest
+from hypothesis import example, given, strategies as st
+
+from caffe.blob import Blob, context
+from caffe.layers import LayerError
+from caffe.layers.data_transformer import array_to_datum
+from caffe.layers.testing import make_layer
+
+
+# -- DummyData ------------------------------------------------------------------------------------
+
+def test_dummy_data_one_filler_and_one_shape_serve_every_top():
+    """Caffe: one data_filler (or one shape) is used for every top; a non-constant one refills each."""
+    layer = make_layer("DummyData", """dummy_data_param { shape { dim: 2 dim: 3 }
+        data_filler { type: "uniform" min: 1 max: 2 } }""")
+    top = [Blob(), Blob(), Blob()]
+    context.set_random_seed(3)
+    layer.SetUp([], top)
+    assert [t.shape for t in top] == [(2, 3)] * 3
+    layer.Forward([], top)
+    first = [t.data.copy() for t in top]
+    for t in first:
+        assert np.all((t >= 1) & (t <= 2))
+    layer.Forward([], top)
+    for a, t in zip(first, top):
+        assert not np.array_equal(a, t.data)  # each top refilled by the one filler
+
+
+@pytest.mark.parametrize("field", ["num", "channels", "height", "width"])
+def test_dummy_data_any_one_legacy_field_makes_the_legacy_form(field):
+    """Caffe's legacy check is num OR channels OR height OR width: any one of them alone asks for all four."""
+    missing = "num" if field != "num" else "channels"
+    with pytest.raises(LayerError, match=f"{missing} must be specified once, or once per top blob"):
+        make_layer("DummyData", f"dummy_data_param {{ {field}: 2 }}").SetUp([], [Blob()])
+
+
+def test_dummy_data_legacy_fields_per_top():
+    layer = make_layer("DummyData", "dummy_data_param { num: 2 num: 1 channels: 3 height: 1 height: 2 "
+                                    "width: 4 data_filler { value: 5 } }")
+    top = [Blob(), Blob()]
+    layer.SetUp([], top)
+    assert top[0].shape == (2, 3, 1, 4) and top[1].shape == (1, 3, 2, 4)
+    assert np.all(top[0].data == 5) and np.all(top[1].data == 5)
+
+
+# -- MemoryData -----------------------------------------------------------------------------------
+
+def memory_layer(b=2, c=1, h=2, w=3, extra="", name="mem"):
+    layer = make_layer("MemoryData", f"memory_data_param {{ batch_size: {b} channels: {c} height: {h} "
+                                     f"width: {w} }} {extra}", name=name)
+    top = [Blob(), Blob()]
+    layer.SetUp([], top)
+    return layer, top
+
+
+@given(b=st.integers(1, 3), k=st.integers(1, 3), c=st.integers(1, 3), h=st.integers(1, 3), w=st.integers(1, 3),
+       scale=st.sampled_from([1.0, 0.5, 0.1]), mean=st.sampled_from([None, 1.0, 0.3]), uint8=st.booleans())
+@example(b=2, k=2, c=2, h=3, w=3, scale=0.1, mean=0.3, uint8=True)  # float32 (x - mean) * scale, as Caffe: not float64
+def test_add_mat_vector_transforms_and_serves_every_image(b, k, c, h, w, scale, mean, uint8):
+    extra = f"transform_param {{ scale: {scale} {'' if mean is None else f'mean_value: {mean}'} }}"
+    layer, top = memory_layer(b, c, h, w, extra)
+    n = b * k
+    rng = np.random.default_rng(n * 31 + c * 7 + h * 3 + w)
+    images = rng.integers(0, 256, size=(n, c, h, w))
+    images = images.astype(np.uint8) if uint8 else images.astype(np.float32) + 0.25
+    labels = rng.integers(0, 10, size=n)
+    layer.add_mat_vector(list(images), list(labels))
+    want = (images.astype(np.float32) - np.float32(mean or 0)) * np.float32(scale)
+    for it in range(k):
+        assert layer.has_new_data
+        layer.Forward([], top)
+        assert top[0].shape == (b, c, h, w) and top[1].shape == (b,)
+        np.testing.assert_array_equal(top[0].data, want[it * b:(it + 1) * b])
+        np.testing.assert_array_equal(top[1].data, labels[it * b:(it + 1) * b])
+        assert top[0].dtype == np.float32
+    assert not layer.has_new_data  # consumed: adding works again
+    layer.add_mat_vector(list(images[:b]), list(labels[:b]))
+
+
+def test_add_mat_vector_errors_name_the_layer_and_the_image():
+    layer, top = memory_layer(2, 1, 2, 2)
+    ok = [np.zeros((1, 2, 2), np.uint8)] * 2
+    with pytest.raises(LayerError, match=r"^Layer 'mem' \(MemoryData\): 2 images but 3 labels$"):
+        layer.add_mat_vector(ok, [0, 1, 2])
+    with pytest.raises(LayerError, match=r"^Layer 'mem' \(MemoryData\): there is no image to add$"):
+        layer.add_mat_vector([], [])
+    with pytest.raises(LayerError, match=r"multiple of the batch size 2, got 3 images$"):
+        layer.add_mat_vector(ok + ok[:1], [0, 1, 2])
+    # the transformer's error, with the layer named once and the item by its index
+    with pytest.raises(LayerError, match=r"^Layer 'mem' \(MemoryData\): image 1 is 1x3x2 but the batch holds "
+                                         r"1x2x2 items"):
+        layer.add_mat_vector([ok[0], np.zeros((1, 3, 2), np.uint8)], [0, 1])
+    with pytest.raises(LayerError, match=r"^Layer 'mem' \(MemoryData\): image 0 has shape \(2, 2\); expected"):
+        layer.add_mat_vector([np.zeros((2, 2)), ok[0]], [0, 1])
+    layer.add_mat_vector(ok, [0, 1])
+    with pytest.raises(LayerError, match=r"^Layer 'mem' \(MemoryData\): can't add images until current data "
+                                         r"has been consumed$"):
+        layer.add_mat_vector(ok, [0, 1])
+
+
+def test_add_datum_vector_bad_datum_names_the_layer_and_the_datum():
+    layer, top = memory_layer(2, 1, 2, 2)
+    good = array_to_datum(np.zeros((1, 2, 2), np.uint8), 1)
+    bad = array_to_datum(np.zeros((1, 2, 2), np.uint8), 1)
+    bad.data = b"\0\0\0"
+    with pytest.raises(LayerError, match=r"^Layer 'mem' \(MemoryData\): Datum 1: Datum holds 3 bytes of data"):
+        layer.add_datum_vector([good, bad])
+
+
+def test_add_datum_vector_errors_name_the_layer_and_the_datum():
+    layer, top = memory_layer(2, 1, 2, 2)
+    good = array_to_datum(np.zeros((1, 2, 2), np.uint8), 1)
+    with pytest.raises(LayerError, match=r"^Layer 'mem' \(MemoryData\): there is no datum to add$"):
+        layer.add_datum_vector([])
+    with pytest.raises(LayerError, match=r"^Layer 'mem' \(MemoryData\): datum 1 is 1x3x3 but the batch"):
+        layer.add_datum_vector([good, array_to_datum(np.zeros((1, 3, 3), np.uint8), 0)])
+    layer.add_datum_vector([good, good])
+    with pytest.raises(LayerError, match=r"^Layer 'mem' \(MemoryData\): can't add datums until current data "
+                                         r"has been consumed$"):
+        layer.add_datum_vector([good, good])
+
+
+def test_set_batch_size_changes_the_batches_served():
+    """Caffe's set_batch_size: the next Forward serves (and shapes the tops for) the new batch size."""
+    layer, top = memory_layer(2, 1, 1, 2)
+    data = np.arange(12, dtype=np.float32).reshape(6, 1, 1, 2)
+    layer.reset(data, np.arange(6, dtype=np.float32), 6)
+    layer.set_batch_size(3)
+    assert layer.batch_size == 3
+    for start in (0, 3, 0):
+        layer.Forward([], top)
+        assert top[0].shape == (3, 1, 1, 2) and top[1].shape == (3,)
+        np.testing.assert_array_equal(top[1].data, np.arange(start, start + 3))
+        np.testing.assert_array_equal(top[0].data, data[start:start + 3])
+    layer.set_batch_size(1)  # 1 is a batch size
+    layer.Forward([], top)
+    np.testing.assert_array_equal(top[1].data, [3])
+    layer.set_batch_size("2")  # pycaffe passes ints; a numeric string is read as Caffe's int would be
+    assert layer.batch_size == 2
+    with pytest.raises(LayerError, match="multiple of the batch size 2, got 3 images"):
+        layer.add_mat_vector([np.zeros((1, 1, 2))] * 3, [0] * 3)
+
+
+def test_set_batch_size_errors():
+    layer, top = memory_layer(2, 1, 1, 1)
+    for bad in (0, -1):
+        with pytest.raises(LayerError, match=rf"^Layer 'mem' \(MemoryData\): batch_size must be positive, "
+                                             rf"got {bad}$"):
+            layer.set_batch_size(bad)
+    assert layer.batch_size == 2
+    layer.add_mat_vector([np.ones((1, 1, 1))] * 2, [0, 1])
+    with pytest.raises(LayerError, match=r"^Layer 'mem' \(MemoryData\): can't change batch_size until current "
+                                         r"data has been consumed$"):
+        layer.set_batch_size(1)
+    layer.Forward([], top)
+    layer.set_batch_size(1)  # consumed
+    assert layer.batch_size == 1
+
+
+# -- HDF5Output -----------------------------------------------------------------------------------
+
+def test_hdf5_output_stores_legacy_4d_rows_and_appends(tmp_path):
+    """Caffe writes num x channels x height x width whatever the bottoms' axes: a (N, D) data bottom is stored
+    (N, D, 1, 1), a (N,) label (N, 1, 1, 1); later batches append."""
+    h5py = pytest.importorskip("h5py")
+    out = tmp_path / "o.h5"
+    layer = make_layer("HDF5Output", f'hdf5_output_param {{ file_name: "{out}" }}')
+    bottom = [Blob(2, 5), Blob(2)]
+    layer.SetUp(bottom, [])
+    for k in range(2):
+        bottom[0].data[...] = np.arange(10).reshape(2, 5) + 10 * k
+        bottom[1].data[...] = [k, -k]
+        layer.Forward(bottom, [])
+    with h5py.File(out, "r") as f:
+        assert f["data"].shape == (4, 5, 1, 1) and f["label"].shape == (4, 1, 1, 1)
+        np.testing.assert_array_equal(f["data"][...].reshape(4, 5), np.arange(20).reshape(4, 5))
+        np.testing.assert_array_equal(f["label"][...].ravel(), [0, 0, 1, -1])
+
+
+def test_hdf5_output_error_texts(tmp_path):
+    pytest.importorskip("h5py")
+    with pytest.raises(LayerError, match=r"^Layer 'test' \(HDF5Output\): hdf5_output_param.file_name must name "
+                                         r"the HDF5 file to write$"):
+        make_layer("HDF5Output").SetUp([Blob(1), Blob(1)], [])
+    (tmp_path / "dir.h5").mkdir()  # the folder exists, but the file cannot be created: a folder has its name
+    with pytest.raises(LayerError, match=r"^Layer 'test' \(HDF5Output\): cannot create HDF5 file '.*dir.h5': "):
+        make_layer("HDF5Output", f'hdf5_output_param {{ file_name: "{tmp_path}/dir.h5" }}').SetUp(
+            [Blob(1), Blob(1)], [])
+    layer = make_layer("HDF5Output", f'hdf5_output_param {{ file_name: "{tmp_path}/o.h5" }}')
+    bottom = [Blob(2, 3), Blob(3)]
+    layer.SetUp(bottom, [])
+    with pytest.raises(LayerError, match=r"same num: bottom\[0\] \(2, 3\) vs bottom\[1\] \(3,\)$"):
+        layer.Forward(bottom, [])
+    bottom = [Blob(2, 3), Blob(2)]
+    layer.Forward(bottom, [])
+    with pytest.raises(LayerError, match=r"^Layer 'test' \(HDF5Output\): bottom 'data' changed shape from "
+                                         r"\(3, 1, 1\) to \(4, 1, 1\) between batches; HDF5 file '.*o.h5' needs "
+                                         r"one row shape$"):
+        layer.Forward([Blob(2, 4), Blob(2)], [])
+
+
+# -- Caffe's method names -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", ["lmdb", "leveldb"])
+def test_cursor_caffe_names_call_the_backends_cursor(tmp_path, backend):
+    """Cursor.SeekToFirst/Next/Valid were class aliases of the base class's NotImplementedError stubs."""
+    if backend == "leveldb":
+        pytest.importorskip("plyvel", reason="LevelDB needs the optional plyvel package")
+    from caffe.layers import db
+    path = str(tmp_path / "db")
+    db.write_db(path, [(b"a", b"1"), (b"b", b"2")], backend)
+    with db.open_db(path, backend) as d:
+        cur = d.NewCursor()
+        assert cur.Valid() and cur.key() == b"a"
+        cur.Next()
+        assert cur.Valid() and cur.value() == b"2"
+        cur.Next()
+        assert not cur.Valid()
+        cur.SeekToFirst()
+        assert cur.Valid() and cur.key() == b"a"
+
+
+def test_data_layer_setup_caffe_name_calls_the_layers_own():
+    """BaseDataLayer.DataLayerSetUp was an alias of the base class's no-op: MemoryData's tops stayed unshaped."""
+    layer, _ = memory_layer(3, 2, 1, 1)
+    top = [Blob(), Blob()]
+    layer.DataLayerSetUp([], top)
+    assert top[0].shape == (3, 2, 1, 1) and top[1].shape == (3,)
+
+
+# -- HDF5Data -------------------------------------------------------------------------------------
+
+def h5_list(tmp_path, *files, name="list.txt"):
+    """Write each {dataset: array} dict to an .h5 file and list them; returns the list file's path."""
+    h5py = pytest.importorskip("h5py")
+    paths = []
+    for i, datasets in enumerate(files):
+        p = tmp_path / f"f{i}.h5"
+        with h5py.File(p, "w") as f:
+            for k, v in datasets.items():
+                f[k] = v
+        paths.append(str(p))
+    lst = tmp_path / name
+    lst.write_text("\n".join(paths) + "\n")
+    return lst
+
+
+def h5_layer(source, batch, tops=("data",), shuffle=False, phase=0, name="h5"):
+    layer = make_layer("HDF5Data", f'hdf5_data_param {{ source: "{source}" batch_size: {batch} '
+                                   f'shuffle: {str(shuffle).lower()} }}', phase=phase, name=name)
+    layer.layer_param.top.extend(tops)
+    return layer
+
+
+def served(layer, n_forward, n_top=1):
+    top = [Blob() for _ in range(n_top)]
+    layer.SetUp([], top)
+    out = []
+    for _ in range(n_forward):
+        layer.Forward([], top)
+        out += list(top[0].data.reshape(top[0].shape[0], -1)[:, 0])
+    return out
+
+
+def test_hdf5_data_batch_size_one_and_a_one_row_file(tmp_path):
+    lst = h5_list(tmp_path, {"data": np.array([[7.0]])}, {"data": np.array([[8.0], [9.0]])})
+    assert served(h5_layer(lst, 1), 4) == [7, 8, 9, 7]
+    with pytest.raises(LayerError, match=r"^Layer 'h5' \(HDF5Data\): hdf5_data_param.batch_size must be "
+                                         r"positive, got 0$"):
+        h5_layer(lst, 0).SetUp([], [Blob()])
+
+
+@pytest.mark.parametrize("count, rank, want", [(3, 1, [1, 4, 7, 1]), (3, 2, [2, 5, 8, 2]), (2, 1, [1, 3, 5, 7])])
+def test_hdf5_data_shards_for_any_solver_count_but_not_in_test(tmp_path, count, rank, want):
+    """Caffe's Skip(): rank r keeps stream positions r, r+N, ... (across wraps); the TEST phase keeps all."""
+    lst = h5_list(tmp_path, {"data": np.arange(9.0)[:, None]})
+    try:
+        context.set_solver_count(count)
+        context.set_solver_rank(rank)
+        assert served(h5_layer(lst, 2), 2) == want
+        assert served(h5_layer(lst, 3, phase=1), 1) == [0, 1, 2]
+    finally:
+        context.set_solver_count(1)
+        context.set_solver_rank(0)
+
+
+def test_hdf5_data_shuffle_permutes_and_is_reproducible(tmp_path):
+    lst = h5_list(tmp_path, {"data": np.arange(8.0)[:, None]}, {"data": np.arange(8.0, 16.0)[:, None]})
+    assert served(h5_layer(lst, 4), 8) == list(range(16)) * 2  # in order without shuffle
+    runs = []
+    for _ in range(2):
+        context.set_random_seed(11)
+        runs.append(served(h5_layer(lst, 4, shuffle=True), 8))
+    assert runs[0] == runs[1]
+    first_pass, second_pass = runs[0][:16], runs[0][16:]
+    assert sorted(first_pass) == sorted(second_pass) == list(range(16))
+    assert first_pass != list(range(16)) and second_pass != first_pass  # rows (and files) reshuffled each pass
+
+
+def test_hdf5_data_one_file_is_loaded_once(tmp_path, monkeypatch):
+    """As Caffe: with a single file, wrapping around serves it again without reloading it."""
+    lst = h5_list(tmp_path, {"data": np.arange(3.0)[:, None]})
+    layer = h5_layer(lst, 2)
+    loads = []
+    real = layer.load_file
+    monkeypatch.setattr(layer, "load_file", lambda f: (loads.append(f), real(f)))
+    assert served(layer, 4) == [0, 1, 2, 0, 1, 2, 0, 1]
+    assert len(loads) == 1  # at setup only
+
+
+def test_hdf5_data_row_shapes_must_agree_across_files(tmp_path):
+    lst = h5_list(tmp_path, {"data": np.zeros((2, 3, 2)), "label": np.zeros(2)},
+                  {"data": np.zeros((2, 3, 1)), "label": np.zeros(2)})
+    with pytest.raises(LayerError, match=r"^Layer 'h5' \(HDF5Data\): HDF5 file '.*f1.h5' has row shapes "
+                                         r"\[\(3, 1\), \(\)\] but the first file had \[\(3, 2\), \(\)\]$"):
+        served(h5_layer(lst, 2, tops=("data", "label")), 2, n_top=2)
+    # the same row shapes in files of different lengths are fine
+    ok = h5_list(tmp_path, {"data": np.zeros((1, 3, 2))}, {"data": np.ones((3, 3, 2))}, name="ok.txt")
+    assert served(h5_layer(ok, 2), 2) == [0, 1, 1, 1]
+
+
+def test_hdf5_data_tops_without_names_read_top0_top1(tmp_path):
+    lst = h5_list(tmp_path, {"top0": np.arange(4.0)[:, None], "top1": np.arange(4.0) + 10})
+    layer = h5_layer(lst, 2, tops=())
+    top = [Blob(), Blob()]
+    layer.SetUp([], top)
+    layer.Forward([], top)
+    assert list(top[0].data.ravel()) == [0, 1] and list(top[1].data) == [10, 11]
+
+
+def test_hdf5_data_error_texts(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    with pytest.raises(LayerError, match=r"^Layer 'h5' \(HDF5Data\): hdf5_data_param.source must name a text "
+                                         r"file listing HDF5 files$"):
+        h5_layer("", 1).SetUp([], [Blob()])
+    with pytest.raises(LayerError, match=r"^Layer 'h5' \(HDF5Data\): Cannot open HDF5 list file "
+                                         r"\(hdf5_data_param.source\) '.*nolist.txt': no such file"):
+        h5_layer(tmp_path / "nolist.txt", 1).SetUp([], [Blob()])
+    layer = h5_layer(h5_list(tmp_path, {"data": np.zeros((2, 1))}), 1, tops=("data", "label"))
+    with pytest.raises(LayerError, match=r"^Layer 'h5' \(HDF5Data\): the layer names 2 tops but was given 1 "
+                                         r"blobs$"):
+        layer.SetUp([], [Blob()])
+    (tmp_path / "adir.h5").mkdir()
+    (tmp_path / "dir.txt").write_text(str(tmp_path / "adir.h5"))
+    with pytest.raises(LayerError, match=r"^Layer 'h5' \(HDF5Data\): Cannot read HDF5 file '.*adir.h5': it is a "
+                                         r"directory, not a regular file .*\(listed in '.*dir.txt'\)$"):
+        h5_layer(tmp_path / "dir.txt", 1).SetUp([], [Blob()])
+    (tmp_path / "text.h5").write_text("not hdf5")
+    (tmp_path / "text.txt").write_text(str(tmp_path / "text.h5"))
+    with pytest.raises(LayerError, match=r"^Layer 'h5' \(HDF5Data\): cannot open HDF5 file '.*text.h5': \S"):
+        h5_layer(tmp_path / "text.txt", 1).SetUp([], [Blob()])
+
+    def one(name, **datasets):
+        lst = tmp_path / f"{name}.txt"
+        with h5py.File(tmp_path / f"{name}.h5", "w") as f:
+            for k, v in datasets.items():
+                f[k] = v
+        lst.write_text(str(tmp_path / f"{name}.h5"))
+        return h5_layer(lst, 1)
+
+    with pytest.raises(LayerError, match=r"has no dataset 'data' for top 'data' \(datasets: none\)$"):
+        one("nods").SetUp([], [Blob()])
+    with pytest.raises(LayerError, match=r"^Layer 'h5' \(HDF5Data\): HDF5 file '.*scalar.h5' dataset 'data' is "
+                                         r"a scalar; it needs at least one axis \(rows\)$"):
+        one("scalar", data=np.float32(1)).SetUp([], [Blob()])
+    with pytest.raises(LayerError, match=r"dataset 'data' holds values of type complex128, not numbers$"):
+        one("cplx", data=np.zeros(2, np.complex128)).SetUp([], [Blob()])
+    with pytest.raises(LayerError, match=r"dataset 'data' holds strings, not numbers$"):
+        one("str", data=np.array([b"a", b"b"])).SetUp([], [Blob()])
+    with pytest.raises(LayerError, match=r"^Layer 'h5' \(HDF5Data\): HDF5 file '.*empty.h5' holds no rows$"):
+        one("empty", data=np.zeros((0, 2))).SetUp([], [Blob()])
+
+
+# -- MemoryData: reset and setup ------------------------------------------------------------------
+
+@pytest.mark.parametrize("labels", [np.arange(4.0), np.arange(4.0)[:, None], np.arange(4.0).reshape(4, 1, 1, 1)],
+                         ids=["1d", "2d", "4d"])
+def test_memory_data_labels_of_any_legacy_shape_give_a_1d_label_top(labels):
+    layer, top = memory_layer(2, 1, 1, 1)
+    layer.reset(np.zeros((4, 1, 1, 1), np.float32), labels)
+    for start in (0, 2):
+        layer.Forward([], top)
+        assert top[1].shape == (2,)
+        np.testing.assert_array_equal(top[1].data, [start, start + 1])
+
+
+def test_memory_data_scalar_label_for_a_batch_of_one():
+    layer, top = memory_layer(1, 1, 1, 1)
+    layer.reset(np.ones((1, 1, 1, 1), np.float32), np.float32(5))
+    layer.Forward([], top)
+    assert top[1].shape == (1,) and top[1].data[0] == 5
+
+
+def test_memory_data_other_dtypes_are_copied_at_reset():
+    """Only an array already in the top's dtype is borrowed; anything else is converted once, at reset."""
+    layer, top = memory_layer(2, 1, 1, 1)
+    data, labels = np.ones((2, 1, 1, 1), np.float64), np.array([1, 2])
+    layer.reset(data, labels)
+    data[...] = 9
+    labels[...] = 9
+    layer.Forward([], top)
+    assert list(top[0].data.ravel()) == [1, 1] and list(top[1].data) == [1, 2]
+
+
+def test_memory_data_reset_and_forward_error_texts():
+    layer, top = memory_layer(2, 1, 2, 3)
+    with pytest.raises(LayerError, match=r"^Layer 'mem' \(MemoryData\): MemoryDataLayer needs to be initialized by "
+                                         r"calling reset\(\) \(pycaffe: net.set_input_arrays\)$"):
+        layer.Forward([], top)
+    with pytest.raises(LayerError, match=r"data array must have shape \(n, 1, 2, 3\), got \(\)$"):
+        layer.reset(np.float32(1), np.zeros(2))
+    with pytest.raises(LayerError, match=r"^Layer 'mem' \(MemoryData\): data array holds 2 items, fewer than "
+                                         r"n = 4$"):
+        layer.reset(np.zeros((2, 1, 2, 3)), np.zeros(4), 4)
+    with pytest.raises(LayerError, match=r"^Layer 'mem' \(MemoryData\): labels array holds 2 labels, fewer than "
+                                         r"n = 4; data and labels must have the same first dimension$"):
+        layer.reset(np.zeros((4, 1, 2, 3)), np.zeros((2, 2)), 4)  # 4 values, but 2 rows
+    with pytest.raises(LayerError, match=r"labels array holds 1 labels, fewer than n = 2"):
+        layer.reset(np.zeros((2, 1, 2, 3)), np.float32(0))
+    with pytest.raises(LayerError, match=r"n must be a positive multiple of batch size 2, got n = 0$"):
+        layer.reset(np.zeros((2, 1, 2, 3)), np.zeros(2), 0)
+
+
+@pytest.mark.parametrize("field", ["batch_size", "channels", "height", "width"])
+def test_memory_data_every_size_must_be_positive(field):
+    sizes = {**dict(batch_size=2, channels=1, height=2, width=3), field: 0}
+    text = " ".join(f"{k}: {v}" for k, v in sizes.items())
+    with pytest.raises(LayerError, match=r"^Layer 'test' \(MemoryData\): batch_size, channels, height, and width "
+                                         r"must be specified and positive in memory_data_param \(got "
+                                         rf"{sizes['batch_size']}, {sizes['channels']}, {sizes['height']}, "
+                                         rf"{sizes['width']}\)$"):
+        make_layer("MemoryData", f"memory_data_param {{ {text} }}").SetUp([], [Blob(), Blob()])
+
+
+def test_dummy_data_shape_and_legacy_together_text():
+    with pytest.raises(LayerError, match=r"^Layer 'test' \(DummyData\): both shape and legacy fields \(num, "
+                                         r"channels, height, width\) were specified$"):
+        make_layer("DummyData", "dummy_data_param { shape { dim: 1 } width: 1 }").SetUp([], [Blob()])
+
+
+# -- db (layers-14) -------------------------------------------------------------------------------
+
+def test_describe_folder_hints(tmp_path):
+    from caffe.layers import db
+    (tmp_path / "ldb").mkdir()
+    (tmp_path / "ldb" / "000005.ldb").write_bytes(b"")  # LevelDB table files, CURRENT missing
+    with pytest.raises(db.DBError, match=r"looks like a LevelDB database: set backend: LEVELDB / -backend "
+                                         r"leveldb\)$"):
+        db.open_db(str(tmp_path / "ldb"), "lmdb")
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(db.DBError, match=r"^'.*plain' is not an LMDB database: it has no data.mdb$"):
+        db.open_db(str(tmp_path / "plain"), "lmdb")
+
+
+def test_partial_folders_of_live_writers_are_kept_and_not_signalled(tmp_path, monkeypatch):
+    """The next writer removes only dead writers' folders: probing a live one (signal 0) must not hurt it,
+    and a process of another user (PermissionError) counts as alive."""
+    import subprocess
+    import sys
+    from caffe.layers import db
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / f".t_db.partial-{child.pid}-0123abcd").mkdir()
+        db.write_db(str(tmp_path / "t_db"), [(b"k", b"v")])
+        assert (tmp_path / f".t_db.partial-{child.pid}-0123abcd").is_dir()
+        assert child.poll() is None  # still running: probed with signal 0 only
+    finally:
+        child.kill()
+        child.wait()
+
+    def refused(pid, sig):
+        raise PermissionError(1, "Operation not permitted")
+    monkeypatch.setattr(db.os, "kill", refused)
+    assert db._pid_alive(12345) is True
+
+
+def test_db_writer_abort_closes_and_is_idempotent(tmp_path):
+    from caffe.layers import db
+    w = db.DBWriter(str(tmp_path / "a_db"))
+    w.put(b"k", b"v")
+    w.abort()
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(db.DBError, match=r"database '.*a_db' is already closed"):
+        w.put(b"k2", b"v")
+    w.abort()  # again: nothing left to remove, no error
+    done = db.DBWriter(str(tmp_path / "b_db"))
+    done.put(b"k", b"v")
+    done.close()
+    done.abort()  # after close: the database stays
+    with db.open_db(str(tmp_path / "b_db")) as d:
+        assert list(d.items()) == [(b"k", b"v")]
+
+
+# -- window data's rounding -----------------------------------------------------------------------
+
+def test_window_round_is_c_round_half_away_from_zero():
+    from caffe.layers.window_data_layer import _round
+    xs = [-2.5, -1.5, -0.6, -0.5, -0.4, 0.0, 0.4, 0.5, 0.6, 1.5, 2.5, 3.7]
+    assert [_round(x) for x in xs] == [-3, -2, -1, -1, 0, 0, 0, 1, 1, 2, 3, 4]
+
+
+# -- DataTransformer.transform (layers-14) --------------------------------------------------------
+
+def test_transform_returns_the_dtype_asked_and_names_the_item():
+    from caffe.layers.data_transformer import DataError, DataTransformer
+    from caffe.proto import caffe_pb2
+    p = caffe_pb2.TransformationParameter()
+    p.scale = 0.1
+    tf = DataTransformer(p, name="T")
+    img = np.arange(4, dtype=np.uint8).reshape(1, 2, 2)
+    out = tf.transform(img)
+    assert out.dtype == np.float32 and out.shape == (1, 2, 2)
+    np.testing.assert_array_equal(out, img.astype(np.float32) * np.float32(0.1))
+    assert tf.transform(img, dtype=np.float64).dtype == np.float64
+    with pytest.raises(DataError, match=r"^T: image 'x' is 1x2x2 but the batch holds 1x3x3 items"):
+        tf.transform(img, out=np.empty((1, 3, 3), np.float32), where="image 'x'")
+    with pytest.raises(DataError, match=r"^T: image 'y' has shape \(2, 2\); expected channels x height x width$"):
+        tf.transform(np.zeros((2, 2)), where="image 'y'")
+    bad = array_to_datum(img, 0)
+    bad.data = b"\0"
+    with pytest.raises(DataError, match=r"^Datum 7: Datum holds 1 bytes"):
+        tf.transform(bad, where="Datum 7")
+    with pytest.raises(DataError, match=r"^Datum: Datum holds 1 bytes"):
+        tf.transform(bad)
+
+
+# -- base_data (layers-14) ------------------------------------------------------------------------
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_decode_pool_works_in_a_forked_child():
+    """A child forked after a parallel decode inherited the pool without its threads: its next parallel
+    decode (Data with encoded records, ImageData) waited forever. The child now starts its own pool."""
+    from caffe.layers import base_data
+    from caffe.layers.data_transformer import decode_threads
+    if decode_threads() == 1:
+        pytest.skip("one core: parallel_map does not use the pool")
+    assert base_data.parallel_map(lambda x: x + 1, [1, 2, 3]) == [2, 3, 4]
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if the pool answers (SIGALRM ends a hang after 20 s)
+        import signal
+        signal.alarm(20)
+        ok = False
+        try:
+            ok = base_data.parallel_map(lambda x: x * 2, [1, 2, 3]) == [2, 4, 6]
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"forked child: wait status {status}"
+
+
+# -- WindowData's warp (layers-14) ----------------------------------------------------------------
+
+def c_round(v: float) -> int:
+    return int(np.sign(v) * np.floor(abs(v) + 0.5))
+
+
+def caffe_window_geometry(win, cols, rows, crop, context_pad, square, mirror):
+    """Caffe's window_data_layer.cpp, float32 as in a float net: the region read (x1, y1, x2, y2), the size it
+    is warped to (w, h) and where it lands (pad_h, pad_w)."""
+    f = np.float32
+    x1, y1, x2, y2 = win
+    w = h = crop
+    pad_h = pad_w = 0
+    if context_pad > 0 or square:
+        scale = f(crop) / f(crop - 2 * context_pad)
+        half_h, half_w = f((y2 - y1 + 1) / 2.0), f((x2 - x1 + 1) / 2.0)
+        cx, cy = f(x1) + half_w, f(y1) + half_h
+        if square:
+            half_h = half_w = max(half_h, half_w)
+        x1, x2 = c_round(float(cx - half_w * scale)), c_round(float(cx + half_w * scale))
+        y1, y2 = c_round(float(cy - half_h * scale)), c_round(float(cy + half_h * scale))
+        full_h, full_w = y2 - y1 + 1, x2 - x1 + 1
+        left, top, right = max(0, -x1), max(0, -y1), max(0, x2 - (cols - 1))
+        bottom = max(0, y2 - (rows - 1))
+        x1, y1, x2, y2 = x1 + left, y1 + top, x2 - right, y2 - bottom
+        sx, sy = f(crop) / f(full_w), f(crop) / f(full_h)
+        w, h = c_round(float(f(x2 - x1 + 1) * sx)), c_round(float(f(y2 - y1 + 1) * sy))
+        pad_h = c_round(float(f(top) * sy))
+        pad_w = c_round(float(f(right if mirror else left) * sx))
+        h, w = min(h, crop - pad_h), min(w, crop - pad_w)
+    return (x1, y1, x2, y2), (w, h), pad_h, pad_w
+
+
+class _SpyImage:
+    """Stands for the Pillow image: records the region cropped and the size it is resized to."""
+
+    def __init__(self, cols, rows):
+        self.size = (cols, rows)
+        self.calls = []
+
+    def crop(self, box):
+        self.calls.append(("crop", box))
+        return self
+
+    def resize(self, size, method):
+        from PIL import Image
+        self.calls.append(("resize", size))
+        return Image.new("RGB", size)
+
+
+def window_warper(crop, context_pad, square):
+    pytest.importorskip("PIL")
+    layer = make_layer("WindowData")
+    layer.crop_size, layer.context_pad, layer.use_square = crop, context_pad, square
+    layer.images = {0: ("img.png", (3, 0, 0))}
+    return layer
+
+
+@given(cols=st.integers(1, 12), rows=st.integers(1, 12), data=st.data(), crop=st.integers(1, 9),
+       square=st.booleans(), mirror=st.booleans())
+@example(cols=12, rows=10, data=None, crop=7, square=False, mirror=False)   # context_pad 1, warp mode
+@example(cols=12, rows=10, data=None, crop=8, square=True, mirror=True)     # a window at the right edge
+@example(cols=5, rows=12, data=None, crop=3, square=True, mirror=False)     # tall window, square
+def test_window_warp_geometry_matches_caffe(cols, rows, data, crop, square, mirror):
+    if data is None:  # the examples: fixed windows
+        win, context_pad = {(12, 7): ((2, 3, 6, 5), 1), (12, 8): ((9, 2, 11, 9), 2),
+                            (5, 3): ((2, 0, 2, 11), 1)}[(cols, crop)]
+    else:
+        x1 = data.draw(st.integers(0, cols - 1))
+        x2 = data.draw(st.integers(x1, cols - 1))
+        y1 = data.draw(st.integers(0, rows - 1))
+        y2 = data.draw(st.integers(y1, rows - 1))
+        win, context_pad = (x1, y1, x2, y2), data.draw(st.integers(0, (crop - 1) // 2))
+    layer = window_warper(crop, context_pad, square)
+    img = _SpyImage(cols, rows)
+    arr, pad_h, pad_w = layer._warp(img, [0, 1, 1.0, *win], mirror)
+    box, size, want_h, want_w = caffe_window_geometry(win, cols, rows, crop, context_pad, square, mirror)
+    assert (pad_h, pad_w) == (want_h, want_w)
+    if size[0] <= 0 or size[1] <= 0:
+        assert arr is None and img.calls == []
+    else:
+        x1, y1, x2, y2 = box
+        assert img.calls == [("crop", (x1, y1, x2 + 1, y2 + 1)), ("resize", size)]
+        assert arr.shape == (3, size[1], size[0])
+
+
+def test_window_outside_its_image_is_named():
+    layer = window_warper(4, 0, False)
+    for win in [(0, 0, 9, 7), (3, 3, 3, 3), (9, 0, 9, 0), (0, 7, 0, 7)]:  # inside (edges included): read
+        img = _SpyImage(10, 8)
+        layer._warp(img, [0, 1, 1.0, *win], False)
+        assert img.calls[0] == ("crop", (win[0], win[1], win[2] + 1, win[3] + 1))
+    for win in [(0, 0, 10, 7), (0, 0, 9, 8), (-1, 0, 3, 3), (0, -1, 3, 3), (5, 0, 4, 3), (0, 5, 3, 4)]:
+        from caffe.layers.data_transformer import DataError
+        with pytest.raises(DataError, match=rf"^window \({win[0]}, {win[1]}, {win[2]}, {win[3]}\) lies outside "
+                                            rf"its 10x8 image 'img.png'$"):
+            layer._warp(_SpyImage(10, 8), [0, 1, 1.0, *win], False)
+
+
+# -- ImageData (layers-14) ------------------------------------------------------------------------
+
+def test_image_data_errors_in_later_batches_name_the_image_and_line(tmp_path):
+    Image = pytest.importorskip("PIL.Image")
+    for name, (h, w) in {"big.png": (6, 8), "small.png": (4, 4), "wide.png": (6, 9)}.items():
+        Image.fromarray(np.zeros((h, w, 3), np.uint8)).save(tmp_path / name)
+    (tmp_path / "l1.txt").write_text("big.png 0\nsmall.png 1\n")
+    layer = make_layer("ImageData", f'image_data_param {{ source: "{tmp_path}/l1.txt" root_folder: "{tmp_path}/" '
+                                    f'batch_size: 1 }} transform_param {{ crop_size: 5 }}', name="img")
+    top = [Blob(), Blob()]
+    layer.SetUp([], top)
+    layer.Forward([], top)
+    with pytest.raises(LayerError, match=r"^Layer 'img' \(ImageData\): image '.*small.png' \(list file '.*l1.txt' "
+                                         r"line 2\) is 4x4, smaller than crop_size 5$"):
+        layer.Forward([], top)
+    layer.close()
+    (tmp_path / "l2.txt").write_text("big.png 0\nwide.png 1\n")
+    layer = make_layer("ImageData", f'image_data_param {{ source: "{tmp_path}/l2.txt" root_folder: "{tmp_path}/" '
+                                    f'batch_size: 2 }}', name="img")
+    layer.SetUp([], top)
+    with pytest.raises(LayerError, match=r"^Layer 'img' \(ImageData\): image '.*wide.png' \(list file '.*l2.txt' "
+                                         r"line 2\) is 3x6x9 but the batch holds 3x6x8 items"):
+        layer.Forward([], top)
+    layer.close()
+
+
+def test_window_file_parse_errors(tmp_path):
+    from caffe.layers.data_transformer import DataError
+    from caffe.layers.window_data_layer import parse_window_file
+    f = tmp_path / "w.txt"
+    for text, tail in [("# 0\nim.png\n3\n16\n20\n1\n1 0.9 1 1 4", "ended early, expected window coordinates x1 y1 "
+                                                                  "x2 y2"),
+                       ("# 0\nim.png\n3\n16", "ended early, expected width"),
+                       ("# 0\nim.png\n3\n16\n20\n1\n1 high 1 1 4 4", "line 7: expected a window's overlap, "
+                                                                   "got 'high'"),
+                       ("0\nim.png", "line 1: expected '# image_index', got '0'")]:
+        f.write_text(text)
+        with pytest.raises(DataError, match=rf"^window file '.*w.txt':? {tail}$"):
+            parse_window_file(str(f))
+    with pytest.raises(DataError, match=r"^failed to open window file '.*none.txt': no such file$"):
+        parse_window_file(str(tmp_path / "none.txt"))
+    f.write_text("# 3\nim.png\n3 16 20\n1\n1 0.75 0 1 4 5\n")
+    images, windows = parse_window_file(str(f), "root/")
+    assert images == {3: ("root/im.png", (3, 16, 20))}
+    assert windows == [([3, 1, np.float32(0.75), 0, 1, 4, 5], 5)]
+
+
+def _window_setup(tmp_path, windows, extra="", crop=6, batch=2, fg=1.0, transform="", name="win"):
+    """One 12x10 image (BGR on disk as PNG RGB) and the given (label, overlap, x1, y1, x2, y2) windows."""
+    Image = pytest.importorskip("PIL.Image")
+    rng = np.random.default_rng(4)
+    rgb = rng.integers(0, 256, size=(10, 12, 3)).astype(np.uint8)
+    Image.fromarray(rgb).save(tmp_path / "im.png")
+    lines = ["# 0", "im.png", "3", "10", "12", str(len(windows))] + [" ".join(map(str, w)) for w in windows]
+    (tmp_path / "w.txt").write_text("\n".join(lines) + "\n")
+    layer = make_layer("WindowData", f'window_data_param {{ source: "{tmp_path}/w.txt" root_folder: "{tmp_path}/" '
+                                     f'batch_size: {batch} fg_fraction: {fg} fg_threshold: 0.5 bg_threshold: 0.3 '
+                                     f'{extra} }} transform_param {{ crop_size: {crop} {transform} }}', name=name)
+    return layer, Image.fromarray(rgb)
+
+
+@pytest.mark.parametrize("mode, context_pad, crop", [("square", 0, 6), ("square", 1, 5), ("warp", 1, 5),
+                                                     ("warp", 0, 1)])
+def test_window_data_items_match_caffes_geometry(tmp_path, mode, context_pad, crop):
+    """End to end: a 10 wide x 4 high window at the image's top edge, square and/or with context; the item is
+    the region Caffe reads, warped (bilinear) to its size, placed at Caffe's padding, zeros elsewhere."""
+    from PIL import Image
+    win = (3, 0.9, 1, 0, 10, 3)  # label 3, foreground
+    layer, img = _window_setup(tmp_path, [win], f'crop_mode: "{mode}" context_pad: {context_pad}', crop=crop,
+                               batch=1)
+    top = [Blob(), Blob()]
+    layer.SetUp([], top)
+    layer.Forward([], top)
+    layer.close()
+    (x1, y1, x2, y2), (w, h), pad_h, pad_w = caffe_window_geometry(win[2:], 12, 10, crop, context_pad,
+                                                                   mode == "square", False)
+    want = np.zeros((3, crop, crop), np.float32)
+    region = np.asarray(img.crop((x1, y1, x2 + 1, y2 + 1)).resize((w, h), Image.BILINEAR))
+    want[:, pad_h:pad_h + h, pad_w:pad_w + w] = region[:, :, ::-1].transpose(2, 0, 1)
+    np.testing.assert_array_equal(top[0].data[0], want)
+    assert top[1].data[0] == 3
+
+
+def test_window_data_setup_boundaries(tmp_path):
+    wins = [(1, 0.5, 0, 0, 5, 5), (0, 0.1, 2, 2, 6, 6)]  # overlap == fg_threshold: foreground, as Caffe's >=
+    layer, _ = _window_setup(tmp_path, wins, batch=1, fg=1.0, crop=1)  # batch 1, crop 1: allowed
+    top = [Blob(), Blob()]
+    layer.SetUp([], top)
+    assert top[0].shape == (1, 3, 1, 1)
+    layer.Forward([], top)
+    assert top[1].data[0] == 1
+    layer.close()
+    layer, _ = _window_setup(tmp_path, wins, "context_pad: 2", crop=5)  # 2 * 2 < 5: allowed
+    layer.SetUp([], top)
+    layer.close()
+    for extra, crop, batch, text in [
+            ("context_pad: 3", 6, 2, r"context_pad 3 leaves no room in crop_size 6$"),
+            ("", 6, 0, r"window_data_param.batch_size must be positive, got 0$"),
+            ("", 0, 2, r"transform_param.crop_size must be positive: it is the size of the warped windows$")]:
+        layer, _ = _window_setup(tmp_path, wins, extra, crop=crop, batch=batch)
+        with pytest.raises(LayerError, match=r"^Layer 'win' \(WindowData\): " + text):
+            layer.SetUp([], [Blob(), Blob()])
+
+
+def test_window_data_transform_scale_when_window_scale_is_unset(tmp_path):
+    """The docstring's rule: window_data_param.scale when set, else transform_param.scale."""
+    wins = [(2, 0.9, 0, 0, 5, 5)]
+    out = {}
+    for key, extra, transform in [("plain", "", ""), ("tp", "", "scale: 0.5"), ("wp", "scale: 0.25", "scale: 0.5")]:
+        layer, _ = _window_setup(tmp_path, wins, extra, batch=1, transform=transform)
+        top = [Blob(), Blob()]
+        layer.SetUp([], top)
+        layer.Forward([], top)
+        layer.close()
+        out[key] = top[0].data.copy()
+    np.testing.assert_array_equal(out["tp"], out["plain"] * np.float32(0.5))
+    np.testing.assert_array_equal(out["wp"], out["plain"] * np.float32(0.25))
+
+
+def test_window_data_setup_error_texts_and_the_window_mean_file(tmp_path):
+    from caffe.blob.proto_io import array_to_blob_proto
+    fg_only = [(1, 0.9, 0, 0, 5, 5)]
+    layer, _ = _window_setup(tmp_path, fg_only, fg=0.5, batch=2)
+    with pytest.raises(LayerError, match=r"^Layer 'win' \(WindowData\): window file '.*w.txt' has no background "
+                                         r"windows \(overlap < bg_threshold 0\.3\S*\) but fg_fraction leaves 1 per "
+                                         r"batch$"):
+        layer.SetUp([], [Blob(), Blob()])
+    mean = np.full((1, 3, 6, 6), 7, np.float32)
+    (tmp_path / "m.binaryproto").write_bytes(array_to_blob_proto(mean).SerializeToString())
+    layer, _ = _window_setup(tmp_path, fg_only, f'mean_file: "{tmp_path}/m.binaryproto"', batch=1,
+                             transform="mean_value: 1")  # the window's mean_file with transform's mean_value
+    with pytest.raises(LayerError, match=r"^Layer 'win' \(WindowData\): cannot specify mean_file and mean_value "
+                                         r"at the same time$"):
+        layer.SetUp([], [Blob(), Blob()])
+    # window_data_param's own (deprecated) mean_file is read when transform_param has none
+    out = []
+    for extra in ("", f'mean_file: "{tmp_path}/m.binaryproto"'):
+        layer, _ = _window_setup(tmp_path, fg_only, extra, batch=1)
+        top = [Blob(), Blob()]
+        layer.SetUp([], top)
+        layer.Forward([], top)
+        layer.close()
+        out.append(top[0].data.copy())
+    np.testing.assert_array_equal(out[1], out[0] - 7)
+
+
+def test_window_data_mean_file_shape_checks_and_image_cache(tmp_path):
+    from caffe.blob.proto_io import array_to_blob_proto
+    fg_only = [(1, 0.9, 0, 0, 5, 5)]
+    for shape in [(1, 6, 6), (3, 5, 8), (3, 8, 5)]:
+        (tmp_path / "m.binaryproto").write_bytes(array_to_blob_proto(np.zeros((1,) + shape, np.float32))
+                                                 .SerializeToString())
+        layer, _ = _window_setup(tmp_path, fg_only, batch=1, transform=f'mean_file: "{tmp_path}/m.binaryproto"')
+        with pytest.raises(LayerError, match=rf"^Layer 'win' \(WindowData\): mean_file '.*m.binaryproto' holds a "
+                                             rf"{shape[0]}x{shape[1]}x{shape[2]} mean; it needs 3 channels and at "
+                                             rf"least crop_size 6 in height and width$"):
+            layer.SetUp([], [Blob(), Blob()])
+    layer, _ = _window_setup(tmp_path, fg_only, "cache_images: true", batch=1)
+    top = [Blob(), Blob()]
+    layer.SetUp([], top)
+    (tmp_path / "im.png").unlink()  # cached at setup: still served
+    for _ in range(6):  # more batches than the 4 prefetched: some are loaded after the file is gone
+        layer.Forward([], top)
+    layer.close()
+    assert top[0].data.any()
+
+
+def test_transformer_draws_from_its_own_generator_seeded_once():
+    """Caffe's InitRand: the transformer seeds its own generator once (on first use when init_rand was not
+    called); later draws leave the runtime generator alone."""
+    from caffe.layers.data_transformer import DataTransformer
+    from caffe.proto import caffe_pb2
+    p = caffe_pb2.TransformationParameter()
+    p.mirror = True
+    tf = DataTransformer(p)  # no init_rand(): rng() seeds it
+    imgs = np.arange(2 * 8, dtype=np.uint8).reshape(8, 1, 1, 2)
+    out = np.empty((8, 1, 1, 2), np.float32)
+    context.set_random_seed(5)
+    tf.transform_batch(list(imgs), out)
+    state = context.rng().bit_generator.state
+    tf.transform_batch(list(imgs), out)
+    assert context.rng().bit_generator.state == state
+
+
+def test_read_image_sizes_and_color(tmp_path):
+    Image = pytest.importorskip("PIL.Image")
+    from caffe.layers.data_transformer import read_image
+    Image.fromarray(np.arange(12, dtype=np.uint8).reshape(3, 4), "L").save(tmp_path / "g.png")
+    assert read_image(str(tmp_path / "g.png")).shape == (3, 3, 4)  # color by default: gray made BGR
+    assert read_image(str(tmp_path / "g.png"), is_color=False).shape == (1, 3, 4)
+    assert read_image(str(tmp_path / "g.png"), 1, 1).shape == (3, 1, 1)  # 1 is a size
+    assert read_image(str(tmp_path / "g.png"), 5, 1, is_color=False).shape == (1, 5, 1)
+    assert read_image(str(tmp_path / "g.png"), 5, 0).shape == (3, 3, 4)  # both needed to resize
+    assert read_image(str(tmp_path / "g.png"), 0, 5).shape == (3, 3, 4)
+
+
+def _image_list(tmp_path, n=5):
+    Image = pytest.importorskip("PIL.Image")
+    lines = []
+    for i in range(n):
+        Image.fromarray(np.full((4, 6, 3), i, np.uint8)).save(tmp_path / f"p{i}.png")
+        lines.append(f"p{i}.png {i * 10}")
+    (tmp_path / "l.txt").write_text("\n".join(lines) + "\n")
+
+
+def _image_layer(tmp_path, extra="", batch=2, transform=""):
+    return make_layer("ImageData", f'image_data_param {{ source: "{tmp_path}/l.txt" root_folder: "{tmp_path}/" '
+                                   f'batch_size: {batch} {extra} }} transform_param {{ {transform} }}', name="img")
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_image_data_rand_skip_starts_at_a_drawn_line(tmp_path, seed):
+    """Caffe: skip = caffe_rng_rand() % rand_skip lines at setup (drawn from the runtime generator)."""
+    _image_list(tmp_path)
+    context.set_random_seed(seed)
+    skip = int(context.rng().integers(0, 2**32)) % 4
+    context.set_random_seed(seed)
+    layer = _image_layer(tmp_path, "rand_skip: 4", batch=3)
+    top = [Blob(), Blob()]
+    layer.SetUp([], top)
+    layer.Forward([], top)
+    layer.close()
+    assert top[1].shape == (3,)
+    assert list(top[1].data) == [(skip + i) % 5 * 10 for i in range(3)]
+    assert top[0].data[0, 0, 0, 0] == skip
+
+
+def test_image_data_setup_boundaries(tmp_path):
+    _image_list(tmp_path, 2)
+    layer = _image_layer(tmp_path, "new_height: 1 new_width: 1", batch=1)  # 1 is a size; batch 1
+    top = [Blob(), Blob()]
+    layer.SetUp([], top)
+    assert top[0].shape == (1, 3, 1, 1) and top[1].shape == (1,)
+    layer.close()
+    for extra, text in [("new_height: 0 new_width: 3", "image_data_param.new_height and new_width must be set at "
+                                                       "the same time$"),
+                        ("batch_size: 0", r"image_data_param.batch_size must be positive, got 0$")]:
+        with pytest.raises(LayerError, match=r"^Layer 'img' \(ImageData\): " + text):
+            make_layer("ImageData", f'image_data_param {{ source: "{tmp_path}/l.txt" batch_size: 1 {extra} }}'
+                       .replace("batch_size: 1 batch_size: 0", "batch_size: 0"), name="img").SetUp(
+                [], [Blob(), Blob()])
+    with pytest.raises(LayerError, match=r"^Layer 'img' \(ImageData\): image_data_param.source must name the "
+                                         r"list file$"):
+        make_layer("ImageData", "image_data_param { batch_size: 1 }", name="img").SetUp([], [Blob(), Blob()])
+    with pytest.raises(LayerError, match=r"^Layer 'img' \(ImageData\): image '.*p0.png' \(list file '.*l.txt' "
+                                         r"line 1\) is 4x6, smaller than crop_size 5$"):
+        _image_layer(tmp_path, transform="crop_size: 5").SetUp([], [Blob(), Blob()])
+    context.set_random_seed(0)
+    with pytest.raises(LayerError, match=r"^Layer 'img' \(ImageData\): rand_skip drew \d+ but the list has only "
+                                         r"2 lines$"):
+        for seed in range(20):  # some draw % 1000 is >= 2
+            context.set_random_seed(seed)
+            layer = _image_layer(tmp_path, "rand_skip: 1000")
+            layer.SetUp([], [Blob(), Blob()])
+            layer.close()
+
+
+def test_decode_gray_depths_and_alpha_like_opencv():
+    """OpenCV's ANYCOLOR decode without ANYDEPTH: 16-bit gray to 8 bits (value / 256), 32-bit int or float
+    gray kept when within 0..255 (else / 256), gray+alpha and 1-bit to gray; color stays BGR."""
+    import io
+    Image = pytest.importorskip("PIL.Image")
+    from caffe.layers.data_transformer import decode_image_bytes
+
+    def enc(img, fmt="PNG"):
+        buf = io.BytesIO()
+        img.save(buf, fmt)
+        return buf.getvalue()
+
+    v16 = np.array([[0, 255, 256, 1000, 65535]], np.uint16)
+    got = decode_image_bytes(enc(Image.fromarray(v16)))
+    np.testing.assert_array_equal(got, (v16 // 256).astype(np.uint8)[None])
+    small = np.array([[0, 7, 200, 255]], np.int32)
+    np.testing.assert_array_equal(decode_image_bytes(enc(Image.fromarray(small), "TIFF")), small[None])
+    big = np.array([[0, 512, 1024, 65280]], np.int32)
+    np.testing.assert_array_equal(decode_image_bytes(enc(Image.fromarray(big), "TIFF")),
+                                  (big // 256)[None])
+    f = np.array([[0.0, 3.0, 254.0]], np.float32)
+    np.testing.assert_array_equal(decode_image_bytes(enc(Image.fromarray(f), "TIFF")), f[None])
+    la = Image.fromarray(np.array([[[10, 0], [200, 255]]], np.uint8))
+    np.testing.assert_array_equal(decode_image_bytes(enc(la)), [[[10, 200]]])
+    one = Image.fromarray(np.array([[0, 255, 255]], np.uint8), "L").convert("1")
+    np.testing.assert_array_equal(decode_image_bytes(enc(one)), [[[0, 255, 255]]])
+    rgb = np.array([[[1, 2, 3]]], np.uint8)
+    np.testing.assert_array_equal(decode_image_bytes(enc(Image.fromarray(rgb, "RGB")), force_color=True),
+                                  [[[3]], [[2]], [[1]]])
+    np.testing.assert_array_equal(decode_image_bytes(enc(Image.fromarray(v16[:, :1].astype(np.uint8), "L")),
+                                                     force_gray=True), [[[0]]])
