@@ -12,11 +12,15 @@ def _num(blob):
     return blob.shape[0] if blob.num_axes else 1
 
 
+def _inner(blob):  # values per item: a 0-axis blob is one item of one value
+    return blob.count(1) if blob.num_axes else 1
+
+
 @register_layer("EuclideanLoss")
 class EuclideanLossLayer(LossLayer):
     def reshape(self, bottom, top):
         super().reshape(bottom, top)
-        if bottom[0].count(1) != bottom[1].count(1) or bottom[0].count() != bottom[1].count():
+        if _inner(bottom[0]) != _inner(bottom[1]) or bottom[0].count() != bottom[1].count():
             raise self.error(f"inputs must have the same dimension: bottom[0] {bottom[0].shape} "
                              f"({bottom[0].count()} values) vs bottom[1] {bottom[1].shape} ({bottom[1].count()})")
 
