@@ -19,6 +19,13 @@
 #   MUTATION_RETEST=1  run only the previous run's survivors again, against the package's current tests
 #                    (after adding tests that should kill them); the MODULE arguments are then ignored
 #
+# The device path: CAFFE_CUPY_STANDIN=1 MUTATION_TESTS="tests -m gpu" runs the gpu-marked tests under the
+# CuPy stand-in, as CI's second run. Both reach mutmut's test runs (checked: the record of which tests reach
+# which function lists gpu-marked tests only, reaching conv_device/pool_device): mutmut runs pytest inside
+# its own (forked) processes, which inherit the environment, so CAFFE_CUPY_STANDIN installs the stand-in
+# at `import caffe`; pytest options in MUTATION_TESTS (-m, -k, --ignore) select the tests it traces, and
+# each mutant then runs the traced tests that reach its function, by node id.
+#
 # The tests run as CI runs them (CI=true: the derandomized hypothesis profile) with pytest's importlib
 # import mode, from a copy of the package's src and tests in the work folder, where mutmut puts the
 # mutated modules ahead of the editable install on sys.path. Test helpers (testing.py, strategies.py) are
