@@ -91,6 +91,11 @@ lines = [
     # as the repository's pytest.ini: importlib import mode (test files share names across packages)
     'pytest_add_cli_args = ["--import-mode=importlib", "-p", "no:cacheprovider", "-W", "ignore::DeprecationWarning"]',
     f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
+    # each mutant forked from a server that has only collected the tests, not from mutmut's main process
+    # (the default, "fork"), which has run the whole suite for its stats and clean run: there the caches
+    # the unmutated code filled (caffe.layers.device.cached's index arrays and divisors, compiled
+    # kernels, scratch buffers) were inherited, so a mutant in a cached builder was never built and survived
+    'process_isolation = "forkserver"',
     # the machine is shared: a slow clean run must not turn into timeouts
     "timeout_multiplier = 15.0",
     "timeout_constant = 10.0",
