@@ -26,7 +26,8 @@
 # at `import caffe`; pytest options in MUTATION_TESTS (-m, -k, --ignore) select the tests it traces, and
 # each mutant then runs the traced tests that reach its function, by node id.
 #
-# The tests run as CI runs them (CI=true: the derandomized hypothesis profile) with pytest's importlib
+# The tests run as CI runs them (CI=true: the derandomized hypothesis draws, in the "mutation" profile: the
+# ci profile's examples without shrinking, so a killed mutant's failing test stops at once) with pytest's importlib
 # import mode, from a copy of the package's src and tests in the work folder, where mutmut puts the
 # mutated modules ahead of the editable install on sys.path. Test helpers (testing.py, strategies.py) are
 # not mutated. Prints the score and every survivor's diff; the same goes to MUTATION_DIR/report.txt.
@@ -106,7 +107,7 @@ PY
 cd "$work"
 echo "mutation.sh: mutating packages/$pkg/src/${*:-*} against $tests (jobs: $jobs, work folder: $work)"
 start=$(date +%s)
-CI=true OMP_NUM_THREADS=1 "$repo/.venv/bin/mutmut" run --max-children "$jobs" "${retest[@]}" > run.log 2>&1 || {
+CI=true OMP_NUM_THREADS=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-mutation} "$repo/.venv/bin/mutmut" run --max-children "$jobs" "${retest[@]}" > run.log 2>&1 || {
     tail -40 run.log >&2
     echo "mutation.sh: mutmut run failed (log: $work/run.log)" >&2
     exit 1
