@@ -1,0 +1,80 @@
+"""Mutation survivors of the device path (docs/MUTATION.md, layers-gpu and layers-cuda): the cases the
+property tests did not draw. gpu-marked tests run the device path under the CuPy stand-in (CI's second run)
+or on a real GPU; [host] tests run the hand-written CUDA kernels' wrappers on the host (caffe.layers.cuda_host)
+in the default run."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from caffe.blob import context
+from caffe.layers.registry import create_layer
+from caffe.layers.testing import blobs_from_arrays, empty_tops, gpu_available, layer_param
+
+needs_gpu = pytest.mark.skipif(not gpu_available(), reason="no GPU (CuPy with a CUDA device, or the CuPy stand-in)")
+
+
+def _both_modes(type_name, text, arrays, n_top=1, seed=0, dtype=np.float32):
+    """[tops' data..., bottoms' diffs...] of a fresh layer in CPU mode, then in GPU mode."""
+    results = []
+    for mode in (context.CPU, context.GPU):
+        context.set_mode(mode)
+        try:
+            context.set_random_seed(1701)
+            layer = create_layer(layer_param(type_name, text))
+            bottom, top = blobs_from_arrays(arrays, dtype), empty_tops(n_top, dtype)
+            layer.SetUp(bottom, top)
+            layer.Forward(bottom, top)
+            rng = np.random.default_rng(seed)
+            for t in top:
+                t.diff[...] = rng.normal(size=t.shape)
+            layer.Backward(top, [True] * len(bottom), bottom)
+            results.append([t.data.copy() for t in top] + [b.diff.copy() for b in bottom])
+        finally:
+            context.set_mode_cpu()
+    return results
+
+
+# -- pool_device --------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("method", ["AVE", "MAX"])
+def test_pool_window_of_the_image_with_pad_is_not_global(method):
+    # kernel = the image, pad 1 and a stride past the image: ONE output (Caffe drops the window starting in
+    # the padding), whose window covers rows -1..1 of a 3-row image, not the whole image: not the global
+    # shortcut (row 2 gets no gradient, AVE's divisor counts the padded row)
+    text = "pooling_param { pool: %s kernel_size: 3 pad: 1 stride: 5 }" % method
+    x = np.random.default_rng(3).normal(size=(2, 2, 3, 3)).astype(np.float32)
+    cpu, gpu = _both_modes("Pooling", text, [x])
+    assert cpu[0].shape == (2, 2, 1, 1)
+    assert not cpu[-1][..., 2, :].any()
+    for a, b in zip(cpu, gpu):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)
+
+
+# -- device.cached ------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@needs_gpu
+def test_cached_values_are_kept_per_array_module_and_device():
+    # a value built for one device (or for NumPy) is never handed to another: the stand-in refuses arrays
+    # of another device than the current one, as CuPy does
+    import cupy
+    from caffe.layers import device
+    key = ("mutation-test", 7)
+    host = device.cached(np, key, lambda: np.arange(3))
+    on0 = device.cached(cupy, key, lambda: cupy.arange(3))
+    assert isinstance(host, np.ndarray) and isinstance(on0, cupy.ndarray) and on0.device.id == 0
+    with cupy.cuda.Device(1):
+        on1 = device.cached(cupy, key, lambda: cupy.arange(3))
+        assert on1.device.id == 1
+        assert device.cached(cupy, key, lambda: None) is on1  # built once per device
+    assert device.cached(cupy, key, lambda: None) is on0
+    assert device.device_id(np) == -1
+
+
+def test_cached_is_bounded():
+    from caffe.layers import device
+    for i in range(600):
+        device.cached(np, ("mutation-bound", i), lambda: i)
+        assert len(device._cache) <= 513
+    assert device.cached(np, ("mutation-bound", 599), lambda: None) == 599  # kept after the last clear
