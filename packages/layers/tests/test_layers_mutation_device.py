@@ -78,3 +78,49 @@ def test_cached_is_bounded():
         device.cached(np, ("mutation-bound", i), lambda: i)
         assert len(device._cache) <= 513
     assert device.cached(np, ("mutation-bound", 599), lambda: None) == 599  # kept after the last clear
+
+
+# -- conv_device --------------------------------------------------------------------------------------------
+def _geometry(kernel, stride, pad, dilation, im):
+    from caffe.layers import conv_base
+    col = tuple((n + 2 * p - (d * (k - 1) + 1)) // s + 1 for n, k, s, p, d in zip(im, kernel, stride, pad, dilation))
+    return conv_base.ConvGeometry(kernel, stride, pad, dilation, im, col)
+
+
+LOWERINGS = [  # (kernel, stride, pad, dilation, image): 1x1 kernels with and without padding or stride
+    ((1, 1), (1, 1), (0, 0), (1, 1), (3, 4)),
+    ((1, 1), (1, 1), (1, 0), (1, 1), (3, 4)),
+    ((1, 1), (1, 1), (0, 2), (1, 1), (2, 3)),
+    ((1, 1), (2, 1), (0, 0), (1, 1), (4, 3)),
+    ((1,), (1,), (1,), (1,), (5,)),
+    ((1, 1, 1), (1, 1, 1), (0, 0, 0), (1, 1, 1), (2, 2, 3)),
+]
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("nb", [1, 2])
+@pytest.mark.parametrize("layout", ["batch", "image"])
+@pytest.mark.parametrize("case", LOWERINGS)
+def test_device_lowering_of_one_by_one_kernels(case, layout, nb):
+    # only a 1x1 kernel with stride 1 and NO padding is a plain copy (Caffe's is_1x1); with padding the
+    # columns hold the zero border too
+    import cupy
+    from caffe.layers import conv_base, conv_device
+    geom = _geometry(*case)
+    c = 2
+    rng = np.random.default_rng(5)
+    im = rng.normal(size=(nb, c) + geom.im_shape).astype(np.float32)
+    K, P = geom.kernel_count, geom.col_count
+    shape = (c * K, nb * P) if layout == "batch" else (nb, c * K, P)
+    ref = np.empty(shape, np.float32)
+    conv_base.im2col(np, im, ref, geom, layout, force_nd=True)
+    col = cupy.full(shape, np.nan, np.float32)
+    conv_device.im2col(cupy, cupy.asarray(im), col, geom, layout)
+    np.testing.assert_array_equal(cupy.asnumpy(col), ref)
+    dcol = rng.normal(size=shape).astype(np.float32)
+    ref_im = np.empty(im.shape, np.float32)
+    conv_base.col2im(np, dcol, ref_im, geom, layout, force_nd=True)
+    out = cupy.full(im.shape, np.nan, np.float32)
+    conv_device.col2im(cupy, cupy.asarray(dcol), out, geom, layout)
+    np.testing.assert_allclose(cupy.asnumpy(out), ref_im, rtol=1e-6, atol=1e-6)
