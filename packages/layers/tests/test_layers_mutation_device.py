@@ -124,3 +124,17 @@ def test_device_lowering_of_one_by_one_kernels(case, layout, nb):
     out = cupy.full(im.shape, np.nan, np.float32)
     conv_device.col2im(cupy, cupy.asarray(dcol), out, geom, layout)
     np.testing.assert_allclose(cupy.asnumpy(out), ref_im, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_pool_device_geometries_differing_only_in_rounding_do_not_share_indices():
+    # the same kernel, stride, pad and image give 3x3 windows (CEIL) or 2x2 (FLOOR): the device keeps index
+    # arrays per geometry, and these two must not share theirs (MAX's argmax top shows a wrong one)
+    x = np.random.default_rng(11).normal(size=(1, 2, 5, 5)).astype(np.float32)
+    for mode in ("CEIL", "FLOOR", "CEIL"):
+        text = "pooling_param { pool: MAX kernel_size: 2 stride: 2 round_mode: %s }" % mode
+        cpu, gpu = _both_modes("Pooling", text, [x], n_top=2)
+        assert cpu[0].shape == ((1, 2, 3, 3) if mode == "CEIL" else (1, 2, 2, 2))
+        for a, b in zip(cpu, gpu):
+            np.testing.assert_array_equal(b, a)
