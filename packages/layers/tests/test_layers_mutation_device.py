@@ -128,13 +128,47 @@ def test_device_lowering_of_one_by_one_kernels(case, layout, nb):
 
 @pytest.mark.gpu
 @needs_gpu
-def test_pool_device_geometries_differing_only_in_rounding_do_not_share_indices():
-    # the same kernel, stride, pad and image give 3x3 windows (CEIL) or 2x2 (FLOOR): the device keeps index
-    # arrays per geometry, and these two must not share theirs (MAX's argmax top shows a wrong one)
-    x = np.random.default_rng(11).normal(size=(1, 2, 5, 5)).astype(np.float32)
+@pytest.mark.parametrize("hw", [(5, 4), (4, 5)])
+def test_pool_device_geometries_differing_only_in_rounding_do_not_share_indices(hw):
+    # the same kernel, stride, pad and image give 3 windows along the odd axis (CEIL) or 2 (FLOOR), 2 along
+    # the other: the device keeps index arrays per geometry, and these two must not share theirs (MAX's
+    # argmax top shows a wrong one)
+    x = np.random.default_rng(11).normal(size=(1, 2) + hw).astype(np.float32)
     for mode in ("CEIL", "FLOOR", "CEIL"):
         text = "pooling_param { pool: MAX kernel_size: 2 stride: 2 round_mode: %s }" % mode
         cpu, gpu = _both_modes("Pooling", text, [x], n_top=2)
-        assert cpu[0].shape == ((1, 2, 3, 3) if mode == "CEIL" else (1, 2, 2, 2))
+        odd = 3 if mode == "CEIL" else 2
+        assert cpu[0].shape[2:] == ((odd, 2) if hw[0] == 5 else (2, odd))
+        for a, b in zip(cpu, gpu):
+            np.testing.assert_array_equal(b, a)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("method", ["AVE", "MAX"])
+@pytest.mark.parametrize("geometry, hw", [
+    ("kernel_size: 2 stride: 5 round_mode: FLOOR", (3, 3)),  # one window, smaller than the image
+    ("kernel_size: 3 pad_h: 1 pad_w: 0 stride: 5", (3, 3)),  # one window of the image's size, padded on h only
+    ("kernel_size: 3 pad_h: 0 pad_w: 1 stride: 5", (3, 3)),
+    ("kernel_size: 3 stride: 5", (3, 3)),  # the global window
+])
+def test_pool_single_windows_on_the_device(method, geometry, hw):
+    text = "pooling_param { pool: %s %s }" % (method, geometry)
+    x = np.random.default_rng(13).normal(size=(2, 3) + hw).astype(np.float32)
+    cpu, gpu = _both_modes("Pooling", text, [x])
+    assert cpu[0].shape[2:] == (1, 1)
+    for a, b in zip(cpu, gpu):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_pool_device_images_of_other_widths_do_not_share_indices():
+    # widths 4 and 5 give the same 2 windows a row (FLOOR): the gather's flat positions depend on the width
+    text = "pooling_param { pool: MAX kernel_size: 2 stride: 2 round_mode: FLOOR }"
+    for w in (4, 5, 4):
+        x = np.random.default_rng(w).normal(size=(1, 2, 4, w)).astype(np.float32)
+        cpu, gpu = _both_modes("Pooling", text, [x], n_top=2)
+        assert cpu[0].shape == (1, 2, 2, 2)
         for a, b in zip(cpu, gpu):
             np.testing.assert_array_equal(b, a)
