@@ -172,3 +172,20 @@ def test_pool_device_images_of_other_widths_do_not_share_indices():
         assert cpu[0].shape == (1, 2, 2, 2)
         for a, b in zip(cpu, gpu):
             np.testing.assert_array_equal(b, a)
+
+
+def test_device_kernels_run_only_for_device_arrays_where_not_turned_off(monkeypatch):
+    # device.kernels: a real GPU (faked here), arrays of a module other than NumPy, CAFFE_DEVICE_KERNELS not "0"
+    import types
+    from caffe.blob import context as ctx
+    from caffe.layers import device
+    gpu_module = types.ModuleType("cupy")
+    monkeypatch.setattr(ctx, "device_kernels_available", lambda: True)
+    monkeypatch.delenv("CAFFE_DEVICE_KERNELS", raising=False)
+    assert device.kernels(gpu_module) and not device.kernels(np)
+    for value, on in (("1", True), ("0", False), ("", True)):
+        monkeypatch.setenv("CAFFE_DEVICE_KERNELS", value)
+        assert device.kernels(gpu_module) is on and not device.kernels(np)
+    monkeypatch.setattr(ctx, "device_kernels_available", lambda: False)
+    monkeypatch.delenv("CAFFE_DEVICE_KERNELS")
+    assert not device.kernels(gpu_module)
