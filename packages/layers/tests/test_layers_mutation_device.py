@@ -189,3 +189,58 @@ def test_device_kernels_run_only_for_device_arrays_where_not_turned_off(monkeypa
     monkeypatch.setattr(ctx, "device_kernels_available", lambda: False)
     monkeypatch.delenv("CAFFE_DEVICE_KERNELS")
     assert not device.kernels(gpu_module)
+
+
+# -- the hand-written CUDA kernels' wrappers, run on the host (caffe.layers.cuda_host) -----------------------
+def _host_run(type_name, text, x, dtype, inplace, on):
+    """tops' data and bottoms' diffs of forward_xp / backward_xp with NumPy: the CUDA kernels on the host
+    (on) or the array-API path; with them on, the names of the kernels built."""
+    import contextlib
+    from caffe.layers import cuda_host
+    from caffe.layers import device as dev
+    from caffe.layers.testing import make_layer
+    names = []
+    build = dev.raw_kernel
+    with (cuda_host.emulating() if on else contextlib.nullcontext()):
+        if on:
+            inner = dev.raw_kernel
+            dev.raw_kernel = lambda name, source, dt: names.append(name) or inner(name, source, dt)
+        try:
+            context.set_random_seed(5)
+            layer = make_layer(type_name, text)
+            bottom = blobs_from_arrays([x], dtype)
+            top = [bottom[0]] if inplace else empty_tops(1, dtype)
+            layer.SetUp(bottom, top)
+            context.set_random_seed(5)
+            layer.forward_xp(np, bottom, top)
+            y = top[0].cpu_data().copy()
+            top[0].mutable_diff_xp(np)[...] = np.random.default_rng(6).normal(size=top[0].shape)
+            layer.backward_xp(np, top, [True], bottom)
+            return [y, bottom[0].cpu_diff().copy()], names
+        finally:
+            if on:
+                dev.raw_kernel = inner
+    assert dev.raw_kernel is build
+
+
+HOST_NEURONS = [("ReLU", ""), ("ReLU", "relu_param { negative_slope: -0.5 }"), ("Sigmoid", ""), ("TanH", ""),
+                ("ELU", "elu_param { alpha: 0.7 }"), ("BNLL", ""), ("Swish", "swish_param { beta: 1.3 }"),
+                ("Dropout", "dropout_param { dropout_ratio: 0.3 }")]
+
+
+@pytest.mark.skipif(not __import__("caffe.layers.cuda_host", fromlist=["x"]).available(),
+                    reason="no host C++ compiler to run the CUDA sources")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("inplace", [False, True])
+@pytest.mark.parametrize("case", HOST_NEURONS, ids=[f"{t}{i}" for i, (t, _) in enumerate(HOST_NEURONS)])
+def test_every_neuron_kernel_on_the_host(case, inplace, dtype):
+    # every neuron kernel runs in the default run (the device-kernel property samples one case per draw,
+    # and its 12 CI draws never drew ELU)
+    x = np.random.default_rng(4).normal(scale=3, size=(2, 3, 5)).astype(dtype)
+    x[0, 0, :2] = 0  # the kernels' branch points
+    (on, names) = _host_run(*case, x, dtype, inplace, True)
+    (off, _) = _host_run(*case, x, dtype, inplace, False)
+    assert names, "no kernel ran"
+    tol = 2e-5 if dtype == np.float32 else 1e-12
+    for a, b in zip(on, off):
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
