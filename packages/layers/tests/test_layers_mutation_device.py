@@ -193,6 +193,10 @@ def test_device_kernels_run_only_for_device_arrays_where_not_turned_off(monkeypa
 
 # -- the hand-written CUDA kernels' wrappers, run on the host (caffe.layers.cuda_host) -----------------------
 def _host_run(type_name, text, x, dtype, inplace, on):
+    return _host_run_bottoms(type_name, text, [x], dtype, inplace, on)
+
+
+def _host_run_bottoms(type_name, text, xs, dtype, inplace, on):
     """tops' data and bottoms' diffs of forward_xp / backward_xp with NumPy: the CUDA kernels on the host
     (on) or the array-API path; with them on, the names of the kernels built."""
     import contextlib
@@ -208,15 +212,15 @@ def _host_run(type_name, text, x, dtype, inplace, on):
         try:
             context.set_random_seed(5)
             layer = make_layer(type_name, text)
-            bottom = blobs_from_arrays([x], dtype)
+            bottom = blobs_from_arrays(xs, dtype)
             top = [bottom[0]] if inplace else empty_tops(1, dtype)
             layer.SetUp(bottom, top)
             context.set_random_seed(5)
             layer.forward_xp(np, bottom, top)
             y = top[0].cpu_data().copy()
             top[0].mutable_diff_xp(np)[...] = np.random.default_rng(6).normal(size=top[0].shape)
-            layer.backward_xp(np, top, [True], bottom)
-            return [y, bottom[0].cpu_diff().copy()], names
+            layer.backward_xp(np, top, [True] * len(bottom), bottom)
+            return [y] + [b.cpu_diff().copy() for b in bottom], names
         finally:
             if on:
                 dev.raw_kernel = inner
@@ -244,3 +248,29 @@ def test_every_neuron_kernel_on_the_host(case, inplace, dtype):
     tol = 2e-5 if dtype == np.float32 else 1e-12
     for a, b in zip(on, off):
         np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+
+
+@pytest.mark.skipif(not __import__("caffe.layers.cuda_host", fromlist=["x"]).available(),
+                    reason="no host C++ compiler to run the CUDA sources")
+@pytest.mark.parametrize("op, kernels", [
+    ("MAX", ["max_pair", "max_next", "max_route"]),
+    ("SUM", ["axpby", "accumulate", "axpby"]),
+    ("SUM coeff: 0.5 coeff: -2 coeff: 3", ["axpby", "accumulate", "axpby"]),
+])
+@pytest.mark.parametrize("inplace", [False, True])
+@pytest.mark.parametrize("n", [2, 3])
+def test_eltwise_kernels_forward_and_backward_on_the_host(op, kernels, inplace, n):
+    # three bottoms: the pair kernel, then one more, and the backward's kernel for each bottom, all run (a
+    # backward that declined, or ran and then fell back to the array path, gave the same values unseen)
+    rng = np.random.default_rng(8)
+    xs = [rng.normal(size=(2, 3, 4)) for _ in range(n)]
+    xs[1][0, 0] = xs[0][0, 0]  # MAX ties: the first bottom wins
+    text = "eltwise_param { operation: %s }" % (op if n == 3 else op.replace(" coeff: 3", ""))
+    (on, names) = _host_run_bottoms("Eltwise", text, xs, np.float32, inplace, True)
+    (off, _) = _host_run_bottoms("Eltwise", text, xs, np.float32, inplace, False)
+    forward, backward = names[:n - 1], names[n - 1:]
+    assert forward == kernels[:n - 1], names
+    # in place (top = bottom[0]) the backward declines: bottom[0]'s diff is the top's diff
+    assert backward == ([] if inplace else [kernels[2]] * n), names
+    for a, b in zip(on, off):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5)
