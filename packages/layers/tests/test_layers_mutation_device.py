@@ -274,3 +274,18 @@ def test_eltwise_kernels_forward_and_backward_on_the_host(op, kernels, inplace, 
     assert backward == ([] if inplace else [kernels[2]] * n), names
     for a, b in zip(on, off):
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.skipif(not __import__("caffe.layers.cuda_host", fromlist=["x"]).available(),
+                    reason="no host C++ compiler to run the CUDA sources")
+@pytest.mark.parametrize("region", ["ACROSS_CHANNELS", "WITHIN_CHANNEL"])
+@pytest.mark.parametrize("beta", [0.75, 0.6])
+def test_lrn_kernels_with_and_without_the_three_quarter_power_on_the_host(region, beta):
+    # beta 0.75 takes the kernels' rsqrt path, any other beta pow(): both, each region, forward and backward
+    text = "lrn_param { local_size: 3 alpha: 0.5 beta: %s k: 1.5 norm_region: %s }" % (beta, region)
+    x = np.random.default_rng(9).normal(size=(2, 4, 3, 3))
+    (on, names) = _host_run("LRN", text, x, np.float64, False, True)
+    (off, _) = _host_run("LRN", text, x, np.float64, False, False)
+    assert len(names) == 2, names
+    for a, b in zip(on, off):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
