@@ -19,7 +19,15 @@
 #   MUTATION_RETEST=1  run only the previous run's survivors again, against the package's current tests
 #                    (after adding tests that should kill them); the MODULE arguments are then ignored
 #
-# The tests run as CI runs them (CI=true: the derandomized hypothesis profile) with pytest's importlib
+# The device path: CAFFE_CUPY_STANDIN=1 MUTATION_TESTS="tests -m gpu" runs the gpu-marked tests under the
+# CuPy stand-in, as CI's second run. Both reach mutmut's test runs (checked: the record of which tests reach
+# which function lists gpu-marked tests only, reaching conv_device/pool_device): mutmut runs pytest inside
+# its own (forked) processes, which inherit the environment, so CAFFE_CUPY_STANDIN installs the stand-in
+# at `import caffe`; pytest options in MUTATION_TESTS (-m, -k, --ignore) select the tests it traces, and
+# each mutant then runs the traced tests that reach its function, by node id.
+#
+# The tests run as CI runs them (CI=true: the derandomized hypothesis draws, in the "mutation" profile: the
+# ci profile's examples without shrinking, so a killed mutant's failing test stops at once) with pytest's importlib
 # import mode, from a copy of the package's src and tests in the work folder, where mutmut puts the
 # mutated modules ahead of the editable install on sys.path. Test helpers (testing.py, strategies.py) are
 # not mutated. Prints the score and every survivor's diff; the same goes to MUTATION_DIR/report.txt.
@@ -84,6 +92,11 @@ lines = [
     # as the repository's pytest.ini: importlib import mode (test files share names across packages)
     'pytest_add_cli_args = ["--import-mode=importlib", "-p", "no:cacheprovider", "-W", "ignore::DeprecationWarning"]',
     f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
+    # each mutant forked from a server that has only collected the tests, not from mutmut's main process
+    # (the default, "fork"), which has run the whole suite for its stats and clean run: there the caches
+    # the unmutated code filled (caffe.layers.device.cached's index arrays and divisors, compiled
+    # kernels, scratch buffers) were inherited, so a mutant in a cached builder was never built and survived
+    'process_isolation = "forkserver"',
     # the machine is shared: a slow clean run must not turn into timeouts
     "timeout_multiplier = 15.0",
     "timeout_constant = 10.0",
@@ -94,7 +107,7 @@ PY
 cd "$work"
 echo "mutation.sh: mutating packages/$pkg/src/${*:-*} against $tests (jobs: $jobs, work folder: $work)"
 start=$(date +%s)
-CI=true OMP_NUM_THREADS=1 "$repo/.venv/bin/mutmut" run --max-children "$jobs" "${retest[@]}" > run.log 2>&1 || {
+CI=true OMP_NUM_THREADS=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-mutation} "$repo/.venv/bin/mutmut" run --max-children "$jobs" "${retest[@]}" > run.log 2>&1 || {
     tail -40 run.log >&2
     echo "mutation.sh: mutmut run failed (log: $work/run.log)" >&2
     exit 1

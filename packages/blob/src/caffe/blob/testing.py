@@ -10,7 +10,7 @@ import os
 
 def register_hypothesis_profiles() -> None:
     try:
-        from hypothesis import HealthCheck, settings
+        from hypothesis import HealthCheck, Phase, settings
     except ImportError:  # hypothesis is a test extra
         return
     common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
@@ -20,6 +20,10 @@ def register_hypothesis_profiles() -> None:
     settings.register_profile("ci", max_examples=12, derandomize=bool(os.environ.get("CI")), **common)
     settings.register_profile("dev", max_examples=50, **common)
     settings.register_profile("long", max_examples=500, **common)
+    # scripts/mutation.sh: the CI draws, and a failing example fails at once (no shrinking: a mutant that
+    # breaks a property would otherwise be re-run hundreds of times to find the smallest failing example)
+    settings.register_profile("mutation", max_examples=12, derandomize=True,
+                              phases=[Phase.explicit, Phase.reuse, Phase.generate], **common)
     settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
