@@ -1,0 +1,232 @@
+"""caffe.solver.snapshot_lock's failure paths, which the mutation run of the hardened solver showed untested: a
+prefix in a missing directory, a lock file another process holds without saying who, a leftover lock file of
+a killed training, a lock file replaced between open and flock, flock errors other than "held", a lock file
+already gone at release, and the per-process sharing count. The other process is a bare Python that holds a
+flock (no caffe import: fast)."""
+import errno
+import fcntl
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from caffe.blob.fileio import temp_name
+from caffe.solver import SolverError, snapshot_lock
+
+
+def hold(path, text=""):
+    """Another process holding the flock on `path` (writing `text` into it first); kill it to let go."""
+    code = f"""
+        import fcntl, os, sys, time
+        fd = os.open({str(path)!r}, os.O_RDWR | os.O_CREAT, 0o666)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.write(fd, {text.encode()!r})
+        print("MARK", flush=True)
+        sys.stdin.read()
+        """
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "MARK"
+    return proc
+
+
+def let_go(proc):
+    proc.kill()
+    proc.wait()
+
+
+def open_fds():
+    return len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+
+
+@pytest.fixture(autouse=True)
+def nothing_held():
+    yield
+    assert snapshot_lock._held == {}, "a test left a lock held"
+
+
+def test_lock_path_is_hidden_beside_the_snapshots(tmp_path, monkeypatch):
+    assert snapshot_lock.lock_path("/a/b/lenet") == "/a/b/.lenet.lock"
+    # a prefix ending in a separator names files "_iter_N.*" inside that folder: its lock is there too (it
+    # was once put beside the folder, shared with the prefix "/a/b/snapshots", which writes elsewhere)
+    assert snapshot_lock.lock_path("/a/b/snapshots/") == "/a/b/snapshots/.snapshot.lock"
+    assert snapshot_lock.lock_path("/") == "/.snapshot.lock"
+    monkeypatch.chdir(tmp_path)
+    assert snapshot_lock.lock_path("out/net") == str(tmp_path / "out" / ".net.lock")  # made absolute
+
+
+def test_acquire_writes_who_holds_it_over_a_leftover_file(tmp_path):
+    prefix = str(tmp_path / "net")
+    path = snapshot_lock.lock_path(prefix)
+    with open(path, "w") as f:  # a killed training's lock file (kill -9 skips the unlink), longer than ours
+        f.write("x" * 2000)
+    assert snapshot_lock.acquire(prefix) == path
+    try:
+        with open(path) as f:
+            text = f.read()
+        assert text.startswith(f"pid {os.getpid()} on ") and text.endswith("\n") and "x" not in text, text
+        assert text.count("\n") == 1
+    finally:
+        snapshot_lock.release(prefix)
+    assert not os.path.exists(path)
+
+
+def test_solvers_of_one_process_count_their_holds(tmp_path):
+    prefix = str(tmp_path / "net")
+    path = snapshot_lock.lock_path(prefix)
+    snapshot_lock.acquire(prefix)
+    snapshot_lock.acquire(prefix)
+    assert snapshot_lock._held[path][1] == 2
+    snapshot_lock.release(prefix)
+    assert os.path.exists(path) and path in snapshot_lock._held  # the other solver still holds it
+    assert probe(path) == "HELD"  # and another process is still kept out
+    snapshot_lock.release(prefix)
+    assert not os.path.exists(path) and snapshot_lock._held == {}
+    snapshot_lock.release(prefix)  # releasing what is not held: nothing happens
+    assert snapshot_lock._held == {}
+
+
+def probe(path):
+    """Whether another process finds the flock on `path` taken."""
+    code = f"""
+        import fcntl, os
+        fd = os.open({str(path)!r}, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            print("HELD")
+        else:
+            print("FREE")
+        """
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=60).stdout.strip()
+
+
+def test_a_holder_that_wrote_nothing_is_another_process(tmp_path):
+    prefix = str(tmp_path / "net")
+    other = hold(snapshot_lock.lock_path(prefix))
+    try:
+        with pytest.raises(SolverError) as info:
+            snapshot_lock.acquire(prefix)
+        assert f"snapshot_prefix '{prefix}' is in use by another training (another process; lock file " in \
+            str(info.value)
+        assert snapshot_lock.held_by_other(prefix) == "another process"
+    finally:
+        let_go(other)
+
+
+def test_held_by_other(tmp_path):
+    prefix = str(tmp_path / "net")
+    path = snapshot_lock.lock_path(prefix)
+    assert snapshot_lock.held_by_other(prefix) is None  # no lock file
+    other = hold(path, "pid 1 on elsewhere: caffe train\n")
+    try:
+        assert snapshot_lock.held_by_other(prefix) == "pid 1 on elsewhere: caffe train"
+        assert os.path.exists(path)  # another's lock file is left alone
+    finally:
+        let_go(other)
+    # a killed training's lock file that nobody holds: not in use, and removed
+    assert snapshot_lock.held_by_other(prefix) is None
+    assert not os.path.exists(path)
+    # held by this process: not another's
+    snapshot_lock.acquire(prefix)
+    try:
+        assert snapshot_lock.held_by_other(prefix) is None and os.path.exists(path)
+    finally:
+        snapshot_lock.release(prefix)
+
+
+def test_prefix_in_a_missing_directory_is_named(tmp_path):
+    prefix = str(tmp_path / "missing" / "net")
+    fds = open_fds()
+    with pytest.raises(SolverError) as info:
+        snapshot_lock.acquire(prefix)
+    assert str(info.value) == (f"Cannot lock snapshot_prefix '{prefix}' ({tmp_path / 'missing' / '.net.lock'}): "
+                               f"No such file or directory. Make sure that the directory exists and is writable.")
+    assert open_fds() == fds
+    assert snapshot_lock.held_by_other(prefix) is None
+
+
+@pytest.mark.parametrize("code", [errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES])
+def test_flock_refusals_mean_held(tmp_path, monkeypatch, code):
+    def held(fd, op):
+        raise OSError(code, os.strerror(code))
+    monkeypatch.setattr(fcntl, "flock", held)
+    prefix = str(tmp_path / "net")
+    fds = open_fds()
+    with pytest.raises(SolverError, match="is in use by another training"):
+        snapshot_lock.acquire(prefix)
+    assert open_fds() == fds  # the descriptor was closed
+
+
+def test_other_flock_errors_are_named_and_leak_nothing(tmp_path, monkeypatch):
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    prefix = str(tmp_path / "net")
+    fds = open_fds()
+    with pytest.raises(SolverError, match=r"^Cannot lock snapshot_prefix .*: No locks available\. Make sure"):
+        snapshot_lock.acquire(prefix)
+    assert open_fds() == fds
+    assert snapshot_lock.held_by_other(prefix) is None  # an error there is not "held by another"
+
+
+@pytest.mark.parametrize("recreated", [True, False])
+def test_lock_file_replaced_between_open_and_flock(tmp_path, monkeypatch, recreated):
+    """The holder before us removes its file after our open: the flock we get is on a file nobody else
+    will look at, so the lock is taken again on the file now at the path."""
+    prefix = str(tmp_path / "net")
+    path = snapshot_lock.lock_path(prefix)
+    real = fcntl.flock
+    calls = []
+
+    def racing(fd, op):
+        calls.append(fd)
+        if len(calls) == 1:
+            os.unlink(path)
+            if recreated:
+                open(path, "w").close()
+        return real(fd, op)
+    monkeypatch.setattr(fcntl, "flock", racing)
+    fds = open_fds()
+    snapshot_lock.acquire(prefix)
+    try:
+        assert len(calls) == 2
+        fd = snapshot_lock._held[path][0]
+        assert os.path.samestat(os.fstat(fd), os.stat(path))
+        assert open_fds() == fds + 1  # the first descriptor was closed
+    finally:
+        snapshot_lock.release(prefix)
+    assert not os.path.exists(path) and open_fds() == fds
+
+
+def test_release_when_the_lock_file_is_already_gone(tmp_path):
+    prefix = str(tmp_path / "net")
+    path = snapshot_lock.lock_path(prefix)
+    fds = open_fds()
+    snapshot_lock.acquire(prefix)
+    os.unlink(path)
+    snapshot_lock.release(prefix)
+    assert snapshot_lock._held == {} and open_fds() == fds
+
+
+@pytest.mark.parametrize("base", ["net", ""])  # "": a prefix naming a folder ("snapshots/")
+def test_acquire_removes_temporaries_of_killed_snapshots(tmp_path, caplog, base):
+    prefix = os.path.join(tmp_path, base)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    mine = temp_name(prefix + "_iter_4.caffemodel")  # this process's: still being written
+    stale = [os.path.join(tmp_path, f".{base}_iter_{i}.caffemodel.tmp-{dead}-0123abcd") for i in (2, 3)]
+    other = os.path.join(tmp_path, f".other_iter_2.caffemodel.tmp-{dead}-0123abcd")  # another prefix's
+    for name in stale + [mine, other]:
+        open(name, "w").close()
+    with caplog.at_level(logging.INFO, logger="caffe.solver"):
+        assert snapshot_lock.acquire(prefix) == os.path.join(tmp_path, f".{base or 'snapshot'}.lock")
+    snapshot_lock.release(prefix)
+    assert sorted(os.listdir(tmp_path)) == sorted(os.path.basename(n) for n in (mine, other))
+    logged = [r.getMessage() for r in caplog.records]
+    for name in stale:
+        assert f"Removed {name}, a temporary file left by an interrupted snapshot" in logged
