@@ -1,0 +1,32 @@
+"""Solver behaviour the mutation run of the hardened solver (snapshot_lock, the deferred losses, bounded file
+reading) showed untested: solver files that are too big, binary or unparsable, named in the error."""
+import pytest
+
+from caffe.solver import SolverError, read_solver_params
+
+
+def test_solver_files_that_cannot_be_read_name_the_file_and_the_reason(tmp_path):
+    big = tmp_path / "big.prototxt"
+    with open(big, "wb") as f:
+        f.truncate(2**31)  # sparse: a size check, nothing read
+    with pytest.raises(SolverError, match=rf"^Cannot read solver file '{big}': it is 2\.0 GiB \(2147483648 bytes\), "
+                                          rf"more than the 2\.0 GiB \(2147483647 bytes\) a prototxt can hold$"):
+        read_solver_params(big)
+    binary = tmp_path / "solver.binaryproto"
+    binary.write_bytes(b"\x08\xff\xfe\x00")
+    with pytest.raises(SolverError, match=rf"^Cannot read solver file '{binary}': it is not a text file"):
+        read_solver_params(binary)
+    bad = tmp_path / "bad.prototxt"
+    bad.write_text("base_lr: 0.1\nno_such_field: 3\n")
+    with pytest.raises(SolverError, match=rf"^solver file '{bad}': cannot parse as SolverParameter: .*no_such_field"):
+        read_solver_params(bad)
+
+
+def test_repr_shows_the_iteration_and_the_net(tmp_path):
+    pytest.importorskip("caffe.net", reason="caffe-net (caffe.net.Net) is not installed")
+    from caffe.solver import Solver
+    from caffe.solver.testing import least_squares_net, solver_param
+    s = Solver(solver_param(least_squares_net(2, 2), type="Nesterov", base_lr=0.01, lr_policy="fixed", display=0,
+                            snapshot_prefix=str(tmp_path / "r"), snapshot_after_train=False))
+    s.iter = 12
+    assert repr(s) == "<NesterovSolver iter=12 net='least_squares'>"
