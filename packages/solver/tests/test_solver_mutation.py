@@ -30,3 +30,20 @@ def test_repr_shows_the_iteration_and_the_net(tmp_path):
                             snapshot_prefix=str(tmp_path / "r"), snapshot_after_train=False))
     s.iter = 12
     assert repr(s) == "<NesterovSolver iter=12 net='least_squares'>"
+
+
+def test_mean_scores_iter_says_which_iteration_the_test_scores_are_from(tmp_path):
+    # caffe-cli's final summary prints the test scores only when they are from the final iteration
+    pytest.importorskip("caffe.net", reason="caffe-net (caffe.net.Net) is not installed")
+    from caffe.solver import Solver
+    from caffe.solver.testing import least_squares_net, solver_param
+    s = Solver(solver_param(least_squares_net(2, 2), type="SGD", base_lr=0.01, lr_policy="fixed", display=0,
+                            max_iter=5, test_iter=[1], test_interval=2, snapshot_prefix=str(tmp_path / "m"),
+                            snapshot_after_train=False))
+    assert s.mean_scores_iter == [None]  # not tested yet
+    s.step(1)
+    assert s.mean_scores_iter == [0]  # test_initialization
+    s.step(2)
+    assert s.mean_scores_iter == [2]
+    s.solve()
+    assert s.iter == 5 and s.mean_scores_iter == [4]  # no test at 5 (not a multiple of test_interval)

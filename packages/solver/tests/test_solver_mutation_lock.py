@@ -139,6 +139,17 @@ def test_held_by_other(tmp_path):
         snapshot_lock.release(prefix)
 
 
+def test_holder_text_is_bounded_and_never_fails(tmp_path):
+    path = str(tmp_path / ".net.lock")
+    assert snapshot_lock._holder(path) == "another process"  # gone (released between our flock and the read)
+    with open(path, "wb") as f:
+        f.write(b"pid 7 \xff\xfe " + b"a" * 600 + b"\n")  # not UTF-8, and longer than a holder writes
+    assert snapshot_lock._holder(path) == "pid 7 \ufffd\ufffd " + "a" * 503
+    with open(path, "wb") as f:
+        f.write(b" \n")
+    assert snapshot_lock._holder(path) == "another process"
+
+
 def test_prefix_in_a_missing_directory_is_named(tmp_path):
     prefix = str(tmp_path / "missing" / "net")
     fds = open_fds()
