@@ -61,7 +61,7 @@ def _learned_net_attr(f):
 
 def _learned_net_array(f):
     del f["learned_net"]
-    f["learned_net"] = np.array([b"array.caffemodel\0junk"])
+    f["learned_net"] = np.array([b"array.caffemodel\0junk\0more"])
 
 
 def _iter_attr(f):
