@@ -241,3 +241,98 @@ def test_acquire_removes_temporaries_of_killed_snapshots(tmp_path, caplog, base)
     logged = [r.getMessage() for r in caplog.records]
     for name in stale:
         assert f"Removed {name}, a temporary file left by an interrupted snapshot" in logged
+
+
+# -- the solver's use of the lock ------------------------------------------------------------------------
+
+def solver(prefix, **extra):
+    pytest.importorskip("caffe.net", reason="caffe-net (caffe.net.Net) is not installed")
+    from caffe.blob import context
+    from caffe.solver import Solver
+    from caffe.solver.testing import least_squares_net, solver_param
+    context.set_random_seed(1)
+    fields = dict(type="SGD", base_lr=0.01, lr_policy="fixed", display=0, max_iter=2, snapshot_after_train=True,
+                  random_seed=1)
+    if prefix is not None:
+        fields["snapshot_prefix"] = str(prefix)
+    fields.update(extra)
+    return Solver(solver_param(least_squares_net(2, 2), **fields))
+
+
+def test_solve_releases_the_prefix_when_training_fails(tmp_path, monkeypatch):
+    s = solver(tmp_path / "f")
+    seen = []
+
+    def update():
+        seen.append(sorted(os.listdir(tmp_path)))
+        raise RuntimeError("update failed")
+    monkeypatch.setattr(s, "ApplyUpdate", update)
+    with pytest.raises(RuntimeError, match="update failed"):
+        s.Solve()
+    assert seen == [[".f.lock"]]  # held while training
+    assert os.listdir(tmp_path) == [] and s._prefix_locked is None
+
+
+def test_solve_keeps_the_hold_of_a_step_driven_solver(tmp_path):
+    s = solver(tmp_path / "k", max_iter=3)
+    s.step(1)
+    s.Snapshot()  # holds the prefix from here on
+    s.Solve()
+    assert ".k.lock" in os.listdir(tmp_path)  # Solve did not take it, so it does not release it
+    s.release_snapshot_prefix()
+    s.release_snapshot_prefix()  # twice: nothing more to release
+    assert ".k.lock" not in os.listdir(tmp_path)
+
+
+def test_a_solver_that_is_dropped_lets_go_of_the_prefix(tmp_path):
+    import gc
+    s = solver(tmp_path / "d")
+    s.step(1)
+    s.Snapshot()
+    assert ".d.lock" in os.listdir(tmp_path)
+    del s
+    gc.collect()
+    assert ".d.lock" not in os.listdir(tmp_path)
+
+
+def test_no_prefix_no_lock(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    s = solver(None, snapshot_after_train=False)
+    s.Solve()
+    assert os.listdir(tmp_path) == [] and snapshot_lock._held == {}
+
+
+def test_overwrite_snapshots_warns_only_when_another_training_holds_the_prefix(tmp_path, caplog):
+    prefix = tmp_path / "o"
+    s = solver(prefix)
+    s.overwrite_snapshots = True
+    with caplog.at_level(logging.WARNING, logger="caffe.solver"):
+        s.Solve()
+    assert not [r for r in caplog.records if "in use by another training" in r.getMessage()]
+    assert snapshot_lock._held == {} and not os.path.exists(snapshot_lock.lock_path(str(prefix)))
+    other = hold(snapshot_lock.lock_path(str(prefix)), "pid 1 on elsewhere: caffe train")
+    try:
+        s = solver(prefix, max_iter=3)
+        s.overwrite_snapshots = True
+        with caplog.at_level(logging.WARNING, logger="caffe.solver"):
+            s.Solve()
+        assert (tmp_path / "o_iter_3.caffemodel").exists()
+        # said when training starts and again at each snapshot (here the one after training)
+        assert [r.getMessage() for r in caplog.records if "in use by another training" in r.getMessage()] == 2 * [
+            f"snapshot_prefix {prefix} is in use by another training (pid 1 on elsewhere: caffe train); writing "
+            f"there anyway (overwrite_snapshots)"]
+        assert snapshot_lock._held == {} and os.path.exists(snapshot_lock.lock_path(str(prefix)))
+    finally:
+        let_go(other)
+
+
+def test_a_prefix_naming_a_folder_trains_and_locks_inside_it(tmp_path):
+    folder = tmp_path / "snaps"
+    folder.mkdir()
+    s = solver(f"{folder}{os.sep}")
+    s.step(1)
+    s.Snapshot()
+    assert sorted(os.listdir(folder)) == [".snapshot.lock", "_iter_1.caffemodel", "_iter_1.solverstate"]
+    assert os.listdir(tmp_path) == ["snaps"]
+    s.release_snapshot_prefix()
+    assert ".snapshot.lock" not in os.listdir(folder)
