@@ -160,3 +160,22 @@ def test_binary_state_round_trip_and_a_learned_net_that_is_not_utf8(tmp_path):
     with pytest.raises(SolverError, match=r"s.solverstate' is not a binary SolverState \(.*not UTF-8.*\); HDF5 "
                                           r"states must end in .h5$"):
         read_state_binary(path)
+
+
+@pytest.mark.parametrize("write", [write_state_binary, write_state_hdf5])
+def test_a_state_that_cannot_be_written_is_named(tmp_path, write):
+    path = str(tmp_path / "missing" / "s_iter_1.solverstate")
+    with pytest.raises(OSError) as info:
+        write(path, 1, "s_iter_1.caffemodel", 0, HISTORY)
+    assert str(info.value) == (f"Cannot write solver state '{path}': No such file or directory; nothing was "
+                               f"written under that name")
+
+
+def test_a_binary_state_too_big_is_named(tmp_path):
+    path = tmp_path / "big.solverstate"
+    with open(path, "wb") as f:
+        f.truncate(2**31)  # sparse: a size check, nothing read
+    with pytest.raises(SolverError, match=rf"^Cannot read solver state file '{path}': it is 2\.0 GiB \(2147483648 "
+                                          rf"bytes\), more than the 2\.0 GiB \(2147483647 bytes\) a SolverState can "
+                                          rf"hold$"):
+        read_state_binary(str(path))
