@@ -47,3 +47,26 @@ def test_mean_scores_iter_says_which_iteration_the_test_scores_are_from(tmp_path
     assert s.mean_scores_iter == [2]
     s.solve()
     assert s.iter == 5 and s.mean_scores_iter == [4]  # no test at 5 (not a multiple of test_interval)
+
+
+def test_a_state_past_max_iter_trains_nothing_and_says_so(tmp_path, caplog):
+    import logging
+    pytest.importorskip("caffe.net", reason="caffe-net (caffe.net.Net) is not installed")
+    from caffe.solver import Solver
+    from caffe.solver.testing import least_squares_net, solver_param
+
+    def make(max_iter):
+        return Solver(solver_param(least_squares_net(2, 2), type="SGD", base_lr=0.01, lr_policy="fixed", display=0,
+                                   max_iter=max_iter, snapshot_prefix=str(tmp_path / "p"),
+                                   snapshot_after_train=True))
+    make(3).Solve()
+    state = str(tmp_path / "p_iter_3.solverstate")
+    for max_iter, warned in ((2, True), (3, False)):
+        s = make(max_iter)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="caffe.solver"):
+            s.Solve(state)
+        assert s.iter == 3
+        said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert said == ([f"The solver state is at iteration 3, past max_iter {max_iter}: nothing to train"]
+                        if warned else []), said
