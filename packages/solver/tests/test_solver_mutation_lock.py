@@ -74,6 +74,23 @@ def test_acquire_writes_who_holds_it_over_a_leftover_file(tmp_path):
     assert not os.path.exists(path)
 
 
+def test_the_lock_stays_with_this_process(tmp_path):
+    """Programs the training starts (a data loader, a shell) do not inherit the lock's descriptor, which would
+    keep the prefix locked after the training ends; the file gets the mode of any new file (no x bits)."""
+    prefix = str(tmp_path / "net")
+    path = snapshot_lock.acquire(prefix)
+    try:
+        fd = snapshot_lock._held[path][0]
+        child = subprocess.run([sys.executable, "-c", f"import os; os.fstat({fd})"], close_fds=False,
+                               capture_output=True, text=True)
+        assert "Bad file descriptor" in child.stderr, child.stderr
+        umask = os.umask(0)
+        os.umask(umask)
+        assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask
+    finally:
+        snapshot_lock.release(prefix)
+
+
 def test_solvers_of_one_process_count_their_holds(tmp_path):
     prefix = str(tmp_path / "net")
     path = snapshot_lock.lock_path(prefix)
@@ -298,7 +315,10 @@ def test_a_solver_that_is_dropped_lets_go_of_the_prefix(tmp_path):
 def test_no_prefix_no_lock(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     s = solver(None, snapshot_after_train=False)
+    during = []
+    s.add_callback(lambda: during.append((os.listdir(tmp_path), dict(snapshot_lock._held))), lambda: None)
     s.Solve()
+    assert during == [([], {})] * 2
     assert os.listdir(tmp_path) == [] and snapshot_lock._held == {}
 
 
