@@ -92,6 +92,28 @@ def test_a_nan_loss_stops_before_the_snapshot(tmp_path, gpu):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ls_iter_3.caffemodel", "ls_iter_3.solverstate"]
 
 
+def test_a_second_step_smooths_only_its_own_losses(tmp_path, gpu):
+    # Caffe's Step starts a new smoothing window; losses of the earlier Step still on the device are checked
+    # at the next read, not folded into the new window
+    s = make(tmp_path, display=0, average_loss=4)
+    batches = random_batches(0, 6, NUM, DIM)
+    Feeder(batches).attach(s.net)
+    raw = []
+    s.add_callback(lambda: None, lambda: raw.append(0.0 + float(np.vdot(s.net.blobs["loss"].data.ravel(),
+                                                                         s.net.blobs["loss"].diff.ravel()))))
+    s.step(3)  # no display: these three stay on the device
+    s.step(2)
+    assert s.losses == raw[3:] and s.smoothed_loss == caffe_smoothed(raw[3:], 4)[-1]
+    t = make(tmp_path, display=0, average_loss=4)
+    batches[1] = dict(batches[1], data=np.full((NUM, DIM), np.nan, np.float32))
+    Feeder(batches).attach(t.net)
+    t.step(3)
+    t.step(1)
+    with pytest.raises(NonFiniteLossError, match=r"Iteration 1: the training loss is nan; found when the losses kept "
+                                                 r"on the GPU were read at iteration 4"):
+        t.smoothed_loss
+
+
 class _Records(logging.Handler):
     def __init__(self):
         super().__init__(logging.INFO)

@@ -58,6 +58,19 @@ def test_lock_path_is_hidden_beside_the_snapshots(tmp_path, monkeypatch):
     assert snapshot_lock.lock_path("out/net") == str(tmp_path / "out" / ".net.lock")  # made absolute
 
 
+def test_the_holder_text_names_the_command_line_up_to_300_characters(tmp_path, monkeypatch):
+    import socket
+    monkeypatch.setattr(sys, "argv", ["caffe-cli", "train", "--solver", "s" * 400])
+    prefix = str(tmp_path / "net")
+    path = snapshot_lock.acquire(prefix)
+    try:
+        with open(path) as f:
+            assert f.read() == f"pid {os.getpid()} on {socket.gethostname()}: caffe-cli train --solver " + \
+                "s" * (300 - 25) + "\n"
+    finally:
+        snapshot_lock.release(prefix)
+
+
 def test_acquire_writes_who_holds_it_over_a_leftover_file(tmp_path):
     prefix = str(tmp_path / "net")
     path = snapshot_lock.lock_path(prefix)
@@ -100,8 +113,11 @@ def test_solvers_of_one_process_count_their_holds(tmp_path):
     snapshot_lock.release(prefix)
     assert os.path.exists(path) and path in snapshot_lock._held  # the other solver still holds it
     assert probe(path) == "HELD"  # and another process is still kept out
+    fd = snapshot_lock._held[path][0]
     snapshot_lock.release(prefix)
     assert not os.path.exists(path) and snapshot_lock._held == {}
+    with pytest.raises(OSError):
+        os.fstat(fd)  # the lock's descriptor is closed (and nothing else)
     snapshot_lock.release(prefix)  # releasing what is not held: nothing happens
     assert snapshot_lock._held == {}
 
