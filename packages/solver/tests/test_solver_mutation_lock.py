@@ -5,6 +5,7 @@ already gone at release, and the per-process sharing count. The other process is
 flock (no caffe import: fast)."""
 import errno
 import fcntl
+import gc
 import logging
 import os
 import subprocess
@@ -39,6 +40,7 @@ def let_go(proc):
 
 
 def open_fds():
+    gc.collect()  # pipes of finished child processes are closed when their objects go
     return len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
 
 
