@@ -114,6 +114,22 @@ def test_a_second_step_smooths_only_its_own_losses(tmp_path, gpu):
         t.smoothed_loss
 
 
+@pytest.mark.parametrize("nan_at, message", [
+    (1, r"Iteration 1: the training loss is nan; training stopped before this iteration's update"),
+    (0, r"Iteration 0: the training loss is nan; found when the losses kept on the GPU were read at iteration 1"),
+])
+def test_losses_are_read_when_read_every_are_waiting(tmp_path, gpu, monkeypatch, nan_at, message):
+    from caffe.solver import solver as solver_module
+    monkeypatch.setattr(solver_module, "LOSS_READ_EVERY", 2)
+    s = make(tmp_path, display=0, max_iter=6)
+    batches = random_batches(0, 6, NUM, DIM)
+    batches[nan_at] = dict(batches[nan_at], data=np.full((NUM, DIM), np.nan, np.float32))
+    Feeder(batches).attach(s.net)
+    with pytest.raises(NonFiniteLossError, match=message):
+        s.step(6)
+    assert s.iter == 1  # the second loss waiting is the bound: read before iteration 1's update
+
+
 class _Records(logging.Handler):
     def __init__(self):
         super().__init__(logging.INFO)
