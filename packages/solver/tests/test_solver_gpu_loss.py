@@ -116,7 +116,8 @@ def test_a_second_step_smooths_only_its_own_losses(tmp_path, gpu):
 
 @pytest.mark.parametrize("nan_at, message", [
     (1, r"Iteration 1: the training loss is nan; training stopped before this iteration's update"),
-    (0, r"Iteration 0: the training loss is nan; found when the losses kept on the GPU were read at iteration 1"),
+    (0, r"Iteration 0: the training loss is nan; found when the losses kept on the GPU were read at iteration 1: "
+        r"training stopped there \(the weights carry the updates of iterations 0 to 0\), no snapshot was written"),
 ])
 def test_losses_are_read_when_read_every_are_waiting(tmp_path, gpu, monkeypatch, nan_at, message):
     from caffe.solver import solver as solver_module

@@ -104,6 +104,11 @@ def _history_group_in_place(f):
     f["history"].create_group("0")
 
 
+def _iter_group(f):
+    del f["iter"]
+    f.create_group("iter")
+
+
 def _history_as_dataset(f):
     del f["history"]
     f["history"] = np.zeros(3, np.float32)
@@ -128,6 +133,7 @@ def _history_as_dataset(f):
     (_history_as_dataset, r"'history' is a dataset, where a solver writes a group of datasets history/0"),
     (_history_hole, r"history/1 is missing \(history holds \['0', '2'\]\)$"),
     (_history_group_in_place, r"'0' is a group, where a solver writes a dataset$"),
+    (_iter_group, r"'iter' is a group, where a solver writes a dataset$"),
     (replace("history/1", np.array([b"x"])), r"history/1 holds \|S1 values, not numbers$"),
 ])
 def test_states_no_solver_writes_are_refused_naming_the_file(tmp_path, edit, message):
@@ -138,9 +144,8 @@ def test_states_no_solver_writes_are_refused_naming_the_file(tmp_path, edit, mes
 
 
 def test_a_directory_is_not_a_state(tmp_path):
-    with pytest.raises(SolverError, match="solver state file") as info:
+    with pytest.raises(SolverError, match=rf"^Cannot read solver state file '{tmp_path}': it is a directory"):
         read_state_hdf5(str(tmp_path))
-    assert str(tmp_path) in str(info.value)
     with pytest.raises(SolverError, match="not found"):
         read_state_hdf5(str(tmp_path / "none.solverstate.h5"))
 
