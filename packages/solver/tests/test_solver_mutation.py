@@ -70,3 +70,18 @@ def test_a_state_past_max_iter_trains_nothing_and_says_so(tmp_path, caplog):
         said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
         assert said == ([f"The solver state is at iteration 3, past max_iter {max_iter}: nothing to train"]
                         if warned else []), said
+
+
+def test_init_log_attaches_to_the_caffe_logger_only():
+    import io
+    import logging
+    from caffe.solver.logging_setup import init_log
+    caffe_log, root = logging.getLogger("caffe"), logging.getLogger()
+    old_level, root_handlers = caffe_log.level, list(root.handlers)
+    handler = init_log(logging.DEBUG, io.StringIO())
+    try:
+        assert handler in caffe_log.handlers and root.handlers == root_handlers
+        assert caffe_log.level == logging.DEBUG
+    finally:
+        caffe_log.removeHandler(handler)
+        caffe_log.setLevel(old_level)
