@@ -109,6 +109,11 @@ def _iter_group(f):
     f.create_group("iter")
 
 
+def _learned_net_group(f):
+    del f["learned_net"]
+    f.create_group("learned_net")
+
+
 def _history_as_dataset(f):
     del f["history"]
     f["history"] = np.zeros(3, np.float32)
@@ -134,6 +139,7 @@ def _history_as_dataset(f):
     (_history_hole, r"history/1 is missing \(history holds \['0', '2'\]\)$"),
     (_history_group_in_place, r"'0' is a group, where a solver writes a dataset$"),
     (_iter_group, r"'iter' is a group, where a solver writes a dataset$"),
+    (_learned_net_group, r"'learned_net' is a group, where a solver writes a dataset$"),
     (replace("history/1", np.array([b"x"])), r"history/1 holds \|S1 values, not numbers$"),
 ])
 def test_states_no_solver_writes_are_refused_naming_the_file(tmp_path, edit, message):
