@@ -7,8 +7,11 @@ OLD_KERNELS_DIR holds the compiled kernels of another checkout, e.g. a worktree 
 installed with scripts/install.sh: ../before/packages/layers/src/caffe/layers/kernels. The raw kernels
 (the AVX2 builds of pooling, normalization, softmax, elementwise) run at the ResNet res2 shape
 8x256x56x56 float32 (global AVE pooling: 8x2048x7x7), old and new alternating, median of --repeats,
-beside a np.copyto of the bottom (one read and one write of 25.7 MB). With OMP_NUM_THREADS=1 the
-figures are the thread's CPU time, far less disturbed by other processes than two threads' wall clock.
+beside a np.copyto of the bottom (one read and one write of 25.7 MB); then MAX pooling and LRN at the
+shapes of CaffeNet, SqueezeNet 1.1 and GoogLeNet (batch 8). Each case first runs both
+builds once on the same inputs and says whether their outputs (and returned value) are the same
+bits. With OMP_NUM_THREADS=1 the figures are the thread's CPU time, far less disturbed by other
+processes than two threads' wall clock. --only picks cases by substrings of their names.
 Whole layers against the memory bandwidth: bench_layers.py --memory.
 """
 from __future__ import annotations
@@ -47,6 +50,8 @@ def cases(old_dir):
     x = rng.standard_normal(N * C * S).astype(np.float32)
     dy = rng.standard_normal(x.size).astype(np.float32)
     y, dx, sc, e = np.empty_like(x), np.empty_like(x), np.empty_like(x), np.empty(0, np.float32)
+    xn = np.empty_like(x)
+    e64, emk = np.empty(0), np.empty(x.size, np.int32)
     yp, mk = np.empty(N * C * PH * PW, np.float32), np.empty(N * C * PH * PW, np.int32)
     dyp = rng.standard_normal(yp.size).astype(np.float32)
     g, gy = rng.standard_normal(8 * 2048 * 49).astype(np.float32), np.empty(8 * 2048, np.float32)
@@ -74,26 +79,70 @@ def cases(old_dir):
 
     return [
         ("Pooling MAX 3/2 forward", pool,
-         lambda k: k.max_pool_forward(x, yp, mk, N * C, H, W, PH, PW, 3, 3, 2, 2, 0, 0)),
-        ("Pooling MAX 3/2 backward", pool, lambda k: k.max_pool_backward(dyp, mk, dx, N * C, S, PH * PW)),
+         lambda k: k.max_pool_forward(x, yp, mk, N * C, H, W, PH, PW, 3, 3, 2, 2, 0, 0), (yp, mk)),
+        ("Pooling MAX 3/2 backward", pool, lambda k: k.max_pool_backward(dyp, mk, dx, N * C, S, PH * PW), (dx,)),
         ("Pooling AVE global forward", pool,
-         lambda k: k.ave_pool_forward(g, gy, 8 * 2048, 7, 7, 1, 1, 7, 7, 1, 1, 0, 0)),
-        ("BatchNorm train forward", norm, lambda k: k.batch_norm_train_forward(x, y, e, m, v, N, C, S, 1e-5)),
-        ("BatchNorm train fwd + x_norm", norm, lambda k: k.batch_norm_train_forward(x, y, sc, m, v, N, C, S, 1e-5)),
-        ("BatchNorm train backward", norm, lambda k: k.batch_norm_train_backward(dy, e, x, mf, inv, dx, N, C, S)),
-        ("LRN forward", norm, lambda k: k.lrn_across_forward(x, y, dx, N, C, S, 5, 1e-4, 1.0, 0.75)),
-        ("LRN backward", norm, lambda k: k.lrn_across_backward(x, ly, sc, dy, dx, N, C, S, 5, 1e-4, 0.75)),
-        ("Softmax forward", soft, lambda k: k.softmax_forward(x, y, N, C, S)),
-        ("Softmax backward", soft, lambda k: k.softmax_backward(sy, dy, dx, N, C, S)),
-        ("SoftmaxWithLoss forward", soft, softmax_loss),
-        ("Dropout forward", elt, lambda k: k.dropout_forward(x, y, mask, 77, 32768, 2.0)),
-    ], x, y
+         lambda k: k.ave_pool_forward(g, gy, 8 * 2048, 7, 7, 1, 1, 7, 7, 1, 1, 0, 0), (gy,)),
+        ("BatchNorm train forward", norm, lambda k: k.batch_norm_train_forward(x, y, e, m, v, N, C, S, 1e-5),
+         (y, m, v)),
+        ("BatchNorm train fwd + x_norm", norm, lambda k: k.batch_norm_train_forward(x, y, xn, m, v, N, C, S, 1e-5),
+         (y, xn, m, v)),
+        ("BatchNorm train backward", norm, lambda k: k.batch_norm_train_backward(dy, e, x, mf, inv, dx, N, C, S),
+         (dx,)),
+        ("LRN forward", norm, lambda k: k.lrn_across_forward(x, y, dx, N, C, S, 5, 1e-4, 1.0, 0.75), (y, dx)),
+        ("LRN backward", norm, lambda k: k.lrn_across_backward(x, ly, sc, dy, dx, N, C, S, 5, 1e-4, 0.75), (dx,)),
+        ("Softmax forward", soft, lambda k: k.softmax_forward(x, y, N, C, S), (y,)),
+        ("Softmax backward", soft, lambda k: k.softmax_backward(sy, dy, dx, N, C, S), (dx,)),
+        ("SoftmaxWithLoss forward", soft, softmax_loss, (y,)),
+        ("Dropout forward", elt, lambda k: k.dropout_forward(x, y, mask, 77, 32768, 2.0), (y, mask)),
+        ("Eltwise MAX forward", elt, lambda k: k.eltwise_forward(2, [x, dy], e64, y, emk), (y, emk)),
+        ("Eltwise MAX backward", elt, lambda k: k.eltwise_backward(2, [x, dy], [dx, sc], e64, e, dy, emk, False),
+         (dx, sc)),
+    ] + net_shape_cases(pool, norm, rng), x, y
+
+
+def _pooled(h, k, s, p):
+    # Caffe's ceil rounding, the last window starting inside the image (or its top padding)
+    o = -(-(h + 2 * p - k) // s) + 1
+    return o - 1 if p and (o - 1) * s >= h + p else o
+
+
+# MAX pooling and LRN at the shapes of the nets (batch 8): CaffeNet / AlexNet, SqueezeNet 1.1, GoogLeNet
+NET_POOL = [("CaffeNet pool1", 96, 55, 3, 2, 0), ("CaffeNet pool2", 256, 27, 3, 2, 0),
+            ("SqueezeNet pool1", 64, 111, 3, 2, 0), ("GoogLeNet pool1", 64, 112, 3, 2, 0),
+            ("GoogLeNet 3x3/1 pad 1", 192, 28, 3, 1, 1)]
+NET_LRN = [("CaffeNet norm1", 96, 55), ("CaffeNet norm2", 256, 27), ("GoogLeNet norm2", 192, 56)]
+
+
+def net_shape_cases(pool, norm, rng):
+    out = []
+    for name, c, h, k, s, p in NET_POOL:
+        ph = _pooled(h, k, s, p)
+        x = rng.standard_normal(8 * c * h * h).astype(np.float32)
+        y, mk = np.empty(8 * c * ph * ph, np.float32), np.empty(8 * c * ph * ph, np.int32)
+        out.append((f"MAX fwd {name} {c}x{h}", pool,
+                    lambda km, x=x, y=y, mk=mk, c=c, h=h, ph=ph, k=k, s=s, p=p:
+                    km.max_pool_forward(x, y, mk, 8 * c, h, h, ph, ph, k, k, s, s, p, p), (y, mk)))
+    for name, c, h in NET_LRN:
+        x = rng.standard_normal(8 * c * h * h).astype(np.float32)
+        y, sc = np.empty_like(x), np.empty_like(x)
+        dyl, dxl = rng.standard_normal(x.size).astype(np.float32), np.empty_like(x)
+        norm[1].lrn_across_forward(x, y, sc, 8, c, h * h, 5, 1e-4, 1.0, 0.75)
+        yf, scf = y.copy(), sc.copy()
+        out.append((f"LRN fwd {name} {c}x{h}", norm,
+                    lambda km, x=x, y=y, sc=sc, c=c, h=h: km.lrn_across_forward(x, y, sc, 8, c, h * h, 5, 1e-4, 1.0,
+                                                                              0.75), (y, sc)))
+        out.append((f"LRN bwd {name} {c}x{h}", norm,
+                    lambda km, x=x, yf=yf, scf=scf, dyl=dyl, dxl=dxl, c=c, h=h:
+                    km.lrn_across_backward(x, yf, scf, dyl, dxl, 8, c, h * h, 5, 1e-4, 0.75), (dxl,)))
+    return out
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("old", help="the other build's caffe/layers/kernels folder")
     ap.add_argument("--repeats", type=int, default=25)
+    ap.add_argument("--only", default="", help="comma-separated substrings of the case names to run")
     args = ap.parse_args(argv)
     one = os.environ.get("OMP_NUM_THREADS") == "1"
     clk = time.thread_time if one else time.perf_counter
@@ -107,7 +156,16 @@ def main(argv=None):
         np.copyto(y, x)
         times.append(clk() - t0)
     print(f"  np.copyto of 25.7 MB: {statistics.median(times) * 1e3:.2f} ms")
-    for name, (old, new), run in todo:
+    only = [w.strip().lower() for w in args.only.split(",") if w.strip()]
+    for name, (old, new), run, outs in todo:
+        if only and not any(w in name.lower() for w in only):
+            continue
+        # the same bits from both builds (outputs and the returned value), before timing
+        ret_old = run(old)
+        want = [np.array(o, copy=True) for o in outs]
+        ret_new = run(new)
+        same = all(np.array_equal(a, b, equal_nan=True) for a, b in zip(want, outs)) and (
+            ret_old == ret_new or (ret_old != ret_old and ret_new != ret_new))
         got = {old: [], new: []}
         for i in range(args.repeats + 2):
             for k in ((old, new) if i % 2 else (new, old)):
@@ -116,7 +174,8 @@ def main(argv=None):
                 if i >= 2:
                     got[k].append(clk() - t0)
         o, n = (statistics.median(got[k]) * 1e3 for k in (old, new))
-        print(f"  {name:30s} old {o:7.2f}  new {n:7.2f}  old / new {o / n:5.2f}", flush=True)
+        print(f"  {name:38s} old {o:7.2f}  new {n:7.2f}  old / new {o / n:5.2f}  "
+              f"{'same bits' if same else 'OUTPUTS DIFFER'}", flush=True)
 
 
 if __name__ == "__main__":

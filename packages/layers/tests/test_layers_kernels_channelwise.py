@@ -117,6 +117,29 @@ def test_batch_norm_in_place_backward_reads_x_norm_and_out_of_place_recomputes_i
     np.testing.assert_array_equal(a["bottom_diff"][0], b["bottom_diff"][0])  # the same bits
 
 
+@pytest.mark.parametrize("offset", [0, 1, 3])
+def test_batch_norm_streamed_x_norm_is_the_top_bit_for_bit(offset):
+    """From 4 MB up, x_norm goes out by non-temporal stores (its aligned middle; offset misaligns the start):
+    the same bits as the top, and the layer in place (which keeps x_norm) agrees with out of place."""
+    shape = (2, 3, 419, 421)  # 4.2 MB of float32, rows of odd length
+    n, c, s = shape[0], shape[1], shape[2] * shape[3]
+    x = (arrays(2, shape) * 3 + 1).astype(np.float32).ravel()
+    y = np.empty_like(x)
+    for module in {normalization, _cpu.normalization}:  # the baseline build (SSE2) and the layers' (AVX2)
+        keep = np.empty(x.size + offset, np.float32)[offset:]
+        module.batch_norm_train_forward(x, y, keep, np.zeros(c), np.zeros(c), n, c, s, 1e-5)
+        np.testing.assert_array_equal(keep, y)
+        y2 = np.empty_like(x)
+        module.batch_norm_train_forward(x, y2, np.empty(0, np.float32), np.zeros(c), np.zeros(c), n, c, s, 1e-5)
+        np.testing.assert_array_equal(y2, y)
+    if offset == 0:
+        dy = arrays(3, shape).astype(np.float32)
+        a = run("BatchNorm", "", [x.reshape(shape)], [dy], np.float32, in_place=True)
+        b = run("BatchNorm", "", [x.reshape(shape)], [dy], np.float32, in_place=False)
+        np.testing.assert_array_equal(a["top"][0], b["top"][0])
+        np.testing.assert_array_equal(a["bottom_diff"][0], b["bottom_diff"][0])
+
+
 def test_batch_norm_state_lives_in_blobs():
     x = arrays(0, (2, 3, 4))
     layer = make_layer("BatchNorm")
@@ -128,12 +151,22 @@ def test_batch_norm_state_lives_in_blobs():
     assert not any(isinstance(v, np.ndarray) for v in vars(layer).values())
 
 
-@given(shape=shapes(min_dims=4, max_dims=4, max_side=6, big=[(2, 7, 67, 101), (1, 3, 300, 2)]), dtype=DTYPES,
-       seed=SEEDS, size=st.sampled_from([1, 3, 5, 7]), beta=st.sampled_from([0.75, 0.6]),
+# LRN's pieces: (2, 7, 67, 101) is cut into four per image for the threads, with a short last piece;
+# (9, 2, 65, 70) has pieces of the 4096-position cap plus a remainder; (1, 3, 300, 2) is cut to the
+# 256-position minimum (batch 1).
+@given(shape=shapes(min_dims=4, max_dims=4, max_side=6, big=[(2, 7, 67, 101), (1, 3, 300, 2), (9, 2, 65, 70)]),
+       dtype=DTYPES, seed=SEEDS, size=st.sampled_from([1, 3, 5, 7]), beta=st.sampled_from([0.75, 0.6]),
        k=st.sampled_from([1.0, 2.0]))
 def test_lrn_across_channels_kernels_match_numpy(shape, dtype, seed, size, beta, k):
     text = f"lrn_param {{ local_size: {size} alpha: 0.3 beta: {beta} k: {k} }}"
     check_paths("LRN", text, [arrays(seed, shape)], [arrays(seed + 1, shape)], dtype)
+
+
+@pytest.mark.parametrize("shape", [(2, 7, 67, 101), (1, 3, 300, 2), (9, 2, 65, 70)])
+def test_lrn_across_channels_every_piece_cut_matches_numpy(shape):
+    """The piece cuts above, each drawn every run (the property draws them only sometimes)."""
+    text = "lrn_param { local_size: 5 alpha: 0.3 beta: 0.75 }"
+    check_paths("LRN", text, [arrays(1, shape)], [arrays(2, shape)], np.float32, mixed=False)
 
 
 def test_lrn_within_channel_keeps_its_scale_in_a_blob():

@@ -103,3 +103,21 @@ def test_max_pooling_kernel_first_maximum_in_every_window_position(dtype):
     hs = np.maximum(np.arange(PH) * 2 - 1, 0)
     ws = np.maximum(np.arange(PW) * 2 - 1, 0)
     np.testing.assert_array_equal(mask[0, 1], hs[:, None] * W + ws[None, :])
+
+
+# The AVX2 blocks of eight outputs (float32, pooling_avx2): rows of 8 to 20 windows, so every remainder of a
+# row's last block (done as the block ending at the row's last window) and rows of exactly one block come
+# up, for the horizontal 3x3/2 pass, the vertical 3-row pass, the clipped windows at the borders and the
+# whole-window 2x2/2 rows (where H and W are even); ties and -inf / -FLT_MAX / NaN as in the property
+# above. Every width is checked on every run.
+@pytest.mark.parametrize("k, s, p", [(3, 2, 0), (3, 2, 1), (3, 1, 1), (2, 2, 0)])
+@pytest.mark.parametrize("specials", [False, True])
+def test_max_pooling_eight_output_blocks_every_remainder(k, s, p, specials):
+    for i, w in enumerate(range(15, 42)):
+        x = _values(100 + w, (1, 2, 19 + i % 3, w), specials)
+        text = f"pooling_param {{ pool: MAX kernel_size: {k} stride: {s} pad: {p} }}"
+        tops_k, dx_k = _run(text, x, None, np.float32, True, n_top=2)
+        tops_n, dx_n = _run(text, x, None, np.float32, False, n_top=2)
+        np.testing.assert_array_equal(tops_k[0], tops_n[0], err_msg=f"width {w}")
+        np.testing.assert_array_equal(tops_k[1], tops_n[1], err_msg=f"width {w}")
+        np.testing.assert_allclose(dx_k, dx_n, rtol=1e-6, atol=1e-6, err_msg=f"width {w}")

@@ -262,12 +262,21 @@ cdef void _eltwise_fwd(int op, real** xs, const double* coeff, int k, real* y, i
     cdef const real* xi
     cdef real c0, c1
     cdef real* yo = y + lo
-    if k == 2 and op != MAX:  # one direct pass: each output element is written after its inputs are read
+    cdef int* mo
+    cdef real w
+    if k == 2:  # one direct pass: each output element is written after its inputs are read
         if op == SUM:
             c0 = <real>coeff[0]
             c1 = <real>coeff[1]
             for j in range(n):
                 yo[j] = c0 * x0[j] + c1 * x1[j]
+        elif op == MAX:  # as below: bottom[1] wins a tie (and a NaN in bottom[0])
+            mo = mask + lo
+            for j in range(n):
+                v = x0[j]
+                w = x1[j]
+                yo[j] = v if v > w else w
+                mo[j] = 0 if v > w else 1
         else:
             for j in range(n):
                 yo[j] = x0[j] * x1[j]
@@ -313,7 +322,23 @@ cdef void _eltwise_bwd(int op, real** xs, real** dxs, const double* coeff, int k
     cdef bint first
     cdef real ci
     cdef real* g
+    cdef real* g1
     cdef const real* xo
+    cdef const real* dl
+    cdef const int* ml
+    cdef real v
+    if op == MAX and k == 2 and dxs[0] != NULL and dxs[1] != NULL:
+        # one direct pass: element j of both diffs is written after dy[j] and mask[j] are read
+        g = dxs[0] + lo
+        g1 = dxs[1] + lo
+        dl = dy + lo
+        ml = mask + lo
+        for j in range(n):
+            v = dl[j]
+            o = ml[j]
+            g[j] = v if o == 0 else 0
+            g1[j] = v if o == 1 else 0
+        return
     memcpy(d, dy + lo, n * sizeof(real))
     for i in range(k):
         if dxs[i] == NULL:

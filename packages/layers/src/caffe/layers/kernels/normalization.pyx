@@ -12,7 +12,11 @@ BatchNorm works on (N, C, S) arrays, one channel per work item (the channel's N 
             x_norm * mean(dy * x_norm)) * inv_std; x_norm is read from a saved copy or
             recomputed from x as the forward did (the same bits)
 A channel of a ResNet/MobileNet batch (N * S * 4 bytes, ~100-400 KB) stays in the core's L2
-cache between the two passes, so each kernel reads and writes main memory once.
+cache between the two passes, so each kernel reads and writes main memory once. x_norm (kept in
+place only) goes out by non-temporal stores from 4 MB up (float32): see caffe_bn_norm_stream_f.
+
+LRN's work items are pieces of up to 4096 positions of one image (cut shorter for the threads at
+small batches): the window's rows stay in cache while each channel row is read as one long run.
 
 LRN ACROSS_CHANNELS works on (N, C, S): per image and piece of S, the window sum of x^2 over
 channels [c - r, c + r] slides along c in double (add the channel entering, subtract the one
@@ -31,7 +35,25 @@ ctypedef fused real:
 include "_vmath.pxi"
 
 cdef enum:
-    PIECE = 512  # LRN: spatial positions per work item (C rows of it stay in L1/L2)
+    # LRN: at most this many spatial positions per work item. The window slides along the channels, so
+    # only its 2r + 1 rows of a piece (and the double sums) need to stay in cache, not all C rows: long
+    # pieces make every row a long contiguous run the hardware prefetcher follows (512 positions, 2 KB
+    # per row, left the first read of each row waiting on memory).
+    PIECE = 4096
+    MIN_PIECE = 256  # positions: pieces are cut no shorter when split for the threads
+
+
+cdef Py_ssize_t _lrn_piece(Py_ssize_t N, Py_ssize_t S, int threads) noexcept nogil:
+    """Positions per LRN work item: up to PIECE, and short enough that there are at least four
+    items per thread where the images allow (batch 1), a multiple of 16 (whole cache lines)."""
+    cdef Py_ssize_t want = (4 * threads + N - 1) // N, p
+    p = (S + want - 1) // want
+    if p > PIECE:
+        p = PIECE
+    if p < MIN_PIECE:
+        p = MIN_PIECE
+    p = (p + 15) // 16 * 16
+    return p if p < S else S
 
 
 def _need(Py_ssize_t have, Py_ssize_t need, str what):
@@ -152,13 +174,84 @@ cdef void _bn_stats(const real* x, Py_ssize_t N, Py_ssize_t C, Py_ssize_t S, dou
         var[0] = 0
 
 
+# x_norm (kept for backward only in place) is written with non-temporal stores where the blob is large:
+# nothing reads it until backward, so it needs no cache lines now, and a plain store first reads each line
+# from memory (write-allocate): one read of x, the in-place top written over it, and x_norm streamed out
+# cost 3 units of memory traffic instead of 4. The values are the same IEEE operations ((x - mean) * inv
+# in x's precision), so the same bits.
+cdef extern from *:
+    """
+    #include <stdint.h>
+    #if defined(__SSE2__)
+    #include <emmintrin.h>
+    #if defined(__AVX__)
+    #include <immintrin.h>
+    #endif
+    #define CAFFE_BN_STREAM 1
+    /* q[i] = r[i] = (p[i] - mean) * inv, r by streaming stores (r's aligned middle part) */
+    static inline void caffe_bn_norm_stream_f(const float* p, float* q, float* r, Py_ssize_t n, float mean,
+                                              float inv) {
+        Py_ssize_t i = 0;
+        float v;
+        for (; i < n && (((uintptr_t)(r + i)) & 31) != 0; i++) {
+            v = (p[i] - mean) * inv;
+            q[i] = v;
+            r[i] = v;
+        }
+    #if defined(__AVX__)
+        {
+            __m256 vm = _mm256_set1_ps(mean), vi = _mm256_set1_ps(inv), w;
+            for (; i + 8 <= n; i += 8) {
+                w = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(p + i), vm), vi);
+                _mm256_storeu_ps(q + i, w);
+                _mm256_stream_ps(r + i, w);
+            }
+        }
+    #else
+        {
+            __m128 vm = _mm_set1_ps(mean), vi = _mm_set1_ps(inv), w;
+            for (; i + 4 <= n; i += 4) {
+                w = _mm_mul_ps(_mm_sub_ps(_mm_loadu_ps(p + i), vm), vi);
+                _mm_storeu_ps(q + i, w);
+                _mm_stream_ps(r + i, w);
+            }
+        }
+    #endif
+        for (; i < n; i++) {
+            v = (p[i] - mean) * inv;
+            q[i] = v;
+            r[i] = v;
+        }
+    }
+    static inline void caffe_bn_sfence(void) { _mm_sfence(); }
+    #else
+    #define CAFFE_BN_STREAM 0
+    static inline void caffe_bn_norm_stream_f(const float* p, float* q, float* r, Py_ssize_t n, float mean,
+                                              float inv) {}
+    static inline void caffe_bn_sfence(void) {}
+    #endif
+    """
+    bint CAFFE_BN_STREAM
+    void caffe_bn_norm_stream_f(const float* p, float* q, float* r, Py_ssize_t n, float mean, float inv) nogil
+    void caffe_bn_sfence() nogil
+
+cdef enum:
+    STREAM_MIN_BYTES = 4 << 20  # x_norm at least this big: streamed (smaller ones may well stay in cache)
+
+
 cdef void _bn_normalize(const real* x, real* y, real* xn, Py_ssize_t N, Py_ssize_t C, Py_ssize_t S,
-                        real mean, real inv) noexcept nogil:
+                        real mean, real inv, bint stream) noexcept nogil:
     cdef Py_ssize_t n, i
     cdef const real* p
     cdef real* q
     cdef real* r
     cdef real v
+    if real is float:
+        if CAFFE_BN_STREAM and stream and xn != NULL:
+            for n in range(N):
+                caffe_bn_norm_stream_f(x + n * C * S, y + n * C * S, xn + n * C * S, S, mean, inv)
+            caffe_bn_sfence()  # the streamed lines are visible to every thread before the kernel returns
+            return
     for n in range(N):
         p = x + n * C * S
         q = y + n * C * S
@@ -191,12 +284,13 @@ def batch_norm_train_forward(const real[::1] x, real[::1] y, real[::1] x_norm, d
     cdef const real* xp = &x[0]
     cdef real* yp = &y[0]
     cdef double* mp = &mean[0]
+    cdef bint stream = n * sizeof(real) >= STREAM_MIN_BYTES
     cdef double* vp = &var[0]
     with nogil:
         for c in prange(C, schedule="dynamic", chunksize=_grab(N * S), num_threads=_threads(n)):
             _bn_stats(xp + c * S, N, C, S, mp + c, vp + c)
             _bn_normalize(xp + c * S, yp + c * S, xnp + c * S if xnp != NULL else NULL, N, C, S,
-                          <real>mp[c], <real>(1.0 / sqrt(vp[c] + eps)))
+                          <real>mp[c], <real>(1.0 / sqrt(vp[c] + eps)), stream)
 
 
 cdef void _bn_backward(const real* dy, const real* xn, const real* x, real* dx, Py_ssize_t N, Py_ssize_t C,
@@ -286,34 +380,43 @@ cdef inline real _pow_neg(real s, real beta) noexcept nogil:
 cdef void _lrn_fwd_piece(const real* x, real* y, real* scale, Py_ssize_t C, Py_ssize_t S, Py_ssize_t P,
                          int r, real a, real k, real beta) noexcept nogil:
     # x, y, scale point at channel 0, position lo of one image; P positions; channel stride S.
-    cdef double* acc = <double*> malloc(P * sizeof(double))
+    # One pass over the positions per channel: add the square of the channel entering the window, compute,
+    # subtract the one leaving (the same operations in the same order per position as three passes, so
+    # the same bits; fused, the adds hide under the square roots and the division, which bound the loop).
+    # Where no channel enters or leaves, a row of zeros does (acc + 0.0 and acc - 0.0 are acc: the sums
+    # are never -0.0).
+    cdef double* acc = <double*> malloc(P * sizeof(double) + P * sizeof(real))
     cdef Py_ssize_t c, j
     cdef const real* xe
     cdef const real* xl
     cdef const real* xc
+    cdef real* zero
+    cdef real* sc
+    cdef real* yc
     cdef real s
+    cdef double t
     if acc == NULL:
         return
+    zero = <real*>(acc + P)
     for j in range(P):
         acc[j] = 0
+        zero[j] = 0
     for c in range(r if r < C else C):
         xe = x + c * S
         for j in range(P):
             acc[j] += <double>xe[j] * xe[j]
     for c in range(C):
-        if c + r < C:
-            xe = x + (c + r) * S
-            for j in range(P):
-                acc[j] += <double>xe[j] * xe[j]
+        xe = x + (c + r) * S if c + r < C else zero
+        xl = x + (c - r) * S if c - r >= 0 else zero
         xc = x + c * S
+        sc = scale + c * S
+        yc = y + c * S
         for j in range(P):
-            s = k + a * <real>acc[j]
-            scale[c * S + j] = s
-            y[c * S + j] = xc[j] * _pow_neg(s, beta)
-        if c - r >= 0:
-            xl = x + (c - r) * S
-            for j in range(P):
-                acc[j] -= <double>xl[j] * xl[j]
+            t = acc[j] + <double>xe[j] * xe[j]
+            s = k + a * <real>t
+            sc[j] = s
+            yc[j] = xc[j] * _pow_neg(s, beta)
+            acc[j] = t - <double>xl[j] * xl[j]
     free(acc)
 
 
@@ -327,15 +430,17 @@ def lrn_across_forward(const real[::1] x, real[::1] y, real[::1] scale, Py_ssize
     _need(x.shape[0], n, "bottom")
     _need(y.shape[0], n, "top")
     _need(scale.shape[0], n, "scale")
-    cdef Py_ssize_t pieces = (S + PIECE - 1) // PIECE
+    cdef int nt = _threads(n * size)
+    cdef Py_ssize_t P = _lrn_piece(N, S, nt)
+    cdef Py_ssize_t pieces = (S + P - 1) // P
     cdef const real* xp = &x[0]
     cdef real* yp = &y[0]
     cdef real* sp = &scale[0]
     with nogil:
-        for t in prange(N * pieces, schedule="dynamic", chunksize=_grab(C * PIECE), num_threads=_threads(n * size)):
+        for t in prange(N * pieces, schedule="dynamic", chunksize=_grab(C * P), num_threads=nt):
             img = t // pieces
-            lo = (t % pieces) * PIECE
-            m = S - lo if S - lo < PIECE else PIECE
+            lo = (t % pieces) * P
+            m = S - lo if S - lo < P else P
             _lrn_fwd_piece(xp + img * C * S + lo, yp + img * C * S + lo, sp + img * C * S + lo, C, S, m, r,
                            <real>(alpha / size), <real>k, <real>beta)
 
@@ -346,19 +451,27 @@ cdef inline real _ratio(const real* dy, const real* y, const real* scale, Py_ssi
 
 cdef void _lrn_bwd_piece(const real* x, const real* y, const real* scale, const real* dy, real* dx,
                          Py_ssize_t C, Py_ssize_t S, Py_ssize_t P, int r, real cache, real beta) noexcept nogil:
-    # The window's rows of dy * y / scale are kept in a ring of 2r + 1 rows (L1): each is computed once,
+    # The window's rows of dy * y / scale are kept in a ring of 2r + 1 rows (L1/L2): each is computed once,
     # when its channel enters the window, and subtracted from that same row when it leaves (the same
-    # values as computing it twice, without the second division).
+    # values as computing it twice, without the second division). One pass over the positions per
+    # channel, as the forward: enter, compute, leave, in the order three passes took (the same bits);
+    # a row of zeros leaves where no channel does.
     cdef Py_ssize_t ring = 2 * r + 1
-    cdef double* acc = <double*> malloc(P * sizeof(double) + ring * P * sizeof(real))
+    cdef double* acc = <double*> malloc(P * sizeof(double) + (ring + 1) * P * sizeof(real))
     cdef real* rows
     cdef real* q
-    cdef Py_ssize_t c, j, o
+    cdef real* ql
+    cdef real* zero
+    cdef Py_ssize_t c, j, o, oe
+    cdef double t
+    cdef real v
     if acc == NULL:
         return
     rows = <real*>(acc + P)
+    zero = rows + ring * P
     for j in range(P):
         acc[j] = 0
+        zero[j] = 0
     for c in range(r if r < C else C):
         o = c * S
         q = rows + (c % ring) * P
@@ -366,19 +479,22 @@ cdef void _lrn_bwd_piece(const real* x, const real* y, const real* scale, const 
             q[j] = _ratio(dy, y, scale, o + j)
             acc[j] += q[j]
     for c in range(C):
-        if c + r < C:
-            o = (c + r) * S
-            q = rows + ((c + r) % ring) * P
-            for j in range(P):
-                q[j] = _ratio(dy, y, scale, o + j)
-                acc[j] += q[j]
         o = c * S
-        for j in range(P):
-            dx[o + j] = dy[o + j] * _pow_neg(scale[o + j], beta) - <real>acc[j] * x[o + j] * cache
-        if c - r >= 0:
-            q = rows + ((c - r) % ring) * P
+        ql = rows + ((c - r) % ring) * P if c - r >= 0 else zero
+        if c + r < C:
+            oe = (c + r) * S
+            q = rows + ((c + r) % ring) * P
+            for j in range(P):  # (apart: one loop over ten arrays was not vectorized)
+                q[j] = _ratio(dy, y, scale, oe + j)
             for j in range(P):
-                acc[j] -= q[j]
+                t = acc[j] + q[j]
+                dx[o + j] = dy[o + j] * _pow_neg(scale[o + j], beta) - <real>t * x[o + j] * cache
+                acc[j] = t - ql[j]
+        else:
+            for j in range(P):
+                t = acc[j]
+                dx[o + j] = dy[o + j] * _pow_neg(scale[o + j], beta) - <real>t * x[o + j] * cache
+                acc[j] = t - ql[j]
     free(acc)
 
 
@@ -392,13 +508,15 @@ def lrn_across_backward(const real[::1] x, const real[::1] y, const real[::1] sc
         return
     for buf, what in ((x, "bottom"), (y, "top"), (scale, "scale"), (dy, "top diff"), (dx, "bottom diff")):
         _need(len(buf), n, what)
-    cdef Py_ssize_t pieces = (S + PIECE - 1) // PIECE
+    cdef int nt = _threads(n * size)
+    cdef Py_ssize_t P = _lrn_piece(N, S, nt)
+    cdef Py_ssize_t pieces = (S + P - 1) // P
     cdef real cache = <real>(2.0 * alpha * beta / size)
     with nogil:
-        for t in prange(N * pieces, schedule="dynamic", chunksize=_grab(C * PIECE), num_threads=_threads(n * size)):
+        for t in prange(N * pieces, schedule="dynamic", chunksize=_grab(C * P), num_threads=nt):
             img = t // pieces
-            lo = (t % pieces) * PIECE
-            m = S - lo if S - lo < PIECE else PIECE
+            lo = (t % pieces) * P
+            m = S - lo if S - lo < P else P
             off = img * C * S + lo
             _lrn_bwd_piece(&x[0] + off, &y[0] + off, &scale[0] + off, &dy[0] + off, &dx[0] + off, C, S, m, r,
                            cache, <real>beta)

@@ -54,23 +54,61 @@ cdef inline void _pw_range(Py_ssize_t j, Py_ssize_t W, Py_ssize_t sw, Py_ssize_t
 # Both passes run over whole rows, so they vectorize (the second over contiguous memory) and a
 # row shared by overlapping windows (3x3/2) is scanned once.
 
+# A window clipped by the image border, scanned without branches (the tap's index by a mask, the
+# maximum by a select the compiler makes a MAXSS: `v > m ? v : m`, NaN never taken): on real data
+# each `if v > m` was a coin toss, and these windows come at every row's ends.
+cdef extern from *:
+    """
+    #include <float.h>
+    #define CAFFE_POOL_EDGE(SUF, T)                                                                   \
+    static inline void caffe_pool_edge_##SUF(const T* xr, Py_ssize_t ws, Py_ssize_t we, Py_ssize_t w0, \
+                                             T* hm, int* hc) {                                       \
+        T m = -FLT_MAX, v;                                                                           \
+        int c = -1, gt;                                                                              \
+        Py_ssize_t w;                                                                                \
+        if (we - ws == 2) { /* the usual border window of a 3-wide kernel, in straight lines */      \
+            v = xr[ws];                                                                              \
+            gt = -(int)(v > m);                                                                      \
+            c = c ^ ((c ^ (int)(ws - w0)) & gt);                                                     \
+            m = v > m ? v : m;                                                                       \
+            v = xr[ws + 1];                                                                          \
+            gt = -(int)(v > m);                                                                      \
+            c = c ^ ((c ^ (int)(ws + 1 - w0)) & gt);                                                 \
+            m = v > m ? v : m;                                                                       \
+            *hm = m;                                                                                 \
+            *hc = c;                                                                                 \
+            return;                                                                                  \
+        }                                                                                            \
+        for (w = ws; w < we; w++) {                                                                  \
+            v = xr[w];                                                                               \
+            gt = -(int)(v > m);                                                                      \
+            c = c ^ ((c ^ (int)(w - w0)) & gt);                                                      \
+            m = v > m ? v : m;                                                                       \
+        }                                                                                            \
+        *hm = m;                                                                                     \
+        *hc = c;                                                                                     \
+    }
+    CAFFE_POOL_EDGE(f, float)
+    CAFFE_POOL_EDGE(d, double)
+    """
+    void caffe_pool_edge_f(const float* xr, Py_ssize_t ws, Py_ssize_t we, Py_ssize_t w0, float* hm, int* hc) nogil
+    void caffe_pool_edge_d(const double* xr, Py_ssize_t ws, Py_ssize_t we, Py_ssize_t w0, double* hm,
+                           int* hc) nogil
+
+
 cdef inline void _max_hrow_edge(const real* xr, real* hm, int* hc, Py_ssize_t W, Py_ssize_t pw,
                                 Py_ssize_t kw, Py_ssize_t sw, Py_ssize_t pad_w) noexcept nogil:
     """Window column pw clipped to the image (a window at the border)."""
-    cdef Py_ssize_t w, w0 = pw * sw - pad_w
+    cdef Py_ssize_t w0 = pw * sw - pad_w
     cdef Py_ssize_t ws = w0, we = w0 + kw
-    cdef real m = -FLT_MAX
-    cdef int c = -1
     if we > W:
         we = W
     if ws < 0:
         ws = 0
-    for w in range(ws, we):
-        if xr[w] > m:
-            m = xr[w]
-            c = <int>(w - w0)
-    hm[pw] = m
-    hc[pw] = c
+    if real is float:
+        caffe_pool_edge_f(xr, ws, we, w0, hm + pw, hc + pw)
+    else:
+        caffe_pool_edge_d(xr, ws, we, w0, hm + pw, hc + pw)
 
 
 cdef inline void _max_hrow(const real* src, real* hm, int* hc, Py_ssize_t lo, Py_ssize_t hi,
@@ -93,11 +131,130 @@ cdef inline void _max_hrow(const real* src, real* hm, int* hc, Py_ssize_t lo, Py
 # The common widths spelled out (the compiler does not always inline a generic version with literal
 # arguments): the taps unrolled, constant strides, selects without branches, so the pw loop
 # vectorizes. Same scan as _max_hrow: from -FLT_MAX, strictly greater, taps in order.
+# AVX2 blocks of eight outputs for float32 (pooling_avx2's build): the same scans as the loops below
+# (strictly greater, -FLT_MAX start, taps in order), so the same bits; a row's last, partial block is
+# done as the block ending at its last output (overlapping the one before: the same values written
+# twice) instead of one output at a time: rows are short (13-56 outputs in the nets) and that scalar
+# remainder cost more than the vector part.
+cdef extern from *:
+    """
+    #if defined(__AVX2__)
+    #include <immintrin.h>
+    #include <float.h>
+    #define CAFFE_POOL_AVX2 1
+    /* windows 0..7 of a 3-wide, stride-2 row: taps src[2i], src[2i + 1], src[2i + 2] (reads src[0..16]) */
+    static inline void caffe_pool_h_k3s2_f8(const float* src, float* hm, int* hc) {
+        __m256 a = _mm256_loadu_ps(src), b = _mm256_loadu_ps(src + 8);
+        __m256 t0 = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
+        __m256 t1 = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
+        __m256 t2, lowest = _mm256_set1_ps(-FLT_MAX), m, g;
+        __m256i c;
+        t0 = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t0), _MM_SHUFFLE(3, 1, 2, 0)));
+        t1 = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t1), _MM_SHUFFLE(3, 1, 2, 0)));
+        t2 = _mm256_permutevar8x32_ps(t0, _mm256_setr_epi32(1, 2, 3, 4, 5, 6, 7, 7));
+        t2 = _mm256_blend_ps(t2, _mm256_broadcast_ss(src + 16), 0x80);
+        g = _mm256_cmp_ps(t0, lowest, _CMP_GT_OQ);
+        m = _mm256_blendv_ps(lowest, t0, g);
+        c = _mm256_blendv_epi8(_mm256_set1_epi32(-1), _mm256_setzero_si256(), _mm256_castps_si256(g));
+        g = _mm256_cmp_ps(t1, m, _CMP_GT_OQ);
+        m = _mm256_blendv_ps(m, t1, g);
+        c = _mm256_blendv_epi8(c, _mm256_set1_epi32(1), _mm256_castps_si256(g));
+        g = _mm256_cmp_ps(t2, m, _CMP_GT_OQ);
+        m = _mm256_blendv_ps(m, t2, g);
+        c = _mm256_blendv_epi8(c, _mm256_set1_epi32(2), _mm256_castps_si256(g));
+        _mm256_storeu_ps(hm, m);
+        _mm256_storeu_si256((__m256i*)hc, c);
+    }
+    /* outputs pw..pw + 7 of a 3-row window: rows h0, h1, h2 of the row maxima / taps, argmax
+       r + s * pw - p0 + tap (r the row's offset; -1 where the first row took nothing) */
+    static inline void caffe_pool_v3_f8(const float* h0, const float* h1, const float* h2, const int* c0,
+                                        const int* c1, const int* c2, float* yr, int* mr, int pw, int r0,
+                                        int r1, int r2, int s, int p0) {
+        __m256i w = _mm256_add_epi32(_mm256_set1_epi32(s * pw - p0),
+                                     _mm256_mullo_epi32(_mm256_set1_epi32(s), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+        __m256i t = _mm256_loadu_si256((const __m256i*)(c0 + pw));
+        __m256i idx = _mm256_add_epi32(_mm256_add_epi32(w, _mm256_set1_epi32(r0)), t);
+        __m256 m = _mm256_loadu_ps(h0 + pw), v, g;
+        idx = _mm256_blendv_epi8(_mm256_set1_epi32(-1), idx,
+                                 _mm256_cmpgt_epi32(t, _mm256_set1_epi32(-1)));
+        v = _mm256_loadu_ps(h1 + pw);
+        g = _mm256_cmp_ps(v, m, _CMP_GT_OQ);
+        t = _mm256_add_epi32(_mm256_add_epi32(w, _mm256_set1_epi32(r1)),
+                             _mm256_loadu_si256((const __m256i*)(c1 + pw)));
+        idx = _mm256_blendv_epi8(idx, t, _mm256_castps_si256(g));
+        m = _mm256_blendv_ps(m, v, g);
+        v = _mm256_loadu_ps(h2 + pw);
+        g = _mm256_cmp_ps(v, m, _CMP_GT_OQ);
+        t = _mm256_add_epi32(_mm256_add_epi32(w, _mm256_set1_epi32(r2)),
+                             _mm256_loadu_si256((const __m256i*)(c2 + pw)));
+        idx = _mm256_blendv_epi8(idx, t, _mm256_castps_si256(g));
+        m = _mm256_blendv_ps(m, v, g);
+        _mm256_storeu_ps(yr + pw, m);
+        _mm256_storeu_si256((__m256i*)(mr + pw), idx);
+    }
+    /* outputs 0..7 of a 2x2 / stride 2 output row: rows r0, r1 (reads r0[0..15], r1[0..15]); taps in
+       row-major order, argmax top + {0, 1, W, W + 1}, top = top0 + 2i */
+    static inline void caffe_pool_2x2_f8(const float* r0, const float* r1, float* y, int* mask, int top0,
+                                         int W) {
+        __m256 a = _mm256_loadu_ps(r0), b = _mm256_loadu_ps(r0 + 8);
+        __m256 c = _mm256_loadu_ps(r1), d = _mm256_loadu_ps(r1 + 8);
+        __m256 t0 = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
+        __m256 t1 = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
+        __m256 t2 = _mm256_shuffle_ps(c, d, _MM_SHUFFLE(2, 0, 2, 0));
+        __m256 t3 = _mm256_shuffle_ps(c, d, _MM_SHUFFLE(3, 1, 3, 1));
+        __m256 lowest = _mm256_set1_ps(-FLT_MAX), m, g;
+        __m256i top = _mm256_add_epi32(_mm256_set1_epi32(top0), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
+        __m256i idx;
+        t0 = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t0), _MM_SHUFFLE(3, 1, 2, 0)));
+        t1 = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t1), _MM_SHUFFLE(3, 1, 2, 0)));
+        t2 = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t2), _MM_SHUFFLE(3, 1, 2, 0)));
+        t3 = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t3), _MM_SHUFFLE(3, 1, 2, 0)));
+        g = _mm256_cmp_ps(t0, lowest, _CMP_GT_OQ);
+        m = _mm256_blendv_ps(lowest, t0, g);
+        idx = _mm256_blendv_epi8(_mm256_set1_epi32(-1), top, _mm256_castps_si256(g));
+        g = _mm256_cmp_ps(t1, m, _CMP_GT_OQ);
+        m = _mm256_blendv_ps(m, t1, g);
+        idx = _mm256_blendv_epi8(idx, _mm256_add_epi32(top, _mm256_set1_epi32(1)), _mm256_castps_si256(g));
+        g = _mm256_cmp_ps(t2, m, _CMP_GT_OQ);
+        m = _mm256_blendv_ps(m, t2, g);
+        idx = _mm256_blendv_epi8(idx, _mm256_add_epi32(top, _mm256_set1_epi32(W)), _mm256_castps_si256(g));
+        g = _mm256_cmp_ps(t3, m, _CMP_GT_OQ);
+        m = _mm256_blendv_ps(m, t3, g);
+        idx = _mm256_blendv_epi8(idx, _mm256_add_epi32(top, _mm256_set1_epi32(W + 1)), _mm256_castps_si256(g));
+        _mm256_storeu_ps(y, m);
+        _mm256_storeu_si256((__m256i*)mask, idx);
+    }
+    #else
+    #define CAFFE_POOL_AVX2 0
+    static inline void caffe_pool_2x2_f8(const float* r0, const float* r1, float* y, int* mask, int top0,
+                                         int W) {}
+    static inline void caffe_pool_h_k3s2_f8(const float* src, float* hm, int* hc) {}
+    static inline void caffe_pool_v3_f8(const float* h0, const float* h1, const float* h2, const int* c0,
+                                        const int* c1, const int* c2, float* yr, int* mr, int pw, int r0,
+                                        int r1, int r2, int s, int p0) {}
+    #endif
+    """
+    bint CAFFE_POOL_AVX2
+    void caffe_pool_h_k3s2_f8(const float* src, float* hm, int* hc) nogil
+    void caffe_pool_2x2_f8(const float* r0, const float* r1, float* y, int* mask, int top0, int W) nogil
+    void caffe_pool_v3_f8(const float* h0, const float* h1, const float* h2, const int* c0, const int* c1,
+                          const int* c2, float* yr, int* mr, int pw, int r0, int r1, int r2, int s, int p0) nogil
+
+
 cdef inline void _max_hrow_k3s2(const real* src, real* hm, int* hc, Py_ssize_t lo,
                                 Py_ssize_t hi) noexcept nogil:
     cdef Py_ssize_t pw
     cdef real m, v
     cdef int c
+    if real is float:
+        if CAFFE_POOL_AVX2 and hi - lo >= 8:
+            pw = lo
+            while pw + 8 <= hi:
+                caffe_pool_h_k3s2_f8(src + 2 * pw, hm + pw, hc + pw)
+                pw += 8
+            if pw < hi:
+                caffe_pool_h_k3s2_f8(src + 2 * (hi - 8), hm + hi - 8, hc + hi - 8)
+            return
     for pw in range(lo, hi):
         v = src[2 * pw]
         c = 0 if v > -FLT_MAX else -1
@@ -211,6 +368,15 @@ cdef inline void _max_vrows(const real* hm, const int* hc, real* yr, int* mr, Py
         c1 = c0 + PW
         h2 = h1 + PW
         c2 = c1 + PW
+        if real is float:
+            if CAFFE_POOL_AVX2 and n >= 8:
+                pw = 0
+                while pw + 8 <= n:
+                    caffe_pool_v3_f8(h0, h1, h2, c0, c1, c2, yr, mr, pw, r0, r1, r2, s, p0)
+                    pw += 8
+                if pw < n:
+                    caffe_pool_v3_f8(h0, h1, h2, c0, c1, c2, yr, mr, n - 8, r0, r1, r2, s, p0)
+                return
         for pw in range(n):
             m = h0[pw]
             idx = r0 + s * pw - p0 + c0[pw] if c0[pw] >= 0 else -1
@@ -384,6 +550,18 @@ cdef inline void _max_plane_2x2(const real* x, real* y, int* mask, Py_ssize_t W,
     for ph in range(PH):
         r0 = x + 2 * ph * W
         r1 = r0 + W
+        if real is float:
+            if CAFFE_POOL_AVX2 and PW >= 8:  # blocks of eight; the last one ends at the row's last output
+                pw = 0
+                while pw + 8 <= PW:
+                    caffe_pool_2x2_f8(r0 + 2 * pw, r1 + 2 * pw, y + ph * PW + pw, mask + ph * PW + pw,
+                                      <int>(2 * ph * W + 2 * pw), <int>W)
+                    pw += 8
+                if pw < PW:
+                    pw = PW - 8
+                    caffe_pool_2x2_f8(r0 + 2 * pw, r1 + 2 * pw, y + ph * PW + pw, mask + ph * PW + pw,
+                                      <int>(2 * ph * W + 2 * pw), <int>W)
+                continue
         for pw in range(PW):
             m = -FLT_MAX
             idx = -1
