@@ -39,6 +39,11 @@ def let_go(proc):
     proc.wait()
 
 
+def ours(folder):
+    """The locks this process holds under `folder` (other tests' solvers may still hold theirs)."""
+    return [p for p in snapshot_lock._held if p.startswith(str(folder))]
+
+
 def open_fds():
     gc.collect()  # pipes of finished child processes are closed when their objects go
     return len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
@@ -46,8 +51,11 @@ def open_fds():
 
 @pytest.fixture(autouse=True)
 def nothing_held():
+    gc.collect()  # solvers of earlier tests that are gone let go of their prefixes
+    before = set(snapshot_lock._held)
     yield
-    left = dict(snapshot_lock._held)
+    gc.collect()
+    left = {path: entry for path, entry in snapshot_lock._held.items() if path not in before}
     for path, (fd, _) in left.items():  # let go, so that one failure does not fail the tests after it
         snapshot_lock._held.pop(path)
         os.close(fd)
@@ -121,11 +129,11 @@ def test_solvers_of_one_process_count_their_holds(tmp_path):
     assert probe(path) == "HELD"  # and another process is still kept out
     fd = snapshot_lock._held[path][0]
     snapshot_lock.release(prefix)
-    assert not os.path.exists(path) and snapshot_lock._held == {}
+    assert not os.path.exists(path) and path not in snapshot_lock._held
     with pytest.raises(OSError):
         os.fstat(fd)  # the lock's descriptor is closed (and nothing else)
     snapshot_lock.release(prefix)  # releasing what is not held: nothing happens
-    assert snapshot_lock._held == {}
+    assert path not in snapshot_lock._held
 
 
 def probe(path):
@@ -260,7 +268,7 @@ def test_release_when_the_lock_file_is_already_gone(tmp_path):
     snapshot_lock.acquire(prefix)
     os.unlink(path)
     snapshot_lock.release(prefix)
-    assert snapshot_lock._held == {} and open_fds() == fds
+    assert path not in snapshot_lock._held and open_fds() == fds
 
 
 @pytest.mark.parametrize("base", ["net", ""])  # "": a prefix naming a folder ("snapshots/")
@@ -339,10 +347,10 @@ def test_no_prefix_no_lock(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     s = solver(None, snapshot_after_train=False)
     during = []
-    s.add_callback(lambda: during.append((os.listdir(tmp_path), dict(snapshot_lock._held))), lambda: None)
+    s.add_callback(lambda: during.append((os.listdir(tmp_path), ours(tmp_path))), lambda: None)
     s.Solve()
-    assert during == [([], {})] * 2
-    assert os.listdir(tmp_path) == [] and snapshot_lock._held == {}
+    assert during == [([], [])] * 2
+    assert os.listdir(tmp_path) == [] and not ours(tmp_path)
 
 
 def test_overwrite_snapshots_warns_only_when_another_training_holds_the_prefix(tmp_path, caplog):
@@ -352,7 +360,7 @@ def test_overwrite_snapshots_warns_only_when_another_training_holds_the_prefix(t
     with caplog.at_level(logging.WARNING, logger="caffe.solver"):
         s.Solve()
     assert not [r for r in caplog.records if "in use by another training" in r.getMessage()]
-    assert snapshot_lock._held == {} and not os.path.exists(snapshot_lock.lock_path(str(prefix)))
+    assert snapshot_lock.lock_path(str(prefix)) not in snapshot_lock._held and not os.path.exists(snapshot_lock.lock_path(str(prefix)))
     other = hold(snapshot_lock.lock_path(str(prefix)), "pid 1 on elsewhere: caffe train")
     try:
         s = solver(prefix, max_iter=3)
@@ -364,7 +372,7 @@ def test_overwrite_snapshots_warns_only_when_another_training_holds_the_prefix(t
         assert [r.getMessage() for r in caplog.records if "in use by another training" in r.getMessage()] == 2 * [
             f"snapshot_prefix {prefix} is in use by another training (pid 1 on elsewhere: caffe train); writing "
             f"there anyway (overwrite_snapshots)"]
-        assert snapshot_lock._held == {} and os.path.exists(snapshot_lock.lock_path(str(prefix)))
+        assert snapshot_lock.lock_path(str(prefix)) not in snapshot_lock._held and os.path.exists(snapshot_lock.lock_path(str(prefix)))
     finally:
         let_go(other)
 
