@@ -92,6 +92,45 @@ def test_a_nan_loss_stops_before_the_snapshot(tmp_path, gpu):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ls_iter_3.caffemodel", "ls_iter_3.solverstate"]
 
 
+def test_a_second_step_smooths_only_its_own_losses(tmp_path, gpu):
+    # Caffe's Step starts a new smoothing window; losses of the earlier Step still on the device are checked
+    # at the next read, not folded into the new window
+    s = make(tmp_path, display=0, average_loss=4)
+    batches = random_batches(0, 6, NUM, DIM)
+    Feeder(batches).attach(s.net)
+    raw = []
+    s.add_callback(lambda: None, lambda: raw.append(0.0 + float(np.vdot(s.net.blobs["loss"].data.ravel(),
+                                                                         s.net.blobs["loss"].diff.ravel()))))
+    s.step(3)  # no display: these three stay on the device
+    s.step(2)
+    assert s.losses == raw[3:] and s.smoothed_loss == caffe_smoothed(raw[3:], 4)[-1]
+    t = make(tmp_path, display=0, average_loss=4)
+    batches[1] = dict(batches[1], data=np.full((NUM, DIM), np.nan, np.float32))
+    Feeder(batches).attach(t.net)
+    t.step(3)
+    t.step(1)
+    with pytest.raises(NonFiniteLossError, match=r"Iteration 1: the training loss is nan; found when the losses kept "
+                                                 r"on the GPU were read at iteration 4"):
+        t.smoothed_loss
+
+
+@pytest.mark.parametrize("nan_at, message", [
+    (1, r"Iteration 1: the training loss is nan; training stopped before this iteration's update"),
+    (0, r"Iteration 0: the training loss is nan; found when the losses kept on the GPU were read at iteration 1: "
+        r"training stopped there \(the weights carry the updates of iterations 0 to 0\), no snapshot was written"),
+])
+def test_losses_are_read_when_read_every_are_waiting(tmp_path, gpu, monkeypatch, nan_at, message):
+    from caffe.solver import solver as solver_module
+    monkeypatch.setattr(solver_module, "LOSS_READ_EVERY", 2)
+    s = make(tmp_path, display=0, max_iter=6)
+    batches = random_batches(0, 6, NUM, DIM)
+    batches[nan_at] = dict(batches[nan_at], data=np.full((NUM, DIM), np.nan, np.float32))
+    Feeder(batches).attach(s.net)
+    with pytest.raises(NonFiniteLossError, match=message):
+        s.step(6)
+    assert s.iter == 1  # the second loss waiting is the bound: read before iteration 1's update
+
+
 class _Records(logging.Handler):
     def __init__(self):
         super().__init__(logging.INFO)

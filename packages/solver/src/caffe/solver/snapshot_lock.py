@@ -29,8 +29,15 @@ _lock = threading.Lock()
 _held: dict[str, list] = {}  # lock path -> [fd, holders]; per process
 
 
+def _split(prefix: str) -> tuple[str, str]:
+    """(absolute directory, base) of the snapshot files `<prefix>_iter_N.*`: a prefix ending in a separator
+    ("snapshots/") names files `_iter_N.*` inside that folder (abspath would drop the separator)."""
+    directory, base = os.path.split(prefix)
+    return os.path.abspath(directory or os.curdir), base
+
+
 def lock_path(prefix: str) -> str:
-    directory, base = os.path.split(os.path.abspath(prefix))
+    directory, base = _split(prefix)
     return os.path.join(directory, f".{base or 'snapshot'}.lock")
 
 
@@ -88,7 +95,7 @@ def acquire(prefix: str) -> str:
         os.ftruncate(fd, 0)
         os.pwrite(fd, info, 0)
         _held[path] = [fd, 1]
-    directory, base = os.path.split(os.path.abspath(prefix))
+    directory, base = _split(prefix)
     for stale in remove_stale_temps(directory, f"{base}_iter_"):
         log.info("Removed %s, a temporary file left by an interrupted snapshot", stale)
     return path
