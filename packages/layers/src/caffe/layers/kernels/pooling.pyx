@@ -60,6 +60,12 @@ cdef inline void _pw_range(Py_ssize_t j, Py_ssize_t W, Py_ssize_t sw, Py_ssize_t
 cdef extern from *:
     """
     #include <float.h>
+    /* one tap: strictly greater takes it (index by a mask, maximum by a select) */
+    #define CAFFE_POOL_EDGE_TAP(W_)                                                                   \
+        v = xr[W_];                                                                                  \
+        gt = -(int)(v > m);                                                                          \
+        c = c ^ ((c ^ (int)((W_) - w0)) & gt);                                                       \
+        m = v > m ? v : m;
     #define CAFFE_POOL_EDGE(SUF, T)                                                                   \
     static inline void caffe_pool_edge_##SUF(const T* xr, Py_ssize_t ws, Py_ssize_t we, Py_ssize_t w0, \
                                              T* hm, int* hc) {                                       \
@@ -67,23 +73,12 @@ cdef extern from *:
         int c = -1, gt;                                                                              \
         Py_ssize_t w;                                                                                \
         if (we - ws == 2) { /* the usual border window of a 3-wide kernel, in straight lines */      \
-            v = xr[ws];                                                                              \
-            gt = -(int)(v > m);                                                                      \
-            c = c ^ ((c ^ (int)(ws - w0)) & gt);                                                     \
-            m = v > m ? v : m;                                                                       \
-            v = xr[ws + 1];                                                                          \
-            gt = -(int)(v > m);                                                                      \
-            c = c ^ ((c ^ (int)(ws + 1 - w0)) & gt);                                                 \
-            m = v > m ? v : m;                                                                       \
-            *hm = m;                                                                                 \
-            *hc = c;                                                                                 \
-            return;                                                                                  \
-        }                                                                                            \
-        for (w = ws; w < we; w++) {                                                                  \
-            v = xr[w];                                                                               \
-            gt = -(int)(v > m);                                                                      \
-            c = c ^ ((c ^ (int)(w - w0)) & gt);                                                      \
-            m = v > m ? v : m;                                                                       \
+            CAFFE_POOL_EDGE_TAP(ws)                                                                  \
+            CAFFE_POOL_EDGE_TAP(ws + 1)                                                              \
+        } else {                                                                                     \
+            for (w = ws; w < we; w++) {                                                              \
+                CAFFE_POOL_EDGE_TAP(w)                                                               \
+            }                                                                                        \
         }                                                                                            \
         *hm = m;                                                                                     \
         *hc = c;                                                                                     \
@@ -142,26 +137,26 @@ cdef extern from *:
     #include <immintrin.h>
     #include <float.h>
     #define CAFFE_POOL_AVX2 1
+    /* one tap of eight windows: where v is strictly greater, it becomes the maximum and `at` its index */
+    static inline void caffe_pool_take8(__m256 v, __m256i at, __m256* m, __m256i* idx) {
+        __m256 g = _mm256_cmp_ps(v, *m, _CMP_GT_OQ);
+        *m = _mm256_blendv_ps(*m, v, g);
+        *idx = _mm256_blendv_epi8(*idx, at, _mm256_castps_si256(g));
+    }
     /* windows 0..7 of a 3-wide, stride-2 row: taps src[2i], src[2i + 1], src[2i + 2] (reads src[0..16]) */
     static inline void caffe_pool_h_k3s2_f8(const float* src, float* hm, int* hc) {
         __m256 a = _mm256_loadu_ps(src), b = _mm256_loadu_ps(src + 8);
         __m256 t0 = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
         __m256 t1 = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
-        __m256 t2, lowest = _mm256_set1_ps(-FLT_MAX), m, g;
-        __m256i c;
+        __m256 t2, m = _mm256_set1_ps(-FLT_MAX);
+        __m256i c = _mm256_set1_epi32(-1);
         t0 = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t0), _MM_SHUFFLE(3, 1, 2, 0)));
         t1 = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t1), _MM_SHUFFLE(3, 1, 2, 0)));
         t2 = _mm256_permutevar8x32_ps(t0, _mm256_setr_epi32(1, 2, 3, 4, 5, 6, 7, 7));
         t2 = _mm256_blend_ps(t2, _mm256_broadcast_ss(src + 16), 0x80);
-        g = _mm256_cmp_ps(t0, lowest, _CMP_GT_OQ);
-        m = _mm256_blendv_ps(lowest, t0, g);
-        c = _mm256_blendv_epi8(_mm256_set1_epi32(-1), _mm256_setzero_si256(), _mm256_castps_si256(g));
-        g = _mm256_cmp_ps(t1, m, _CMP_GT_OQ);
-        m = _mm256_blendv_ps(m, t1, g);
-        c = _mm256_blendv_epi8(c, _mm256_set1_epi32(1), _mm256_castps_si256(g));
-        g = _mm256_cmp_ps(t2, m, _CMP_GT_OQ);
-        m = _mm256_blendv_ps(m, t2, g);
-        c = _mm256_blendv_epi8(c, _mm256_set1_epi32(2), _mm256_castps_si256(g));
+        caffe_pool_take8(t0, _mm256_setzero_si256(), &m, &c);
+        caffe_pool_take8(t1, _mm256_set1_epi32(1), &m, &c);
+        caffe_pool_take8(t2, _mm256_set1_epi32(2), &m, &c);
         _mm256_storeu_ps(hm, m);
         _mm256_storeu_si256((__m256i*)hc, c);
     }
@@ -174,21 +169,15 @@ cdef extern from *:
                                      _mm256_mullo_epi32(_mm256_set1_epi32(s), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
         __m256i t = _mm256_loadu_si256((const __m256i*)(c0 + pw));
         __m256i idx = _mm256_add_epi32(_mm256_add_epi32(w, _mm256_set1_epi32(r0)), t);
-        __m256 m = _mm256_loadu_ps(h0 + pw), v, g;
+        __m256 m = _mm256_loadu_ps(h0 + pw);
         idx = _mm256_blendv_epi8(_mm256_set1_epi32(-1), idx,
                                  _mm256_cmpgt_epi32(t, _mm256_set1_epi32(-1)));
-        v = _mm256_loadu_ps(h1 + pw);
-        g = _mm256_cmp_ps(v, m, _CMP_GT_OQ);
-        t = _mm256_add_epi32(_mm256_add_epi32(w, _mm256_set1_epi32(r1)),
-                             _mm256_loadu_si256((const __m256i*)(c1 + pw)));
-        idx = _mm256_blendv_epi8(idx, t, _mm256_castps_si256(g));
-        m = _mm256_blendv_ps(m, v, g);
-        v = _mm256_loadu_ps(h2 + pw);
-        g = _mm256_cmp_ps(v, m, _CMP_GT_OQ);
-        t = _mm256_add_epi32(_mm256_add_epi32(w, _mm256_set1_epi32(r2)),
-                             _mm256_loadu_si256((const __m256i*)(c2 + pw)));
-        idx = _mm256_blendv_epi8(idx, t, _mm256_castps_si256(g));
-        m = _mm256_blendv_ps(m, v, g);
+        caffe_pool_take8(_mm256_loadu_ps(h1 + pw),
+                         _mm256_add_epi32(_mm256_add_epi32(w, _mm256_set1_epi32(r1)),
+                                          _mm256_loadu_si256((const __m256i*)(c1 + pw))), &m, &idx);
+        caffe_pool_take8(_mm256_loadu_ps(h2 + pw),
+                         _mm256_add_epi32(_mm256_add_epi32(w, _mm256_set1_epi32(r2)),
+                                          _mm256_loadu_si256((const __m256i*)(c2 + pw))), &m, &idx);
         _mm256_storeu_ps(yr + pw, m);
         _mm256_storeu_si256((__m256i*)(mr + pw), idx);
     }
@@ -202,25 +191,17 @@ cdef extern from *:
         __m256 t1 = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
         __m256 t2 = _mm256_shuffle_ps(c, d, _MM_SHUFFLE(2, 0, 2, 0));
         __m256 t3 = _mm256_shuffle_ps(c, d, _MM_SHUFFLE(3, 1, 3, 1));
-        __m256 lowest = _mm256_set1_ps(-FLT_MAX), m, g;
+        __m256 m = _mm256_set1_ps(-FLT_MAX);
         __m256i top = _mm256_add_epi32(_mm256_set1_epi32(top0), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
-        __m256i idx;
+        __m256i idx = _mm256_set1_epi32(-1);
         t0 = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t0), _MM_SHUFFLE(3, 1, 2, 0)));
         t1 = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t1), _MM_SHUFFLE(3, 1, 2, 0)));
         t2 = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t2), _MM_SHUFFLE(3, 1, 2, 0)));
         t3 = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t3), _MM_SHUFFLE(3, 1, 2, 0)));
-        g = _mm256_cmp_ps(t0, lowest, _CMP_GT_OQ);
-        m = _mm256_blendv_ps(lowest, t0, g);
-        idx = _mm256_blendv_epi8(_mm256_set1_epi32(-1), top, _mm256_castps_si256(g));
-        g = _mm256_cmp_ps(t1, m, _CMP_GT_OQ);
-        m = _mm256_blendv_ps(m, t1, g);
-        idx = _mm256_blendv_epi8(idx, _mm256_add_epi32(top, _mm256_set1_epi32(1)), _mm256_castps_si256(g));
-        g = _mm256_cmp_ps(t2, m, _CMP_GT_OQ);
-        m = _mm256_blendv_ps(m, t2, g);
-        idx = _mm256_blendv_epi8(idx, _mm256_add_epi32(top, _mm256_set1_epi32(W)), _mm256_castps_si256(g));
-        g = _mm256_cmp_ps(t3, m, _CMP_GT_OQ);
-        m = _mm256_blendv_ps(m, t3, g);
-        idx = _mm256_blendv_epi8(idx, _mm256_add_epi32(top, _mm256_set1_epi32(W + 1)), _mm256_castps_si256(g));
+        caffe_pool_take8(t0, top, &m, &idx);
+        caffe_pool_take8(t1, _mm256_add_epi32(top, _mm256_set1_epi32(1)), &m, &idx);
+        caffe_pool_take8(t2, _mm256_add_epi32(top, _mm256_set1_epi32(W)), &m, &idx);
+        caffe_pool_take8(t3, _mm256_add_epi32(top, _mm256_set1_epi32(W + 1)), &m, &idx);
         _mm256_storeu_ps(y, m);
         _mm256_storeu_si256((__m256i*)mask, idx);
     }
