@@ -14,7 +14,7 @@ from caffe.layers.testing import blobs_from_arrays, empty_tops, gpu_available, l
 needs_gpu = pytest.mark.skipif(not gpu_available(), reason="no GPU (CuPy with a CUDA device, or the CuPy stand-in)")
 
 
-def _both_modes(type_name, text, arrays, n_top=1, seed=0, dtype=np.float32):
+def _both_modes(type_name, text, arrays, n_top=1, seed=0, dtype=np.float32, propagate=None):
     """[tops' data..., bottoms' diffs...] of a fresh layer in CPU mode, then in GPU mode."""
     results = []
     for mode in (context.CPU, context.GPU):
@@ -28,7 +28,7 @@ def _both_modes(type_name, text, arrays, n_top=1, seed=0, dtype=np.float32):
             rng = np.random.default_rng(seed)
             for t in top:
                 t.diff[...] = rng.normal(size=t.shape)
-            layer.Backward(top, [True] * len(bottom), bottom)
+            layer.Backward(top, propagate or [True] * len(bottom), bottom)
             results.append([t.data.copy() for t in top] + [b.diff.copy() for b in bottom])
         finally:
             context.set_mode_cpu()
@@ -196,9 +196,10 @@ def _host_run(type_name, text, x, dtype, inplace, on):
     return _host_run_bottoms(type_name, text, [x], dtype, inplace, on)
 
 
-def _host_run_bottoms(type_name, text, xs, dtype, inplace, on):
+def _host_run_bottoms(type_name, text, xs, dtype, inplace, on, phase=0, propagate=None, marks=None):
     """tops' data and bottoms' diffs of forward_xp / backward_xp with NumPy: the CUDA kernels on the host
-    (on) or the array-API path; with them on, the names of the kernels built."""
+    (on) or the array-API path; with them on, the names of the kernels built (marks: "|" between forward's
+    and backward's)."""
     import contextlib
     from caffe.layers import cuda_host
     from caffe.layers import device as dev
@@ -211,15 +212,17 @@ def _host_run_bottoms(type_name, text, xs, dtype, inplace, on):
             dev.raw_kernel = lambda name, source, dt: names.append(name) or inner(name, source, dt)
         try:
             context.set_random_seed(5)
-            layer = make_layer(type_name, text)
+            layer = make_layer(type_name, text, phase=phase)
             bottom = blobs_from_arrays(xs, dtype)
             top = [bottom[0]] if inplace else empty_tops(1, dtype)
             layer.SetUp(bottom, top)
             context.set_random_seed(5)
             layer.forward_xp(np, bottom, top)
+            if marks:
+                names.append("|")
             y = top[0].cpu_data().copy()
             top[0].mutable_diff_xp(np)[...] = np.random.default_rng(6).normal(size=top[0].shape)
-            layer.backward_xp(np, top, [True] * len(bottom), bottom)
+            layer.backward_xp(np, top, propagate or [True] * len(bottom), bottom)
             return [y] + [b.cpu_diff().copy() for b in bottom], names
         finally:
             if on:
@@ -289,3 +292,145 @@ def test_lrn_kernels_with_and_without_the_three_quarter_power_on_the_host(region
     assert len(names) == 2, names
     for a, b in zip(on, off):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+_R = np.random.default_rng(12)
+ACROSS, WITHIN = "lrn_param { local_size: 3 alpha: 0.5 beta: %s k: 1.5 }", \
+    "lrn_param { local_size: 3 alpha: 0.5 beta: %s norm_region: WITHIN_CHANNEL }"
+STO = "pooling_param { pool: STOCHASTIC kernel_size: 2 stride: 1 }"
+# (layer, parameters, bottoms, in place, phase, the kernels forward then backward run ("|" between))
+HOST_LAYERS = [
+    ("Softmax", "", [_R.normal(size=(2, 5))], False, 0, "softmax_rows | softmax_backward_rows"),
+    ("Softmax", "", [_R.normal(size=(2, 3, 2))], False, 0, "softmax_strided | softmax_backward_strided"),
+    ("Softmax", "softmax_param { axis: 0 }", [_R.normal(size=(3, 1))], False, 0,
+     "softmax_rows | softmax_backward_rows"),
+    ("Softmax", "", [_R.normal(size=(1, 1))], False, 0, "softmax_rows | softmax_backward_rows"),
+    ("SoftmaxWithLoss", "", [_R.normal(size=(2, 3)), [0.0, 2.0]], False, 0,
+     "softmax_rows softmax_loss_forward | softmax_loss_backward"),
+    ("SoftmaxWithLoss", "loss_param { ignore_label: 1 }", [_R.normal(size=(2, 3, 2)), [[0.0, 1.0], [2.0, 1.0]]],
+     False, 0, "softmax_strided softmax_loss_forward | softmax_loss_backward"),
+    ("SoftmaxWithLoss", "", [_R.normal(size=(1, 1)), [0.0]], False, 0,
+     "softmax_rows softmax_loss_forward | softmax_loss_backward"),
+    ("BatchNorm", "", [_R.normal(size=(2, 3, 2))], False, 0,
+     "bn_stats channel_affine | bn_backward_stats bn_backward_apply"),
+    ("BatchNorm", "", [_R.normal(size=(2, 3, 2))], True, 0,
+     "bn_stats channel_affine | bn_backward_stats bn_backward_apply"),
+    ("BatchNorm", "", [_R.normal(size=(1, 1, 3))], False, 0,
+     "bn_stats channel_affine | bn_backward_stats bn_backward_apply"),
+    ("BatchNorm", "", [_R.normal(size=(1, 1, 1))], False, 0,
+     "bn_stats channel_affine | bn_backward_stats bn_backward_apply"),
+    ("BatchNorm", "batch_norm_param { use_global_stats: true }", [_R.normal(size=(2, 3, 2))], False, 0,
+     "channel_affine | channel_affine"),
+    ("LRN", ACROSS % 0.6, [_R.normal(size=(2, 4, 2, 2))], False, 0, "lrn_forward | lrn_backward"),
+    ("LRN", ACROSS % 0.6, [_R.normal(size=(2, 4, 2, 2))], True, 0, "lrn_forward |"),
+    ("LRN", ACROSS % 0.75, [_R.normal(size=(1, 1, 1, 1))], False, 0, "lrn_forward | lrn_backward"),
+    ("LRN", WITHIN % 0.6, [_R.normal(size=(2, 2, 3, 3))], False, 0, "lrn_within_forward | lrn_within_backward"),
+    ("LRN", WITHIN % 0.6, [_R.normal(size=(2, 2, 3, 3))], True, 0, "|"),
+    ("LRN", WITHIN % 0.75, [_R.normal(size=(1, 1, 1, 1))], False, 0, "lrn_within_forward | lrn_within_backward"),
+    ("Pooling", STO, [np.abs(_R.normal(size=(1, 2, 3, 3)))], False, 0, "sto_pool_forward_train |"),
+    ("Pooling", STO, [np.abs(_R.normal(size=(1, 2, 3, 3)))], False, 1, "sto_pool_forward_test |"),
+]
+
+
+@pytest.mark.skipif(not __import__("caffe.layers.cuda_host", fromlist=["x"]).available(),
+                    reason="no host C++ compiler to run the CUDA sources")
+@pytest.mark.parametrize("case", HOST_LAYERS, ids=[f"{c[0]}{i}" for i, c in enumerate(HOST_LAYERS)])
+def test_each_layer_kernel_runs_where_it_applies_on_the_host(case):
+    # the parity properties check that SOME kernel ran per call: a kernel that declined where it applies
+    # (a 1-element blob, a guard inverted), or a forward kernel skipped while the backward's ran, gave the
+    # array path's values unseen; here each call's kernels are named, one-element blobs and inner == 1 vs
+    # inner > 1 (rows vs strided) included, and in place where a kernel must decline (it would read what it
+    # wrote): LRN's backward, and WITHIN_CHANNEL's forward
+    type_name, text, xs, inplace, phase, expected = case
+    propagate = [True, False] if len(xs) > 1 else None
+    on, names = _host_run_bottoms(type_name, text, xs, np.float32, inplace, True, phase, propagate, marks=True)
+    off, _ = _host_run_bottoms(type_name, text, xs, np.float32, inplace, False, phase, propagate)
+    assert " ".join(names) == expected
+    for a, b in zip(on, off):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5)
+
+
+def test_floats_takes_one_float_dtype_in_c_order_only():
+    # what every hand-written kernel assumes of its arrays (T = float or double for all, flat indexing): a
+    # float64 array among float32 ones, a non-contiguous view or integers must send the caller to the array path
+    from caffe.layers import device
+    f32, f64 = np.zeros((2, 3), np.float32), np.zeros((2, 3), np.float64)
+    assert device.floats(np, f32, f32) and device.floats(np, f64)
+    assert not device.floats(np, f32, f64) and not device.floats(np, f64, f32)
+    assert not device.floats(np, f32, f32.T) and not device.floats(np, f32[:, ::2])
+    assert not device.floats(np, np.zeros(3, np.int32)) and not device.floats(np, np.zeros(3, np.float16))
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_address_of_device_arrays_is_their_device_pointer():
+    # the in-place checks of the kernels compare device pointers (CuPy arrays have no .ctypes)
+    import cupy
+    from caffe.layers import device
+    a = cupy.arange(6, dtype=cupy.float32)
+    assert device.address(a) == a.data.ptr
+    assert device.address(a[2:]) - device.address(a) == 8
+    h = np.arange(6, dtype=np.float32)
+    assert device.address(h) == h.ctypes.data
+
+
+# -- the device branches of the layers (layers-gpu2): loss normalizer, cross-mode state ----------------------
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("norm", ["FULL", "VALID", "BATCH_SIZE", "NONE"])
+@pytest.mark.parametrize("valid", [0, 1, 2])
+def test_softmax_loss_normalizer_on_the_device_with_few_valid_labels(norm, valid):
+    # the device keeps VALID's count on the device (max(count, 1), no copy): no valid label gives loss 0 and
+    # no gradient, one valid label is divided by 1, as on the host
+    x = np.random.default_rng(21).normal(size=(2, 3, 2))
+    labels = np.full((2, 2), 7.0)
+    labels.flat[:valid] = [2.0, 0.0][:valid]
+    text = "loss_param { ignore_label: 7 normalization: %s }" % norm
+    cpu, gpu = _both_modes("SoftmaxWithLoss", text, [x, labels], propagate=[True, False])
+    for a, b in zip(cpu, gpu):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+    if valid == 0:
+        assert cpu[0] == 0 and not cpu[1].any()
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("type_name, text, shape, expected", [
+    ("Pooling", "pooling_param { pool: MAX kernel_size: 2 stride: 1 }", (2, 2, 4, 3),
+     ["pool_device.max_forward", "pool_device.scatter_back"]),
+    ("Pooling", "pooling_param { pool: AVE kernel_size: 2 stride: 1 pad: 1 }", (2, 2, 4, 3),
+     ["pool_device.ave_forward", "pool_device.ave_backward"]),
+    ("Pooling", "pooling_param { pool: STOCHASTIC kernel_size: 2 stride: 1 }", (2, 2, 4, 3),
+     ["pool_device.stochastic_windows", "pool_device.scatter_back"]),
+    ("Convolution", "convolution_param { num_output: 4 kernel_size: 2 weight_filler { type: 'gaussian' } "
+                    "bias_filler { type: 'gaussian' } }", (2, 3, 4, 3),
+     ["conv_device.im2col", "BaseConvolutionLayer._gemm_forward_device", "conv_device.col2im"]),
+    # grouped, past the exact (float64) forward's 32 terms
+    ("Convolution", "convolution_param { num_output: 4 group: 2 kernel_size: 5 weight_filler { type: 'gaussian' } }",
+     (1, 4, 7, 6), ["conv_device.im2col", "BaseConvolutionLayer._gemm_forward_device", "conv_device.col2im"]),
+])
+def test_gpu_mode_runs_the_device_paths(monkeypatch, type_name, text, shape, expected):
+    # the generic array path also runs on the device and gives the same values, so a device dispatch turned off
+    # (`xp is np` for `xp is not np`) was seen by no parity test: here the device functions must be the ones run
+    # (one gather / scatter per call, and every group in one batched matmul, instead of one launch per kernel
+    # offset and per group); the values match the CPU's
+    from caffe.layers import conv_base, conv_device, pool_device
+    called = []
+
+    def spy(owner, name, label):
+        real = getattr(owner, name)
+
+        def wrapped(*args, **kwargs):
+            called.append(label)
+            return real(*args, **kwargs)
+        monkeypatch.setattr(owner, name, wrapped)
+    for name in ("max_forward", "ave_forward", "ave_backward", "scatter_back", "stochastic_windows"):
+        spy(pool_device, name, f"pool_device.{name}")
+    spy(conv_device, "im2col", "conv_device.im2col")
+    spy(conv_device, "col2im", "conv_device.col2im")
+    spy(conv_base.BaseConvolutionLayer, "_gemm_forward_device", "BaseConvolutionLayer._gemm_forward_device")
+    x = np.random.default_rng(22).uniform(0.1, 1, size=shape)
+    cpu, gpu = _both_modes(type_name, text, [x])
+    assert sorted(set(called)) == sorted(expected), called
+    for a, b in zip(cpu, gpu):
+        np.testing.assert_allclose(b, a, rtol=2e-5, atol=2e-5)
