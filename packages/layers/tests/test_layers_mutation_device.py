@@ -434,3 +434,33 @@ def test_gpu_mode_runs_the_device_paths(monkeypatch, type_name, text, shape, exp
     assert sorted(set(called)) == sorted(expected), called
     for a, b in zip(cpu, gpu):
         np.testing.assert_allclose(b, a, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("num, group", [(1, 1), (3, 1), (2, 2)])
+def test_short_float32_forward_on_the_device_is_the_correctly_rounded_float64_one(num, group):
+    # the device's exact forward (float64 lowering, one batched matmul, the bias added in float64, one
+    # rounding): bit for bit the float64 result rounded to float32, as on the host; a forward that lowered
+    # or summed in float32 stayed within every parity tolerance
+    from caffe.layers import conv_base
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(num, 2, 9, 8)).astype(np.float32)
+    outs = []
+    for dtype, mode in ((np.float32, context.GPU), (np.float64, context.CPU)):
+        context.set_mode(mode)
+        try:
+            context.set_random_seed(3)
+            layer = create_layer(layer_param("Convolution", "convolution_param { num_output: 4 kernel_size: 3 "
+                                             "group: %d weight_filler { type: 'gaussian' std: 0.5 } "
+                                             "bias_filler { type: 'gaussian' std: 0.5 } }" % group))
+            bottom, top = blobs_from_arrays([x], dtype), empty_tops(1, dtype)
+            layer.SetUp(bottom, top)
+            assert layer.kernel_dim <= conv_base.EXACT_FORWARD_MAX_K
+            for b in layer.blobs:  # the same float32-representable parameters in both runs
+                b.data[...] = b.data.astype(np.float32)
+            layer.Forward(bottom, top)
+            outs.append(top[0].data.copy())
+        finally:
+            context.set_mode_cpu()
+    np.testing.assert_array_equal(outs[0], outs[1].astype(np.float32))
