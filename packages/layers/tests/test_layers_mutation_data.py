@@ -9,7 +9,7 @@ from hypothesis import example, given, strategies as st
 
 from caffe.blob import Blob, context
 from caffe.layers import LayerError
-from caffe.layers.data_transformer import array_to_datum
+from caffe.layers.data_transformer import DataError, array_to_datum
 from caffe.layers.testing import make_layer
 
 
@@ -941,3 +941,151 @@ def test_decode_gray_depths_and_alpha_like_opencv():
                                   [[[3]], [[2]], [[1]]])
     np.testing.assert_array_equal(decode_image_bytes(enc(Image.fromarray(v16[:, :1].astype(np.uint8), "L")),
                                                      force_gray=True), [[[0]]])
+
+
+def _mean_proto(tmp_path, shape, values=None, double=False, name="m.binaryproto"):
+    from caffe.proto import caffe_pb2
+    p = caffe_pb2.BlobProto()
+    p.shape.dim.extend(shape)
+    vals = np.arange(int(np.prod(shape)), dtype=np.float64) if values is None else values
+    (p.double_data if double else p.data).extend(vals.ravel().tolist())
+    path = tmp_path / name
+    path.write_bytes(p.SerializeToString())
+    return str(path)
+
+
+def test_load_mean_file_shapes_and_dtype(tmp_path):
+    """Caffe keeps channels x height x width: leading 1s (num) dropped down to 3 axes only, a 2-d blob is one
+    channel; double_data gives float32 like data."""
+    from caffe.layers.data_transformer import load_mean_file
+    for shape, want in [((1, 1, 4), (1, 1, 4)), ((1, 1, 1, 4), (1, 1, 4)), ((1, 1, 2, 3, 4), (2, 3, 4)),
+                        ((3, 4), (1, 3, 4)), ((1, 1, 1), (1, 1, 1))]:
+        got = load_mean_file(_mean_proto(tmp_path, shape))
+        assert got.shape == want, shape
+        np.testing.assert_array_equal(got.ravel(), np.arange(np.prod(shape)))
+    got = load_mean_file(_mean_proto(tmp_path, (2, 2), np.array([0.1, 0.2, 0.3, 1e-50]), double=True))
+    assert got.dtype == np.float32 and got.flags.c_contiguous
+    np.testing.assert_array_equal(got, np.array([[[0.1, 0.2], [0.3, 1e-50]]], np.float32))
+    with pytest.raises(DataError, match=r"^mean_file '.*m.binaryproto' holds a blob of shape \(2, 1, 3, 4\); "
+                                        r"expected \(1,\) C x H x W$"):
+        load_mean_file(_mean_proto(tmp_path, (2, 1, 3, 4)))
+
+
+def test_load_mean_file_too_big_names_the_format(tmp_path):
+    """A mean file over protobuf's 2 GiB (a sparse file: no disk used) is refused before reading, naming the
+    format whose limit it passes."""
+    from caffe.layers.data_transformer import load_mean_file
+    path = tmp_path / "huge.binaryproto"
+    with open(path, "wb") as f:
+        f.truncate((2 << 30) + 1)
+    with pytest.raises(DataError, match=r"^cannot read mean_file '.*huge.binaryproto': it is .*, more than the "
+                                        r"2\.0 GiB \(2147483647 bytes\) a BlobProto can hold$"):
+        load_mean_file(str(path))
+
+
+def _png_header_only(width, height):
+    """A gray PNG whose header declares width x height pixels but whose data holds almost none."""
+    import struct
+    import zlib
+
+    def chunk(kind, body):
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\0" * 8)) + chunk(b"IEND", b""))
+
+
+def test_decode_refuses_a_header_declaring_more_pixels_than_its_bytes_can_hold():
+    """The bound is 8256 pixels per byte plus 1 Mi pixels: at the bound the image is decoded (and here found
+    truncated); one row more is a corrupt header, refused before any allocation."""
+    pytest.importorskip("PIL.Image")
+    from caffe.layers.data_transformer import decode_image_bytes
+    n = len(_png_header_only(1, 1))  # the same length whatever the size declared
+    bound = 8256 * n + (1 << 20)
+    assert bound % 2 == 0
+    with pytest.raises(DataError) as at_bound:
+        decode_image_bytes(_png_header_only(bound // 2, 2))
+    assert "header" not in str(at_bound.value) and str(at_bound.value).startswith("image: cannot decode")
+    with pytest.raises(DataError, match=rf"^image: cannot decode the encoded image \({n} bytes\): it declares "
+                                        rf"{bound // 2 + 1}x2 pixels, more than so few bytes can encode: its "
+                                        rf"header is corrupt$"):
+        decode_image_bytes(_png_header_only(bound // 2 + 1, 2))
+    with pytest.raises(DataError, match=r"^image: cannot set both force_color and force_gray$"):
+        decode_image_bytes(_png_header_only(1, 1), force_color=True, force_gray=True)
+
+
+@pytest.mark.parametrize("cores, want", [(None, 1), (1, 1), (3, 3), (8, 8), (64, 8)])
+def test_decode_threads_one_per_core_at_most_8(monkeypatch, cores, want):
+    from caffe.layers.data_transformer import decode_threads
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    assert decode_threads() == want
+
+
+@pytest.mark.parametrize("threads, items, on_pool", [(1, 3, False), (2, 1, False), (2, 2, True), (3, 3, True)])
+def test_parallel_map_uses_the_decode_pool_for_two_items_or_more(monkeypatch, threads, items, on_pool):
+    """One item, or one decode thread: the caller's thread; else the decode pool of decode_threads() workers."""
+    import threading
+    from caffe.layers import base_data
+    monkeypatch.setattr(base_data, "decode_threads", lambda: threads)
+    monkeypatch.setattr(base_data, "_pool", None)  # a fresh pool, sized now (restored after the test)
+    try:
+        names = base_data.parallel_map(lambda x: (x, threading.current_thread().name), list(range(items)))
+        assert [x for x, _ in names] == list(range(items))
+        assert all(n.startswith("caffe-decode") == on_pool for _, n in names), names
+        if on_pool:
+            assert base_data._pool._max_workers == threads
+    finally:
+        if base_data._pool is not None:
+            base_data._pool.shutdown()
+
+
+def _mnist_like_lmdb(tmp_path, n=3):
+    from caffe.layers.db import write_db
+    path = str(tmp_path / "db")
+    write_db(path, [(f"{i:08d}", array_to_datum(np.full((1, 2, 2), i, np.uint8), i).SerializeToString())
+                    for i in range(n)])
+    return path
+
+
+def test_close_stops_the_prefetch_thread_and_closes_the_database(tmp_path):
+    """close() (Caffe's StopInternalThread) joins the thread, whose thread_end closes the database; close()
+    twice, or on a layer whose setup failed before its thread started, does nothing."""
+    from caffe.layers import db as dbmod
+    src = _mnist_like_lmdb(tmp_path)
+    layer = make_layer("Data", f'data_param {{ source: "{src}" batch_size: 2 backend: LMDB }}', name="d")
+    top = [Blob(), Blob()]
+    layer.SetUp([], top)
+    layer.Forward([], top)
+    assert layer._thread.is_alive() and layer._db is not None
+    layer.close()
+    assert not layer._thread.is_alive()
+    assert layer._db is None
+    assert not [k for k in dbmod._SharedLMDB._envs if k[1] == os.path.realpath(src)]
+    layer.close()
+    bad = make_layer("Data", 'data_param { batch_size: 2 }', name="d")
+    with pytest.raises(LayerError):
+        bad.SetUp([], [Blob(), Blob()])
+    bad.StopInternalThread()  # never started: nothing to stop
+
+
+def test_read_image_refuses_a_fifo_naming_it_an_image(tmp_path):
+    from caffe.layers.data_transformer import read_image
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("needs mkfifo")
+    fifo = tmp_path / "pipe.png"
+    os.mkfifo(fifo)
+    with pytest.raises(DataError, match=r"^image '.*pipe.png': Cannot read image '.*pipe.png': it is a FIFO"):
+        read_image(str(fifo))
+
+
+def test_transformer_rng_without_random_transforms_is_seeded_from_the_runtime():
+    """rng() (Caffe's Rand source) on a transformer that draws nothing itself: still a generator, seeded from
+    the runtime one (reproducible under set_random_seed), made once."""
+    from caffe.layers.data_transformer import DataTransformer
+    tf = DataTransformer()
+    context.set_random_seed(3)
+    g = tf.rng()
+    assert isinstance(g, np.random.Generator) and tf.rng() is g
+    first = g.integers(0, 2**31, size=4)
+    tf2 = DataTransformer()
+    context.set_random_seed(3)
+    np.testing.assert_array_equal(tf2.rng().integers(0, 2**31, size=4), first)
