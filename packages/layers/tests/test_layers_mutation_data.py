@@ -1089,3 +1089,28 @@ def test_transformer_rng_without_random_transforms_is_seeded_from_the_runtime():
     tf2 = DataTransformer()
     context.set_random_seed(3)
     np.testing.assert_array_equal(tf2.rng().integers(0, 2**31, size=4), first)
+
+
+def test_read_list_file_blank_lines_and_paths_as_caffe(tmp_path):
+    """A blank line is skipped (the lines after it still read); the path is everything before the last blank,
+    leading blanks included (Caffe: line.substr(0, find_last_of(' '))); a bad line is quoted whole."""
+    from caffe.layers.image_data_layer import read_list_file
+    src = tmp_path / "l.txt"
+    src.write_text("a.png 1\n\n  \n b c.png 2  \r\nd.png 3\n")
+    assert read_list_file(str(src)) == [("a.png", 1, 1), (" b c.png", 2, 4), ("d.png", 3, 5)]
+    src.write_text("a.png 1\nphotoX\n")
+    with pytest.raises(DataError, match=r"^list file '.*l.txt' line 2: expected 'path label' \(an integer label "
+                                        r"after the last space\), got 'photoX'$"):
+        read_list_file(str(src))
+
+
+def test_db_hints_an_lmdb_opened_as_leveldb_and_items_leaves_no_cursor(tmp_path):
+    from caffe.layers import db
+    src = _mnist_like_lmdb(tmp_path)
+    with pytest.raises(db.DBError, match=r"^'.*db' is not a LevelDB database: it has no CURRENT file \(it looks "
+                                         r"like an LMDB database: set backend: LMDB / -backend lmdb\)$"):
+        db.open_db(src, "leveldb")
+    with db.open_db(src, "lmdb") as d:
+        assert [k for k, _ in d.items()] == [b"00000000", b"00000001", b"00000002"]
+        assert len(list(d.items())) == 3 and d._cursors == []  # each walk's cursor closed and forgotten
+        assert d.count() == 3
