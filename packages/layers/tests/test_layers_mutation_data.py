@@ -1114,3 +1114,39 @@ def test_db_hints_an_lmdb_opened_as_leveldb_and_items_leaves_no_cursor(tmp_path)
         assert [k for k, _ in d.items()] == [b"00000000", b"00000001", b"00000002"]
         assert len(list(d.items())) == 3 and d._cursors == []  # each walk's cursor closed and forgotten
         assert d.count() == 3
+
+
+@pytest.mark.parametrize("rank, phase, extra, warned", [(1, "TRAIN", "", True), (2, "TRAIN", "", True),
+                                                        (0, "TRAIN", "", False), (1, "TEST", "", False),
+                                                        (1, "TRAIN", "rand_skip: 1", False),
+                                                        (1, "TRAIN", "shuffle: true", False)])
+def test_image_data_multi_gpu_warning(tmp_path, caplog, rank, phase, extra, warned):
+    """Caffe warns a TRAIN ImageData of a solver other than the first that reads in order (no shuffle, no
+    rand_skip): every GPU would see the same images."""
+    import logging
+    _image_list(tmp_path, 2)
+    count, old = context.solver_count(), context.solver_rank()
+    context.set_solver_count(3)
+    context.set_solver_rank(rank)
+    try:
+        layer = make_layer("ImageData", f'image_data_param {{ source: "{tmp_path}/l.txt" root_folder: '
+                                        f'"{tmp_path}/" batch_size: 1 {extra} }}', name="img",
+                           phase=0 if phase == "TRAIN" else 1)
+        with caplog.at_level(logging.WARNING, logger="caffe"):
+            layer.SetUp([], [Blob(), Blob()])
+        layer.close()
+    finally:
+        context.set_solver_rank(old)
+        context.set_solver_count(count)
+    got = [r.getMessage() for r in caplog.records if "multi-GPU" in r.getMessage()]
+    assert got == (["Layer 'img' (ImageData): shuffling or skipping recommended for multi-GPU"] if warned else [])
+
+
+def test_image_data_rand_skip_drawing_exactly_the_line_count_is_named(tmp_path):
+    _image_list(tmp_path, 2)
+    seed = next(s for s in range(100)
+                if (context.set_random_seed(s) or int(context.rng().integers(0, 2**32)) % 3 == 2))
+    context.set_random_seed(seed)
+    with pytest.raises(LayerError, match=r"^Layer 'img' \(ImageData\): rand_skip drew 2 but the list has only "
+                                         r"2 lines$"):
+        _image_layer(tmp_path, "rand_skip: 3").SetUp([], [Blob(), Blob()])
