@@ -1150,3 +1150,21 @@ def test_image_data_rand_skip_drawing_exactly_the_line_count_is_named(tmp_path):
     with pytest.raises(LayerError, match=r"^Layer 'img' \(ImageData\): rand_skip drew 2 but the list has only "
                                          r"2 lines$"):
         _image_layer(tmp_path, "rand_skip: 3").SetUp([], [Blob(), Blob()])
+
+
+@pytest.mark.parametrize("cols, rows, crop, square, mirror, win, context_pad", [
+    (6, 9, 8, True, False, (5, 8, 5, 8), 1),   # clipped at the right and bottom, not at the top/left
+    (9, 3, 5, True, True, (4, 2, 8, 2), 1),    # mirrored: the right padding on the left, rounding past crop
+    (8, 3, 6, False, False, (5, 0, 6, 0), 2),  # top padding and warped height rounding past crop
+])
+def test_window_warp_clipped_windows_match_caffe(cols, rows, crop, square, mirror, win, context_pad):
+    """Windows whose context reaches past the image's edges: the clipped region's size and the warped size
+    capped at crop - padding, as Caffe's window_data_layer.cpp (cases the derandomized draws miss)."""
+    layer = window_warper(crop, context_pad, square)
+    img = _SpyImage(cols, rows)
+    arr, pad_h, pad_w = layer._warp(img, [0, 1, 1.0, *win], mirror)
+    box, size, want_h, want_w = caffe_window_geometry(win, cols, rows, crop, context_pad, square, mirror)
+    assert (pad_h, pad_w) == (want_h, want_w)
+    x1, y1, x2, y2 = box
+    assert img.calls == [("crop", (x1, y1, x2 + 1, y2 + 1)), ("resize", size)]
+    assert arr.shape == (3, size[1], size[0])
