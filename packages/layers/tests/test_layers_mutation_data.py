@@ -1156,6 +1156,7 @@ def test_image_data_rand_skip_drawing_exactly_the_line_count_is_named(tmp_path):
     (6, 9, 8, True, False, (5, 8, 5, 8), 1),   # clipped at the right and bottom, not at the top/left
     (9, 3, 5, True, True, (4, 2, 8, 2), 1),    # mirrored: the right padding on the left, rounding past crop
     (8, 3, 6, False, False, (5, 0, 6, 0), 2),  # top padding and warped height rounding past crop
+    (5, 2, 7, True, False, (1, 1, 4, 1), 3),   # the top padding fills the crop: nothing left to warp (h 0)
 ])
 def test_window_warp_clipped_windows_match_caffe(cols, rows, crop, square, mirror, win, context_pad):
     """Windows whose context reaches past the image's edges: the clipped region's size and the warped size
@@ -1165,6 +1166,9 @@ def test_window_warp_clipped_windows_match_caffe(cols, rows, crop, square, mirro
     arr, pad_h, pad_w = layer._warp(img, [0, 1, 1.0, *win], mirror)
     box, size, want_h, want_w = caffe_window_geometry(win, cols, rows, crop, context_pad, square, mirror)
     assert (pad_h, pad_w) == (want_h, want_w)
+    if min(size) <= 0:
+        assert arr is None and img.calls == [] and size[0] > 0
+        return
     x1, y1, x2, y2 = box
     assert img.calls == [("crop", (x1, y1, x2 + 1, y2 + 1)), ("resize", size)]
     assert arr.shape == (3, size[1], size[0])
