@@ -1172,3 +1172,78 @@ def test_window_warp_clipped_windows_match_caffe(cols, rows, crop, square, mirro
     x1, y1, x2, y2 = box
     assert img.calls == [("crop", (x1, y1, x2 + 1, y2 + 1)), ("resize", size)]
     assert arr.shape == (3, size[1], size[0])
+
+
+def _records_db(tmp_path, values, backend="lmdb", name="rdb"):
+    from caffe.layers.db import write_db
+    path = str(tmp_path / name)
+    write_db(path, [(f"{i:08d}", v) for i, v in enumerate(values)], backend)
+    return path
+
+
+def _data_layer(src, batch=1, extra="", transform="", backend="LMDB"):
+    return make_layer("Data", f'data_param {{ source: "{src}" batch_size: {batch} backend: {backend} {extra} }} '
+                              f'transform_param {{ {transform} }}', name="d")
+
+
+def test_data_layer_setup_shapes_and_a_missing_source(tmp_path):
+    src = _records_db(tmp_path, [array_to_datum(np.zeros((3, 2, 5), np.uint8), 1).SerializeToString()])
+    layer = _data_layer(src, batch=4)
+    top = [Blob(), Blob()]
+    layer.SetUp([], top)
+    layer.close()
+    assert top[0].shape == (4, 3, 2, 5) and top[1].shape == (4,)
+    with pytest.raises(LayerError, match=r"^Layer 'd' \(Data\): data_param.source must name the database to "
+                                         r"read$"):
+        make_layer("Data", "data_param { batch_size: 2 }", name="d").SetUp([], [Blob()])
+    with pytest.raises(LayerError, match=r"^Layer 'd' \(Data\): record '00000000' of LMDB '.*rdb' is 2x5, smaller "
+                                         r"than crop_size 3$"):
+        _data_layer(src, transform="crop_size: 3").SetUp([], [Blob(), Blob()])
+
+
+def test_data_layer_force_encoded_color(tmp_path):
+    """DataParameter's deprecated force_encoded_color decodes gray records as BGR (unless transform_param
+    forces gray); without it an encoded gray record stays one channel."""
+    import io
+    Image = pytest.importorskip("PIL.Image")
+    from caffe.proto import caffe_pb2
+    buf = io.BytesIO()
+    Image.fromarray(np.array([[7, 9]], np.uint8), "L").save(buf, "PNG")
+    d = caffe_pb2.Datum(data=buf.getvalue(), encoded=True, label=3)
+    src = _records_db(tmp_path, [d.SerializeToString()])
+    for extra, transform, channels in [("", "", 1), ("force_encoded_color: true", "", 3),
+                                       ("force_encoded_color: true", "force_gray: true", 1)]:
+        layer = _data_layer(src, extra=extra, transform=transform)
+        top = [Blob(), Blob()]
+        layer.SetUp([], top)
+        layer.Forward([], top)
+        layer.close()
+        assert top[0].shape == (1, channels, 1, 2), (extra, transform)
+        np.testing.assert_array_equal(top[0].data[0, :, 0], [[7, 9]] * channels)
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "leveldb"])
+def test_data_layer_errors_name_the_record_and_the_database_kind(tmp_path, backend):
+    if backend == "leveldb":
+        pytest.importorskip("plyvel")
+    kind = {"lmdb": "LMDB", "leveldb": "LevelDB"}[backend]
+    src = _records_db(tmp_path, [b"\xff\xff\xff"], backend)
+    with pytest.raises(LayerError, match=rf"^Layer 'd' \(Data\): record '00000000' of {kind} '.*rdb' is not a "
+                                         rf"valid serialized Datum \(3 bytes\)"):
+        _data_layer(src, backend=backend.upper()).SetUp([], [Blob(), Blob()])
+    bad = array_to_datum(np.zeros((1, 2, 2), np.uint8))
+    bad.data = b"\0"  # 1 byte for a 1x2x2 shape: read on the per-record path
+    src2 = _records_db(tmp_path, [array_to_datum(np.zeros((1, 2, 2), np.uint8)).SerializeToString(),
+                                  bad.SerializeToString()], backend, name="rdb2")
+    src3 = _records_db(tmp_path, [array_to_datum(np.zeros((1, 2, 2), np.uint8)).SerializeToString(),
+                                  array_to_datum(np.zeros((1, 1, 1), np.uint8)).SerializeToString()], backend,
+                       name="rdb3")
+    for src, n, tail in [(src2, 2, r": Datum holds 1 bytes of data but its shape 1x2x2 needs 4$"),
+                         (src3, 3, r" is 1x1, smaller than crop_size 2$")]:
+        layer = _data_layer(src, backend=backend.upper(), transform="crop_size: 2")
+        top = [Blob(), Blob()]
+        layer.SetUp([], top)
+        layer.Forward([], top)
+        with pytest.raises(LayerError, match=rf"^Layer 'd' \(Data\): record '00000001' of {kind} '.*rdb{n}'{tail}"):
+            layer.Forward([], top)
+        layer.close()
