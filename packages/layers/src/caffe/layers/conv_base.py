@@ -386,7 +386,9 @@ class BaseConvolutionLayer(Layer):
             return "1x1"
         if self.num_spatial_axes != 2 or self.force_nd_im2col:
             return "batched"
-        return "direct" if conv_cpu.direct_fits(self) else "blocked"
+        if conv_cpu.direct_fits(self):
+            return "direct"
+        return "dense" if conv_cpu.dense_fits(self, dtype) else "blocked"
 
     def exact_forward(self, dtype) -> bool:
         """A float32 forward with dot products of at most EXACT_FORWARD_MAX_K terms goes in float64."""
@@ -409,6 +411,9 @@ class BaseConvolutionLayer(Layer):
             self._kept_col.pop(key, None)
             if plan == "direct":
                 conv_cpu.direct_forward(self, im, out, weight, bias)
+                return
+            if plan == "dense":
+                conv_cpu.dense_forward(self, im, out, weight, bias)
                 return
             col = conv_cpu.blocked_forward(self, im, out, weight, bias,
                                            keep=("col", keep) if keep is not None else None)
@@ -441,6 +446,9 @@ class BaseConvolutionLayer(Layer):
             kept_col = None
         if plan == "direct":
             conv_cpu.direct_backward(self, dout, weight, im, weight_diff, im_diff, bias_diff, fwd_out)
+            return
+        if plan == "dense":
+            conv_cpu.dense_backward(self, dout, weight, im, weight_diff, im_diff, bias_diff, fwd_out)
             return
         if plan != "batched":
             conv_cpu.blocked_backward(self, dout, weight, im, weight_diff, im_diff, bias_diff, fwd_out,
