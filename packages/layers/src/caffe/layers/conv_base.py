@@ -9,9 +9,11 @@ The weight blob is (C_out, C_in / group, *kernel); with group > 1 each group is 
 independent convolution over its own slice of channels.
 
 Plans (BaseConvolutionLayer.plan picks one per call):
-- "1x1", "direct", "blocked": the CPU's (caffe.layers.conv_cpu): Caffe's is_1x1 as a
-  plain GEMM on the blobs; a direct kernel for depthwise / small-group layers; and a
-  lowering cut into cache-sized blocks for the rest of the 2-D layers.
+- "1x1", "direct", "dense", "blocked": the CPU's (caffe.layers.conv_cpu): Caffe's is_1x1 as
+  a plain GEMM on the blobs; a direct kernel for depthwise / small-group layers; direct AVX2
+  kernels for float32 stride-1 layers where they measure faster (conv_cpu.dense_rule:
+  CIFAR10-quick, LeNet conv2's forward, GoogLeNet's 5x5); and a lowering cut into
+  cache-sized blocks for the rest of the 2-D layers.
 - "batched": the array-module-generic path, the GPU's (CuPy) and the one for N-d
   convolutions and force_nd_im2col. A whole batch is lowered at once (im2col in
   "batch layout": the column buffer is (C_in * prod(kernel), N * P) with the images
@@ -379,7 +381,7 @@ class BaseConvolutionLayer(Layer):
 
     # -- plans -------------------------------------------------------------------------------
     def plan(self, xp, dtype) -> str:
-        """"1x1", "direct" or "blocked" (the CPU's, conv_cpu) or "batched" (generic: GPU, N-d)."""
+        """"1x1", "direct", "dense" or "blocked" (the CPU's, conv_cpu) or "batched" (generic: GPU, N-d)."""
         if not (CPU_PATHS and xp is np and conv_cpu.fits(dtype)):
             return "batched"
         if self.is_1x1:

@@ -1,4 +1,4 @@
-"""Convolution's CPU plans: a 1x1 GEMM, a direct grouped kernel, a cache-blocked lowering.
+"""Convolution's CPU plans: a 1x1 GEMM, a direct grouped kernel, a direct dense kernel, a cache-blocked lowering.
 
 conv_base picks one per layer and call (BaseConvolutionLayer.plan); the generic batched
 path in conv_base stays the GPU's and the N-d one. Every plan computes the same three
@@ -15,6 +15,12 @@ fewer than ONE_BY_ONE_VIEW_COLS positions are copied side by side into one wider
 
 "direct" (group > 1 with at most DIRECT_MAX_PAIRS channel pairs per group: depthwise,
 MobileNet): the kernels of caffe.layers.kernels.depthwise, one (image, group) per OpenMP task.
+
+"dense" (float32, stride 1, dilation 1, kernel_dim past the exact path's, pad < kernel, a CPU with AVX2
+and FMA, and dense_rule's measured shapes): the kernels of caffe.layers.kernels.conv_direct_avx2, no
+lowering: the forward vectorized over 8 output x positions and blocked over 4 output channels, the
+bottom diff the same kernel on dout with the filters flipped and transposed, the weight diff a direct
+reduction; each product the rule does not name (dense_products) runs blocked. Sums are float32.
 
 "blocked" (the rest, 2-D): the output positions are cut into blocks (several whole
 images, or a band of output rows of one image) whose column buffer is about
