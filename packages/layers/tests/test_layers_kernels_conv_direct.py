@@ -220,7 +220,8 @@ def test_dense_plan_matches_the_batched_path(text, shape, deconv, mode):
     ("num_output: 64 kernel_size: 5 pad: 2", (2, 32, 8, 8), ("fwd", "data")),           # conv3
     ("num_output: 50 kernel_size: 5", (2, 20, 12, 12), ("fwd",)),                       # LeNet conv2
     ("num_output: 384 kernel_size: 3 pad: 1", (1, 256, 13, 13), ()),                    # CaffeNet conv3
-    ("num_output: 64 kernel_size: 3 pad: 1", (1, 64, 56, 56), ()),                      # ResNet-50 res2
+    ("num_output: 64 kernel_size: 3 pad: 1", (1, 64, 56, 56), ("fwd", "wgt", "data")),  # ResNet-50 res2
+    ("num_output: 128 kernel_size: 3 pad: 1", (1, 128, 28, 28), ()),                    # ResNet-50 res3
     ("num_output: 20 kernel_size: 5", (2, 1, 28, 28), ()),                              # LeNet conv1: exact path
     ("num_output: 8 kernel_size: 3 stride: 2 pad: 1", (2, 16, 9, 9), ()),               # stride 2
     ("num_output: 8 kernel_size: 3 dilation: 2", (2, 16, 9, 9), ()),                    # dilated

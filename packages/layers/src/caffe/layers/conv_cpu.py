@@ -351,17 +351,18 @@ def dense_products(layer, dtype=np.float32):
 
 
 # The measured rule (bench: packages/layers/bench/ab_conv_dense.py, one thread's CPU time, table in
-# bench/README.md). The dense kernels run at 45-55 GFLOP/s a thread (less where rows waste lanes: 13 or 7
-# wide); OpenBLAS's GEMM on the lowered buffer beats that once its M side (output channels per group) is
-# wide and the images are large, and the lowering costs little next to it. So dense where the GEMM is
-# skinny and the images small: forward when og <= DENSE_MAX_OG, kernel_dim <= DENSE_MAX_KD and the output
-# image at most DENSE_MAX_P positions; bottom diff (a forward with og and cg swapped) likewise on cg, og kh kw
-# <= 2 DENSE_MAX_KD and "same" padding (else the flipped kernel's padding is mostly zeros: LeNet conv2 is
-# 1.75x slower); weight diff only when og <= DENSE_WGT_MAX_OG (its reduction kernel runs at 30-40 GFLOP/s).
+# bench/README.md). The dense forward runs at 60-90 GFLOP/s a thread where rows fill the 8 lanes, less where
+# they do not (13, 14 or 7 wide); OpenBLAS's GEMM on the lowered buffer beats it once the GEMM's M side (the
+# output channels per group) is wide: 70-84 GFLOP/s past 64 channels (CaffeNet, ResNet-50 past res2,
+# GoogLeNet's 3x3s), 30-60 below, where the lowering costs as much as the GEMM. So: forward when
+# og <= DENSE_MAX_OG and kernel_dim <= DENSE_MAX_KD; bottom diff (a forward with og and cg swapped) on the
+# mirrored condition with "same" padding (else the flipped kernel's padding is mostly zeros: LeNet conv2's
+# pad 0 is 1.45x slower); weight diff where the forward is dense and output rows are at least
+# DENSE_WGT_MIN_OW wide (its reduction runs over rows padded to the image width: 8 of 12 lanes useful on
+# 8-wide rows, where it loses 1.3-1.65x).
 DENSE_MAX_OG = 64
 DENSE_MAX_KD = 1024
-DENSE_MAX_P = 1024
-DENSE_WGT_MAX_OG = 32
+DENSE_WGT_MIN_OW = 16
 
 
 def dense_rule(layer):
@@ -369,15 +370,13 @@ def dense_rule(layer):
     G = layer.group
     og, cg = layer.conv_out_channels // G, layer.conv_in_channels // G
     (kh, kw), (ph, pw) = g.kernel, g.pad
-    (H, W), (OH, OW) = g.im_shape, g.col_shape
-    kd = cg * kh * kw
+    OW = g.col_shape[1]
     out = []
-    if og <= DENSE_MAX_OG and kd <= DENSE_MAX_KD and OH * OW <= DENSE_MAX_P:
+    if og <= DENSE_MAX_OG and cg * kh * kw <= DENSE_MAX_KD:
         out.append("fwd")
-        if og <= DENSE_WGT_MAX_OG:
+        if OW >= DENSE_WGT_MIN_OW:
             out.append("wgt")
-    if (cg <= DENSE_MAX_OG and og * kh * kw <= 2 * DENSE_MAX_KD and H * W <= DENSE_MAX_P
-            and 2 * ph == kh - 1 and 2 * pw == kw - 1):
+    if cg <= DENSE_MAX_OG and og * kh * kw <= 2 * DENSE_MAX_KD and 2 * ph == kh - 1 and 2 * pw == kw - 1:
         out.append("data")
     return tuple(out)
 

@@ -241,30 +241,38 @@ cdef extern from *:
     }
 
     #if CD_X86
-    /* acc (R * T vectors in accm, kept across images) += R dy planes x the image plane at T tap offsets */
+    /* acc (R * T vectors in accm) += R dy planes x the image plane at T tap offsets, over nimg images */
     static inline __attribute__((always_inline)) CD_TARGET void cd_wgt_tile(
             const int R, const int T, const cd_geom* d, const float* xs, const float* dyb, const ptrdiff_t* off,
-            float* accm) {
+            float* accm, ptrdiff_t nimg, ptrdiff_t xstep, ptrdiff_t dystep) {
         __m256 acc[4][6], dv[4];
-        ptrdiff_t q, nq = d->nq, QS = d->QS;
+        ptrdiff_t q, n, nq = d->nq, QS = d->QS;
         int r, t;
         _Pragma("GCC unroll 8") for (r = 0; r < R; r++)
             _Pragma("GCC unroll 8") for (t = 0; t < T; t++) acc[r][t] = _mm256_loadu_ps(accm + (r * T + t) * 8);
-        for (q = 0; q < nq * 8; q += 8) {
-            _Pragma("GCC unroll 8") for (r = 0; r < R; r++) dv[r] = _mm256_loadu_ps(dyb + r * QS + q);
-            _Pragma("GCC unroll 8") for (t = 0; t < T; t++) {
-                __m256 v = _mm256_loadu_ps(xs + q + off[t]);
-                _Pragma("GCC unroll 8") for (r = 0; r < R; r++) acc[r][t] = _mm256_fmadd_ps(dv[r], v, acc[r][t]);
+        for (n = 0; n < nimg; n++, xs += xstep, dyb += dystep)
+            for (q = 0; q < nq * 8; q += 8) {
+                _Pragma("GCC unroll 8") for (r = 0; r < R; r++) {
+                    dv[r] = _mm256_loadu_ps(dyb + r * QS + q);
+                    __asm__("" : "+x"(dv[r]));
+                }
+                _Pragma("GCC unroll 8") for (t = 0; t < T; t++) {
+                    __m256 v = _mm256_loadu_ps(xs + q + off[t]);
+                    __asm__("" : "+x"(v));  /* one load feeding R FMAs, not R loads folded into them */
+                    _Pragma("GCC unroll 8") for (r = 0; r < R; r++)
+                        acc[r][t] = _mm256_fmadd_ps(dv[r], v, acc[r][t]);
+                }
             }
-        }
         _Pragma("GCC unroll 8") for (r = 0; r < R; r++)
             _Pragma("GCC unroll 8") for (t = 0; t < T; t++) _mm256_storeu_ps(accm + (r * T + t) * 8, acc[r][t]);
     }
 
-    #define CD_WGT_CASE(R, T) case (R) * 8 + (T): cd_wgt_tile(R, T, d, xs, dyb, off, accm); break;
+    #define CD_WGT_CASE(R, T) case (R) * 8 + (T): \
+        cd_wgt_tile(R, T, d, xs, dyb, off, accm, nimg, xstep, dystep); break;
 
     static CD_TARGET void cd_wgt_dispatch(int R, int T, const cd_geom* d, const float* xs, const float* dyb,
-                                          const ptrdiff_t* off, float* accm) {
+                                          const ptrdiff_t* off, float* accm, ptrdiff_t nimg, ptrdiff_t xstep,
+                                          ptrdiff_t dystep) {
         switch (R * 8 + T) {
             CD_WGT_CASE(1, 1) CD_WGT_CASE(1, 2) CD_WGT_CASE(1, 3) CD_WGT_CASE(1, 4) CD_WGT_CASE(1, 5) CD_WGT_CASE(1, 6)
             CD_WGT_CASE(2, 1) CD_WGT_CASE(2, 2) CD_WGT_CASE(2, 3) CD_WGT_CASE(2, 4) CD_WGT_CASE(2, 5) CD_WGT_CASE(2, 6)
@@ -273,13 +281,14 @@ cdef extern from *:
     }
     #else
     static void cd_wgt_dispatch(int R, int T, const cd_geom* d, const float* xs, const float* dyb,
-                                const ptrdiff_t* off, float* accm) {
-        ptrdiff_t q;
+                                const ptrdiff_t* off, float* accm, ptrdiff_t nimg, ptrdiff_t xstep, ptrdiff_t dystep) {
+        ptrdiff_t q, n;
         int r, t;
-        for (r = 0; r < R; r++)
-            for (t = 0; t < T; t++)
-                for (q = 0; q < d->nq * 8; q++)
-                    accm[(r * T + t) * 8] += dyb[r * d->QS + q] * xs[q + off[t]];
+        for (n = 0; n < nimg; n++)
+            for (r = 0; r < R; r++)
+                for (t = 0; t < T; t++)
+                    for (q = 0; q < d->nq * 8; q++)
+                        accm[(r * T + t) * 8] += dyb[n * dystep + r * d->QS + q] * xs[n * xstep + q + off[t]];
     }
     #endif
 
@@ -295,19 +304,22 @@ cdef extern from *:
     static void cd_wgt_task(const cd_geom* d, const float* xpad, const float* dypad, float* dw, float* accm,
                             ptrdiff_t n0, ptrdiff_t n1, ptrdiff_t g, ptrdiff_t b, ptrdiff_t c) {
         int R, T, r, t, l;
-        ptrdiff_t n, k0, K = d->kh * d->kw, Wf = d->W + 2 * d->pw, off[6];
+        ptrdiff_t k0, K = d->kh * d->kw, Wf = d->W + 2 * d->pw, off[6];
         cd_wgt_shape(d->kh, d->kw, &R, &T);
         ptrdiff_t o0 = b * R;
         if (d->og - o0 < R) R = (int)(d->og - o0);
         memset(accm, 0, (size_t)(K * R * 8) * sizeof(float));
-        for (n = n0; n < n1; n++) {
-            const float* xs = xpad + ((n - n0) * d->C + g * d->cg + c) * d->PS;
-            const float* dyb = dypad + ((n - n0) * d->Co + g * d->og + o0) * d->QS;
-            for (k0 = 0; k0 < K; k0 += T) {
-                int Tn = (int)(K - k0 < T ? K - k0 : T);
-                for (t = 0; t < Tn; t++) off[t] = ((k0 + t) / d->kw) * Wf + (k0 + t) % d->kw;
-                cd_wgt_dispatch(R, Tn, d, xs, dyb, off, accm + k0 * R * 8);
+        /* each run of taps keeps its accumulators in registers over all the chunk's images */
+        const float* xs = xpad + (g * d->cg + c) * d->PS;
+        const float* dyb = dypad + (g * d->og + o0) * d->QS;
+        ptrdiff_t i = 0, j = 0;
+        for (k0 = 0; k0 < K; k0 += T) {
+            int Tn = (int)(K - k0 < T ? K - k0 : T);
+            for (t = 0; t < Tn; t++) {
+                off[t] = i * Wf + j;
+                if (++j == d->kw) { j = 0; i++; }
             }
+            cd_wgt_dispatch(R, Tn, d, xs, dyb, off, accm + k0 * R * 8, n1 - n0, d->C * d->PS, d->Co * d->QS);
         }
         for (k0 = 0; k0 < K; k0 += T) {
             int Tn = (int)(K - k0 < T ? K - k0 : T);
