@@ -235,3 +235,12 @@ def test_dense_rule(text, shape, products):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(conv_cpu, "DENSE", "off")
         assert layer.plan(np, np.float32) == "blocked"
+
+
+def test_weight_diff_over_many_images():
+    """More images than one float32 accumulation holds (8): the groups' sums meet in float64."""
+    g = dict(N=19, G=1, cg=2, og=5, kh=3, kw=3, ph=1, pw=0, H=5, W=9, seed=7)
+    x, w, b, dy, args = _arrays(g)
+    dw = np.zeros(w.shape, np.float32)
+    cd.backward_weight(x.reshape(-1), dy.reshape(-1), dw.reshape(-1), *args)
+    assert_close(dw, ref_weight(x, dy, 3, 3, 1, 0, 1), ref_weight(np.abs(x), np.abs(dy), 3, 3, 1, 0, 1))

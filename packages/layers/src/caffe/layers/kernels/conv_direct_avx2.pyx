@@ -20,11 +20,12 @@ rows of 8 or 13 outputs still fill it) times a block of 4 output channels: 12 ac
 (c, i, j) 3 input loads and 4 broadcasts feed 12 FMAs. The last vector of a row is stored masked
 when OW is not a multiple of 8.
 
-backward_weight: the batch is padded in chunks of about CHUNK_BYTES; a task (group, block of R
-output channels, input channel c) keeps R x T accumulator vectors (T taps along j) per (i, run
-of taps) in a small scratch array across the images of its chunk, reading 8 positions of dy (R
-loads, masked at a row's end, so lanes past OW add nothing) and T shifted input vectors per
-step: R * T FMAs. Sums are float32 (vectors over a chunk, then one horizontal sum added to dw).
+backward_weight: the batch is copied in chunks of about CHUNK_BYTES into flat planes: image rows
+W + 2 pw wide, and dy rows as wide (zero past OW), so the sum over positions is one run and tap
+(i, j) reads the image at the constant offset i (W + 2 pw) + j. A task (group, block of R output
+channels, input channel c) keeps R x T accumulator vectors (a run of T of the kh kw taps) in
+registers over up to 8 images, each step loading R vectors of dy and T shifted image vectors for
+R * T FMAs. Sums are float32 over those images, then float64 (added to dw, rounded once).
 
 On a CPU without AVX2 and FMA (supported() is False) or a compiler other than x86-64 GCC/Clang
 the kernels are plain C loops with the same results up to rounding; conv_cpu chooses this plan
@@ -300,35 +301,43 @@ cdef extern from *:
     }
 
     /* task (g, channel block b of R, input channel c) over images n0..n1-1 (xpad, dypad: their flat planes,
-       all channels); accm: scratch for kh kw R vectors. */
+       all channels); accm: scratch for kh kw R vectors of floats, then as many of doubles. The float
+       accumulators sum over at most WGT_IMAGES images at a time, their lanes are then added in float64. */
+    #define CD_WGT_IMAGES 8
     static void cd_wgt_task(const cd_geom* d, const float* xpad, const float* dypad, float* dw, float* accm,
                             ptrdiff_t n0, ptrdiff_t n1, ptrdiff_t g, ptrdiff_t b, ptrdiff_t c) {
-        int R, T, r, t, l;
-        ptrdiff_t k0, K = d->kh * d->kw, Wf = d->W + 2 * d->pw, off[6];
+        int R, T, t;
+        ptrdiff_t k0, l, m0, K = d->kh * d->kw, Wf = d->W + 2 * d->pw, off[6];
         cd_wgt_shape(d->kh, d->kw, &R, &T);
         ptrdiff_t o0 = b * R;
         if (d->og - o0 < R) R = (int)(d->og - o0);
-        memset(accm, 0, (size_t)(K * R * 8) * sizeof(float));
-        /* each run of taps keeps its accumulators in registers over all the chunk's images */
-        const float* xs = xpad + (g * d->cg + c) * d->PS;
-        const float* dyb = dypad + (g * d->og + o0) * d->QS;
-        ptrdiff_t i = 0, j = 0;
-        for (k0 = 0; k0 < K; k0 += T) {
-            int Tn = (int)(K - k0 < T ? K - k0 : T);
-            for (t = 0; t < Tn; t++) {
-                off[t] = i * Wf + j;
-                if (++j == d->kw) { j = 0; i++; }
+        double* accd = (double*)(accm + K * 4 * 8);  /* after room for the widest block (R <= 3 < 4) */
+        memset(accd, 0, (size_t)(K * R * 8) * sizeof(double));
+        for (m0 = n0; m0 < n1; m0 += CD_WGT_IMAGES) {
+            ptrdiff_t m1 = m0 + CD_WGT_IMAGES < n1 ? m0 + CD_WGT_IMAGES : n1;
+            const float* xs = xpad + ((m0 - n0) * d->C + g * d->cg + c) * d->PS;
+            const float* dyb = dypad + ((m0 - n0) * d->Co + g * d->og + o0) * d->QS;
+            ptrdiff_t i = 0, j = 0;
+            memset(accm, 0, (size_t)(K * R * 8) * sizeof(float));
+            for (k0 = 0; k0 < K; k0 += T) {  /* each run of taps keeps its accumulators in registers */
+                int Tn = (int)(K - k0 < T ? K - k0 : T);
+                for (t = 0; t < Tn; t++) {
+                    off[t] = i * Wf + j;
+                    if (++j == d->kw) { j = 0; i++; }
+                }
+                cd_wgt_dispatch(R, Tn, d, xs, dyb, off, accm + k0 * R * 8, m1 - m0, d->C * d->PS, d->Co * d->QS);
             }
-            cd_wgt_dispatch(R, Tn, d, xs, dyb, off, accm + k0 * R * 8, n1 - n0, d->C * d->PS, d->Co * d->QS);
+            for (l = 0; l < K * R * 8; l++) accd[l] += accm[l];
         }
         for (k0 = 0; k0 < K; k0 += T) {
-            int Tn = (int)(K - k0 < T ? K - k0 : T);
-            const float* a = accm + k0 * R * 8;
+            int Tn = (int)(K - k0 < T ? K - k0 : T), r, q;
+            const double* a = accd + k0 * R * 8;
             for (r = 0; r < R; r++)
                 for (t = 0; t < Tn; t++) {
-                    float s = 0.0f;
-                    for (l = 0; l < 8; l++) s += a[(r * Tn + t) * 8 + l];
-                    dw[((g * d->og + o0 + r) * d->cg + c) * K + k0 + t] += s;
+                    double sum = 0.0;
+                    for (q = 0; q < 8; q++) sum += a[(r * Tn + t) * 8 + q];
+                    float* o = dw + ((g * d->og + o0 + r) * d->cg + c) * K + k0 + t;
+                    *o = (float)((double)*o + sum);
                 }
         }
     }
@@ -465,7 +474,7 @@ def backward_weight(const float[::1] x, const float[::1] dy, float[::1] dw,
                     cd_pad_flat(&d, xs + (n0 + i) * C * H * W, xpad + i * C * d.PS, C)
                     cd_dy_flat(&d, dys + (n0 + i) * Co * OH * OW, dypad + i * Co * d.QS, Co)
             with nogil, parallel(num_threads=nt):
-                accm = <float*>malloc(kh * kw * R * 8 * sizeof(float))
+                accm = <float*>malloc(kh * kw * 4 * 8 * (sizeof(float) + sizeof(double)))
                 if accm == NULL:
                     with gil:
                         raise MemoryError()
