@@ -85,3 +85,17 @@ def test_init_log_attaches_to_the_caffe_logger_only():
     finally:
         caffe_log.removeHandler(handler)
         caffe_log.setLevel(old_level)
+
+
+def test_a_fresh_solver_has_no_losses_and_smooths_from_zero(tmp_path):
+    # pycaffe reads solver.losses / smoothed_loss, and may call UpdateSmoothedLoss, before any step
+    pytest.importorskip("caffe.net", reason="caffe-net (caffe.net.Net) is not installed")
+    from caffe.solver import Solver
+    from caffe.solver.testing import least_squares_net, solver_param
+    s = Solver(solver_param(least_squares_net(2, 2), type="SGD", base_lr=0.01, lr_policy="fixed", display=0,
+                            average_loss=3, snapshot_prefix=str(tmp_path / "f"), snapshot_after_train=False))
+    assert s.losses == [] and s.smoothed_loss == 0.0
+    assert type(s.smoothed_loss) is float
+    s.UpdateSmoothedLoss(2.0, 0, 3)
+    s.UpdateSmoothedLoss(4.0, 0, 3)
+    assert s.losses == [2.0, 4.0] and s.smoothed_loss == 3.0
