@@ -99,3 +99,9 @@ def test_a_fresh_solver_has_no_losses_and_smooths_from_zero(tmp_path):
     s.UpdateSmoothedLoss(2.0, 0, 3)
     s.UpdateSmoothedLoss(4.0, 0, 3)
     assert s.losses == [2.0, 4.0] and s.smoothed_loss == 3.0
+
+
+def test_a_solver_of_something_else_names_what_it_got():
+    from caffe.solver import Solver
+    with pytest.raises(TypeError, match=r"a solver needs a SolverParameter or the path of a solver prototxt, got int$"):
+        Solver(42)
