@@ -105,3 +105,20 @@ def test_a_solver_of_something_else_names_what_it_got():
     from caffe.solver import Solver
     with pytest.raises(TypeError, match=r"a solver needs a SolverParameter or the path of a solver prototxt, got int$"):
         Solver(42)
+
+
+def test_the_solver_computes_its_learning_rate_in_the_net_s_type(tmp_path):
+    # Caffe's GetLearningRate works in Dtype (float): the rate of 'inv' in float64 differs in its last digits
+    # (the first solver run's survivor SGDSolver.GetLearningRate 5: the rate computed in float64)
+    pytest.importorskip("caffe.net", reason="caffe-net (caffe.net.Net) is not installed")
+    import numpy as np
+
+    from caffe.solver import Solver
+    from caffe.solver.lr_policy import learning_rate
+    from caffe.solver.testing import least_squares_net, solver_param
+    s = Solver(solver_param(least_squares_net(2, 2), type="SGD", base_lr=0.01, lr_policy="inv", gamma=0.0001,
+                            power=0.75, display=0, snapshot_prefix=str(tmp_path / "lr"), snapshot_after_train=False))
+    s.iter = 7
+    rate = s.GetLearningRate()
+    assert type(rate) is np.float32 and rate == learning_rate(s.param, 7, 0, np.float32)[0]
+    assert s.lr == float(learning_rate(s.param, 7, 0, np.float32)[0]) != float(learning_rate(s.param, 7, 0, np.float64)[0])
