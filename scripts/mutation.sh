@@ -17,7 +17,8 @@
 #   MUTATION_DIR     work folder (default: .mutation/PACKAGE, git-ignored); starts afresh unless
 #                    MUTATION_RESUME=1 (then an interrupted run continues where it stopped)
 #   MUTATION_RETEST=1  run only the previous run's survivors again, against the package's current tests
-#                    (after adding tests that should kill them); the MODULE arguments are then ignored
+#                    (after adding tests that should kill them); the MODULE arguments are then ignored (the
+#                    run's own module list, in the work folder's pyproject.toml, is kept)
 #
 # The device path: CAFFE_CUPY_STANDIN=1 MUTATION_TESTS="tests -m gpu" runs the gpu-marked tests under the
 # CuPy stand-in, as CI's second run. Both reach mutmut's test runs (checked: the record of which tests reach
@@ -34,7 +35,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
-[ $# -ge 1 ] || { sed -n '2,25p' "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,26p' "$0"; exit 2; }
 pkg=$1
 shift
 src="packages/$pkg/src"
@@ -45,6 +46,7 @@ done
 tests=${MUTATION_TESTS:-tests}
 jobs=${MUTATION_JOBS:-$(nproc)}
 work=${MUTATION_DIR:-$repo/.mutation/$pkg}
+case $work in /*) ;; *) work=$repo/$work ;; esac  # the checks below run from other folders
 
 [ -x .venv/bin/python ] || bash scripts/install.sh
 py=$repo/.venv/bin/python
@@ -60,12 +62,17 @@ if [ "${MUTATION_RETEST:-0}" = 1 ]; then
     # the current sources too (mtimes kept): mutmut copies the changed unmutated modules the new tests may
     # need; a mutated module that changed gets new mutants, so its old survivors' names may no longer match
     changed=$(cd "$src" && for f in $(find . -name '*.py' | sed 's|^\./||'); do
-                  [ "$f" -nt "$work/mutants/src/$f" ] && echo "$f"; done || true)
-    [ -z "$changed" ] || echo "mutation.sh: changed since the run (mutants of a changed mutated module are" \
-                              "regenerated: retest it afresh instead):" $changed
+                  cmp -s "$f" "$work/src/$f" || echo "$f"; done || true)
+    [ -z "$changed" ] || echo "mutation.sh: changed since the run (in a mutated module, a changed function's" \
+                              "mutants are made anew: old survivor names may name other mutants, and its" \
+                              "other mutants are left unchecked):" $changed
     # and which tests reach which function recorded afresh: mutmut re-traces only tests with new names, so
     # a test changed since the run would not be run against the mutants it now reaches
     rm -rf "$work/src" "$work/tests" "$work/mutants/tests" "$work/mutants/mutmut-stats.json"
+    # mutmut copies a source file into mutants/ only when it is not there yet (.py modules are refreshed
+    # when mutants are made, the rest is not): drop the rest (compiled kernels, .pxi), so the current build
+    # is copied, not the one of the run (kernels older than the tests fail the clean run)
+    find "$work/mutants/src" -type f ! -name '*.py' ! -name '*.py.meta' ! -name '*.py.spans' -delete
     cp -a "$src" "$work/src"
     cp -a "packages/$pkg/tests" "$work/tests"
 else
@@ -81,9 +88,18 @@ fi
 find "$work/src" "$work/tests" \( -name __pycache__ -o -name .hypothesis \) -prune -exec rm -rf {} +
 
 "$py" - "$work" "$tests" "$@" <<'PY'
-import json, sys
+import json, os, sys, tomllib
 work, tests, modules = sys.argv[1], sys.argv[2].split(), sys.argv[3:]
 only = [f"src/{m}" for m in modules]
+if os.environ.get("MUTATION_RETEST") == "1" and os.path.exists(f"{work}/pyproject.toml"):
+    # a retest mutates what the run mutated: an empty only_mutate would mutate every module of the package
+    # (each changed source, by mtime, regenerated: minutes of generation and trampolines in every module)
+    only = tomllib.load(open(f"{work}/pyproject.toml", "rb"))["tool"]["mutmut"].get("only_mutate", [])
+    if not only:  # written empty by a retest before this rule: the modules with results are the run's
+        import glob
+        for meta in sorted(glob.glob(f"{work}/mutants/src/**/*.py.meta", recursive=True)):
+            if any(v is not None for v in json.load(open(meta)).get("exit_code_by_key", {}).values()):
+                only.append(meta[len(f"{work}/mutants/"):-len(".meta")])
 lines = [
     "[tool.mutmut]",
     'source_paths = ["src"]',

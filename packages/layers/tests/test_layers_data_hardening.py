@@ -88,9 +88,12 @@ def test_corrupt_lmdb_page_names_the_database_and_the_layer(tmp_path):
     layer = make_layer("Data", f'data_param {{ source: "{path}" batch_size: 64 backend: LMDB }}', phase=1)
     top = [Blob(), Blob()]
     layer.SetUp([], top)
-    with pytest.raises(LayerError, match=rf"Layer '\w+' \(Data\): LMDB database '{path}' is corrupt"):
-        for _ in range(20):
-            layer.Forward([], top)
+    try:
+        with pytest.raises(LayerError, match=rf"Layer '\w+' \(Data\): LMDB database '{path}' is corrupt"):
+            for _ in range(20):
+                layer.Forward([], top)
+    finally:  # stop the prefetch thread: left running, it outlives the test (and races mutmut's tracer)
+        layer.close()
 
 
 def _h5(path, **datasets):

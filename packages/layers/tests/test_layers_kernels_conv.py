@@ -298,7 +298,7 @@ def test_blocks_cover_every_output_once_in_order(num, OH, OW, rows, itemsize, lo
     ("num_output: 6 kernel_size: 1 pad: 1", (2, 4, 5, 3), "blocked"),
     ("num_output: 4 kernel_size: 3 pad: 1 group: 4", (2, 4, 5, 3), "direct"),
     ("num_output: 8 kernel_size: 3 stride: 2 group: 4", (2, 4, 5, 3), "direct"),
-    ("num_output: 64 kernel_size: 3 group: 2", (1, 64, 5, 3), "blocked"),   # 32 x 32 channels per group
+    ("num_output: 64 kernel_size: 3 stride: 2 group: 2", (1, 64, 5, 3), "blocked"),  # 32 x 32 per group (stride 1: dense)
     ("num_output: 4 kernel_size: 3 force_nd_im2col: true group: 4", (2, 4, 5, 3), "batched"),
     ("num_output: 4 kernel_size: 3", (2, 4, 5, 3, 3), "batched"),            # 3-D
     ("num_output: 4 kernel_size: 1", (2, 4, 5, 3, 3), "1x1"),                # 3-D 1x1

@@ -1,4 +1,5 @@
-"""Mutation survivors (docs/MUTATION.md: layers-11 to layers-13, and the leftovers of layers-5, -7, -8):
+"""Mutation survivors (docs/MUTATION.md: layers-11 to layers-13, the leftovers of layers-5, -7, -8, and the
+retests of the earlier groups):
 behaviour the earlier tests did not pin down."""
 import numpy as np
 import pytest
@@ -111,6 +112,120 @@ def test_stochastic_train_window_without_a_hit_takes_its_own_last_element():
     pooling.stochastic_forward_train(np, spec, x, y, idx, uniform)
     assert idx.ravel().tolist() == [0, 3, 4]
     assert y.ravel().tolist() == [-1.0, -4.0, -5.0]
+
+
+# -- layers-5 (retest): Bias and Scale without the kernels, a reloaded Scale's bias, one draw per window ----
+
+_CHANNELWISE_CASES = [
+    ("Bias", "bias_param { axis: 1 num_axes: 1 filler { type: 'gaussian' } }", 1),
+    ("Bias", "bias_param { axis: 1 }", 2),
+    ("Scale", "scale_param { axis: 1 num_axes: 1 filler { type: 'gaussian' } bias_term: true "
+              "bias_filler { type: 'gaussian' } }", 1),
+    ("Scale", "scale_param { axis: 1 bias_term: true bias_filler { type: 'gaussian' } }", 2),
+]
+
+
+def _channelwise_run(type_name, text, n_bottom, dtype):
+    rng = np.random.default_rng(5)
+    arrays = [rng.normal(size=(2, 3, 4)), rng.normal(size=(3, 4))][:n_bottom]
+    context.set_random_seed(9)
+    layer = make_layer(type_name, text)
+    bottom, top = run_forward(layer, arrays, dtype=dtype)
+    top[0].diff[...] = rng.normal(size=top[0].shape)
+    layer.Backward(top, [True] * n_bottom, bottom)
+    return [top[0].data.copy()] + [b.diff.copy() for b in bottom] + [p.diff.copy() for p in layer.blobs]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("type_name, text, n_bottom", _CHANNELWISE_CASES)
+def test_bias_and_scale_without_the_kernels_match_the_kernels(monkeypatch, type_name, text, n_bottom, dtype):
+    """The CPU path without the compiled channelwise kernels (forward_xp/backward_xp on NumPy) computes
+    what the kernels compute: top, bottom diffs and parameter diffs."""
+    from caffe.layers import _cpu
+    want = _channelwise_run(type_name, text, n_bottom, dtype)
+    monkeypatch.setattr(_cpu, "channelwise", None)
+    got = _channelwise_run(type_name, text, n_bottom, dtype)
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=tol, atol=tol)
+
+
+def test_bias_generic_backward_touches_only_what_was_asked(monkeypatch):
+    """BiasLayer::Backward on the generic path (the GPU's; the CPU's without the kernels): the bottom diff
+    only with propagate_down[0], the learned bias's diff only with param_propagate_down(0), a second
+    bottom's diff only with propagate_down[1]."""
+    from caffe.layers import _cpu
+    monkeypatch.setattr(_cpu, "channelwise", None)
+    rng = np.random.default_rng(0)
+    x, dy = rng.normal(size=(2, 3, 4)), rng.normal(size=(2, 3, 4))
+    layer = make_layer("Bias", "bias_param { axis: 1 num_axes: 1 }")
+    bottom, top = run_forward(layer, [x])
+    top[0].diff[...] = dy
+    layer.set_param_propagate_down(0, False)
+    layer.Backward(top, [True], bottom)
+    np.testing.assert_array_equal(bottom[0].diff, dy)
+    assert not layer.blobs[0].diff.any()
+    bottom[0].diff[...] = 0
+    layer.set_param_propagate_down(0, True)
+    layer.Backward(top, [False], bottom)
+    assert not bottom[0].diff.any()
+    np.testing.assert_allclose(layer.blobs[0].diff, dy.sum(axis=(0, 2)))
+    layer = make_layer("Bias", "bias_param { axis: 1 }")
+    bottom, top = run_forward(layer, [x, rng.normal(size=(3, 4))])
+    top[0].diff[...] = dy
+    layer.Backward(top, [True, False], bottom)
+    np.testing.assert_array_equal(bottom[0].diff, dy)
+    assert not bottom[1].diff.any()
+
+
+@pytest.mark.parametrize("n_bottom", [1, 2])
+def test_scale_reloaded_with_its_bias_keeps_the_bias_and_its_own_propagate_flag(n_bottom):
+    """A Scale with bias_term loaded from a caffemodel (its bias among the stored blobs: the last one,
+    also with two bottoms, where it is the only one) computes as the original; the bias's diff follows
+    param_propagate_down of the bias's own index, not the scale's."""
+    rng = np.random.default_rng(4)
+    x, s = rng.normal(size=(2, 3, 4)), rng.normal(size=(3,))
+    text = ("scale_param { axis: 1 num_axes: 1 filler { type: 'gaussian' } bias_term: true "
+            "bias_filler { type: 'gaussian' } }")
+    arrays = [x, s][:n_bottom]
+    a = make_layer("Scale", text)
+    _, top_a = run_forward(a, arrays)
+    b = create_layer(a.to_proto())
+    assert len(b.blobs) == len(a.blobs) == 3 - n_bottom
+    bottom, top = run_forward(b, arrays)
+    np.testing.assert_allclose(top[0].data, top_a[0].data, rtol=1e-6)  # blobs stored as float
+    if n_bottom == 2:
+        return
+    top[0].diff[...] = dy = rng.normal(size=x.shape)
+    for scale_flag, bias_flag in ((False, True), (True, False)):
+        for p in b.blobs:
+            p.diff[...] = 0
+        b.set_param_propagate_down(0, scale_flag)
+        b.set_param_propagate_down(1, bias_flag)
+        b.Backward(top, [False], bottom)
+        want_s = (dy * x).sum(axis=(0, 2)) if scale_flag else np.zeros(3)
+        want_b = dy.sum(axis=(0, 2)) if bias_flag else np.zeros(3)
+        np.testing.assert_allclose(b.blobs[0].diff, want_s, atol=1e-12)
+        np.testing.assert_allclose(b.blobs[1].diff, want_b, atol=1e-12)
+
+
+def test_stochastic_train_draws_one_uniform_per_window():
+    """Caffe's StoPoolForwardTrain draws one uniform per top element: each window takes the first element
+    whose running sum reaches draw * window sum, with its own draw."""
+    x = np.random.default_rng(2).uniform(0.1, 1.0, size=(2, 2, 6, 6))
+    layer = make_layer("Pooling", "pooling_param { pool: STOCHASTIC kernel_size: 2 stride: 2 }", phase=0)
+    bottom, top = blobs_from_arrays([x]), empty_tops(1)
+    layer.SetUp(bottom, top)
+    context.set_random_seed(11)
+    layer.Forward(bottom, top)
+    context.set_random_seed(11)
+    u = context.rng().random(top[0].shape)
+    want = np.empty(top[0].shape)
+    for n, c, i, j in np.ndindex(*want.shape):
+        win = x[n, c, 2 * i:2 * i + 2, 2 * j:2 * j + 2].ravel()
+        want[n, c, i, j] = win[np.argmax(np.cumsum(win) >= u[n, c, i, j] * win.sum())]
+    np.testing.assert_array_equal(top[0].data, want)
 
 
 # -- layers-11: LRN's scratch buffers follow the blobs' dtype --------------------------------------------

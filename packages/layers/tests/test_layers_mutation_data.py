@@ -9,7 +9,7 @@ from hypothesis import example, given, strategies as st
 
 from caffe.blob import Blob, context
 from caffe.layers import LayerError
-from caffe.layers.data_transformer import array_to_datum
+from caffe.layers.data_transformer import DataError, array_to_datum
 from caffe.layers.testing import make_layer
 
 
@@ -941,3 +941,309 @@ def test_decode_gray_depths_and_alpha_like_opencv():
                                   [[[3]], [[2]], [[1]]])
     np.testing.assert_array_equal(decode_image_bytes(enc(Image.fromarray(v16[:, :1].astype(np.uint8), "L")),
                                                      force_gray=True), [[[0]]])
+
+
+def _mean_proto(tmp_path, shape, values=None, double=False, name="m.binaryproto"):
+    from caffe.proto import caffe_pb2
+    p = caffe_pb2.BlobProto()
+    p.shape.dim.extend(shape)
+    vals = np.arange(int(np.prod(shape)), dtype=np.float64) if values is None else values
+    (p.double_data if double else p.data).extend(vals.ravel().tolist())
+    path = tmp_path / name
+    path.write_bytes(p.SerializeToString())
+    return str(path)
+
+
+def test_load_mean_file_shapes_and_dtype(tmp_path):
+    """Caffe keeps channels x height x width: leading 1s (num) dropped down to 3 axes only, a 2-d blob is one
+    channel; double_data gives float32 like data."""
+    from caffe.layers.data_transformer import load_mean_file
+    for shape, want in [((1, 1, 4), (1, 1, 4)), ((1, 1, 1, 4), (1, 1, 4)), ((1, 1, 2, 3, 4), (2, 3, 4)),
+                        ((3, 4), (1, 3, 4)), ((1, 1, 1), (1, 1, 1))]:
+        got = load_mean_file(_mean_proto(tmp_path, shape))
+        assert got.shape == want, shape
+        np.testing.assert_array_equal(got.ravel(), np.arange(np.prod(shape)))
+    got = load_mean_file(_mean_proto(tmp_path, (2, 2), np.array([0.1, 0.2, 0.3, 1e-50]), double=True))
+    assert got.dtype == np.float32 and got.flags.c_contiguous
+    np.testing.assert_array_equal(got, np.array([[[0.1, 0.2], [0.3, 1e-50]]], np.float32))
+    with pytest.raises(DataError, match=r"^mean_file '.*m.binaryproto' holds a blob of shape \(2, 1, 3, 4\); "
+                                        r"expected \(1,\) C x H x W$"):
+        load_mean_file(_mean_proto(tmp_path, (2, 1, 3, 4)))
+
+
+def test_load_mean_file_too_big_names_the_format(tmp_path):
+    """A mean file over protobuf's 2 GiB (a sparse file: no disk used) is refused before reading, naming the
+    format whose limit it passes."""
+    from caffe.layers.data_transformer import load_mean_file
+    path = tmp_path / "huge.binaryproto"
+    with open(path, "wb") as f:
+        f.truncate((2 << 30) + 1)
+    with pytest.raises(DataError, match=r"^cannot read mean_file '.*huge.binaryproto': it is .*, more than the "
+                                        r"2\.0 GiB \(2147483647 bytes\) a BlobProto can hold$"):
+        load_mean_file(str(path))
+
+
+def _png_header_only(width, height):
+    """A gray PNG whose header declares width x height pixels but whose data holds almost none."""
+    import struct
+    import zlib
+
+    def chunk(kind, body):
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\0" * 8)) + chunk(b"IEND", b""))
+
+
+def test_decode_refuses_a_header_declaring_more_pixels_than_its_bytes_can_hold():
+    """The bound is 8256 pixels per byte plus 1 Mi pixels: at the bound the image is decoded (and here found
+    truncated); one row more is a corrupt header, refused before any allocation."""
+    pytest.importorskip("PIL.Image")
+    from caffe.layers.data_transformer import decode_image_bytes
+    n = len(_png_header_only(1, 1))  # the same length whatever the size declared
+    bound = 8256 * n + (1 << 20)
+    assert bound % 2 == 0
+    with pytest.raises(DataError) as at_bound:
+        decode_image_bytes(_png_header_only(bound // 2, 2))
+    assert "header" not in str(at_bound.value) and str(at_bound.value).startswith("image: cannot decode")
+    with pytest.raises(DataError, match=rf"^image: cannot decode the encoded image \({n} bytes\): it declares "
+                                        rf"{bound // 2 + 1}x2 pixels, more than so few bytes can encode: its "
+                                        rf"header is corrupt$"):
+        decode_image_bytes(_png_header_only(bound // 2 + 1, 2))
+    with pytest.raises(DataError, match=r"^image: cannot set both force_color and force_gray$"):
+        decode_image_bytes(_png_header_only(1, 1), force_color=True, force_gray=True)
+
+
+@pytest.mark.parametrize("cores, want", [(None, 1), (1, 1), (3, 3), (8, 8), (64, 8)])
+def test_decode_threads_one_per_core_at_most_8(monkeypatch, cores, want):
+    from caffe.layers.data_transformer import decode_threads
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    assert decode_threads() == want
+
+
+@pytest.mark.parametrize("threads, items, on_pool", [(1, 3, False), (2, 1, False), (2, 2, True), (3, 3, True)])
+def test_parallel_map_uses_the_decode_pool_for_two_items_or_more(monkeypatch, threads, items, on_pool):
+    """One item, or one decode thread: the caller's thread; else the decode pool of decode_threads() workers."""
+    import threading
+    from caffe.layers import base_data
+    monkeypatch.setattr(base_data, "decode_threads", lambda: threads)
+    monkeypatch.setattr(base_data, "_pool", None)  # a fresh pool, sized now (restored after the test)
+    try:
+        names = base_data.parallel_map(lambda x: (x, threading.current_thread().name), list(range(items)))
+        assert [x for x, _ in names] == list(range(items))
+        assert all(n.startswith("caffe-decode") == on_pool for _, n in names), names
+        if on_pool:
+            assert base_data._pool._max_workers == threads
+    finally:
+        if base_data._pool is not None:
+            base_data._pool.shutdown()
+
+
+def _mnist_like_lmdb(tmp_path, n=3):
+    from caffe.layers.db import write_db
+    path = str(tmp_path / "db")
+    write_db(path, [(f"{i:08d}", array_to_datum(np.full((1, 2, 2), i, np.uint8), i).SerializeToString())
+                    for i in range(n)])
+    return path
+
+
+def test_close_stops_the_prefetch_thread_and_closes_the_database(tmp_path):
+    """close() (Caffe's StopInternalThread) joins the thread, whose thread_end closes the database; close()
+    twice, or on a layer whose setup failed before its thread started, does nothing."""
+    from caffe.layers import db as dbmod
+    src = _mnist_like_lmdb(tmp_path)
+    layer = make_layer("Data", f'data_param {{ source: "{src}" batch_size: 2 backend: LMDB }}', name="d")
+    top = [Blob(), Blob()]
+    layer.SetUp([], top)
+    layer.Forward([], top)
+    assert layer._thread.is_alive() and layer._db is not None
+    layer.close()
+    assert not layer._thread.is_alive()
+    assert layer._db is None
+    assert not [k for k in dbmod._SharedLMDB._envs if k[1] == os.path.realpath(src)]
+    layer.close()
+    bad = make_layer("Data", 'data_param { batch_size: 2 }', name="d")
+    with pytest.raises(LayerError):
+        bad.SetUp([], [Blob(), Blob()])
+    bad.StopInternalThread()  # never started: nothing to stop
+
+
+def test_read_image_refuses_a_fifo_naming_it_an_image(tmp_path):
+    from caffe.layers.data_transformer import read_image
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("needs mkfifo")
+    fifo = tmp_path / "pipe.png"
+    os.mkfifo(fifo)
+    with pytest.raises(DataError, match=r"^image '.*pipe.png': Cannot read image '.*pipe.png': it is a FIFO"):
+        read_image(str(fifo))
+
+
+def test_transformer_rng_without_random_transforms_is_seeded_from_the_runtime():
+    """rng() (Caffe's Rand source) on a transformer that draws nothing itself: still a generator, seeded from
+    the runtime one (reproducible under set_random_seed), made once."""
+    from caffe.layers.data_transformer import DataTransformer
+    tf = DataTransformer()
+    context.set_random_seed(3)
+    g = tf.rng()
+    assert isinstance(g, np.random.Generator) and tf.rng() is g
+    first = g.integers(0, 2**31, size=4)
+    tf2 = DataTransformer()
+    context.set_random_seed(3)
+    np.testing.assert_array_equal(tf2.rng().integers(0, 2**31, size=4), first)
+
+
+def test_read_list_file_blank_lines_and_paths_as_caffe(tmp_path):
+    """A blank line is skipped (the lines after it still read); the path is everything before the last blank,
+    leading blanks included (Caffe: line.substr(0, find_last_of(' '))); a bad line is quoted whole."""
+    from caffe.layers.image_data_layer import read_list_file
+    src = tmp_path / "l.txt"
+    src.write_text("a.png 1\n\n  \n b c.png 2  \r\nd.png 3\n")
+    assert read_list_file(str(src)) == [("a.png", 1, 1), (" b c.png", 2, 4), ("d.png", 3, 5)]
+    src.write_text("a.png 1\nphotoX\n")
+    with pytest.raises(DataError, match=r"^list file '.*l.txt' line 2: expected 'path label' \(an integer label "
+                                        r"after the last space\), got 'photoX'$"):
+        read_list_file(str(src))
+
+
+def test_db_hints_an_lmdb_opened_as_leveldb_and_items_leaves_no_cursor(tmp_path):
+    from caffe.layers import db
+    src = _mnist_like_lmdb(tmp_path)
+    with pytest.raises(db.DBError, match=r"^'.*db' is not a LevelDB database: it has no CURRENT file \(it looks "
+                                         r"like an LMDB database: set backend: LMDB / -backend lmdb\)$"):
+        db.open_db(src, "leveldb")
+    with db.open_db(src, "lmdb") as d:
+        assert [k for k, _ in d.items()] == [b"00000000", b"00000001", b"00000002"]
+        assert len(list(d.items())) == 3 and d._cursors == []  # each walk's cursor closed and forgotten
+        assert d.count() == 3
+
+
+@pytest.mark.parametrize("rank, phase, extra, warned", [(1, "TRAIN", "", True), (2, "TRAIN", "", True),
+                                                        (0, "TRAIN", "", False), (1, "TEST", "", False),
+                                                        (1, "TRAIN", "rand_skip: 1", False),
+                                                        (1, "TRAIN", "shuffle: true", False)])
+def test_image_data_multi_gpu_warning(tmp_path, caplog, rank, phase, extra, warned):
+    """Caffe warns a TRAIN ImageData of a solver other than the first that reads in order (no shuffle, no
+    rand_skip): every GPU would see the same images."""
+    import logging
+    _image_list(tmp_path, 2)
+    count, old = context.solver_count(), context.solver_rank()
+    context.set_solver_count(3)
+    context.set_solver_rank(rank)
+    try:
+        layer = make_layer("ImageData", f'image_data_param {{ source: "{tmp_path}/l.txt" root_folder: '
+                                        f'"{tmp_path}/" batch_size: 1 {extra} }}', name="img",
+                           phase=0 if phase == "TRAIN" else 1)
+        with caplog.at_level(logging.WARNING, logger="caffe"):
+            layer.SetUp([], [Blob(), Blob()])
+        layer.close()
+    finally:
+        context.set_solver_rank(old)
+        context.set_solver_count(count)
+    got = [r.getMessage() for r in caplog.records if "multi-GPU" in r.getMessage()]
+    assert got == (["Layer 'img' (ImageData): shuffling or skipping recommended for multi-GPU"] if warned else [])
+
+
+def test_image_data_rand_skip_drawing_exactly_the_line_count_is_named(tmp_path):
+    _image_list(tmp_path, 2)
+    seed = next(s for s in range(100)
+                if (context.set_random_seed(s) or int(context.rng().integers(0, 2**32)) % 3 == 2))
+    context.set_random_seed(seed)
+    with pytest.raises(LayerError, match=r"^Layer 'img' \(ImageData\): rand_skip drew 2 but the list has only "
+                                         r"2 lines$"):
+        _image_layer(tmp_path, "rand_skip: 3").SetUp([], [Blob(), Blob()])
+
+
+@pytest.mark.parametrize("cols, rows, crop, square, mirror, win, context_pad", [
+    (6, 9, 8, True, False, (5, 8, 5, 8), 1),   # clipped at the right and bottom, not at the top/left
+    (9, 3, 5, True, True, (4, 2, 8, 2), 1),    # mirrored: the right padding on the left, rounding past crop
+    (8, 3, 6, False, False, (5, 0, 6, 0), 2),  # top padding and warped height rounding past crop
+    (5, 2, 7, True, False, (1, 1, 4, 1), 3),   # the top padding fills the crop: nothing left to warp (h 0)
+])
+def test_window_warp_clipped_windows_match_caffe(cols, rows, crop, square, mirror, win, context_pad):
+    """Windows whose context reaches past the image's edges: the clipped region's size and the warped size
+    capped at crop - padding, as Caffe's window_data_layer.cpp (cases the derandomized draws miss)."""
+    layer = window_warper(crop, context_pad, square)
+    img = _SpyImage(cols, rows)
+    arr, pad_h, pad_w = layer._warp(img, [0, 1, 1.0, *win], mirror)
+    box, size, want_h, want_w = caffe_window_geometry(win, cols, rows, crop, context_pad, square, mirror)
+    assert (pad_h, pad_w) == (want_h, want_w)
+    if min(size) <= 0:
+        assert arr is None and img.calls == [] and size[0] > 0
+        return
+    x1, y1, x2, y2 = box
+    assert img.calls == [("crop", (x1, y1, x2 + 1, y2 + 1)), ("resize", size)]
+    assert arr.shape == (3, size[1], size[0])
+
+
+def _records_db(tmp_path, values, backend="lmdb", name="rdb"):
+    from caffe.layers.db import write_db
+    path = str(tmp_path / name)
+    write_db(path, [(f"{i:08d}", v) for i, v in enumerate(values)], backend)
+    return path
+
+
+def _data_layer(src, batch=1, extra="", transform="", backend="LMDB"):
+    return make_layer("Data", f'data_param {{ source: "{src}" batch_size: {batch} backend: {backend} {extra} }} '
+                              f'transform_param {{ {transform} }}', name="d")
+
+
+def test_data_layer_setup_shapes_and_a_missing_source(tmp_path):
+    src = _records_db(tmp_path, [array_to_datum(np.zeros((3, 2, 5), np.uint8), 1).SerializeToString()])
+    layer = _data_layer(src, batch=4)
+    top = [Blob(), Blob()]
+    layer.SetUp([], top)
+    layer.close()
+    assert top[0].shape == (4, 3, 2, 5) and top[1].shape == (4,)
+    with pytest.raises(LayerError, match=r"^Layer 'd' \(Data\): data_param.source must name the database to "
+                                         r"read$"):
+        make_layer("Data", "data_param { batch_size: 2 }", name="d").SetUp([], [Blob()])
+    with pytest.raises(LayerError, match=r"^Layer 'd' \(Data\): record '00000000' of LMDB '.*rdb' is 2x5, smaller "
+                                         r"than crop_size 3$"):
+        _data_layer(src, transform="crop_size: 3").SetUp([], [Blob(), Blob()])
+
+
+def test_data_layer_force_encoded_color(tmp_path):
+    """DataParameter's deprecated force_encoded_color decodes gray records as BGR (unless transform_param
+    forces gray); without it an encoded gray record stays one channel."""
+    import io
+    Image = pytest.importorskip("PIL.Image")
+    from caffe.proto import caffe_pb2
+    buf = io.BytesIO()
+    Image.fromarray(np.array([[7, 9]], np.uint8), "L").save(buf, "PNG")
+    d = caffe_pb2.Datum(data=buf.getvalue(), encoded=True, label=3)
+    src = _records_db(tmp_path, [d.SerializeToString()])
+    for extra, transform, channels in [("", "", 1), ("force_encoded_color: true", "", 3),
+                                       ("force_encoded_color: true", "force_gray: true", 1)]:
+        layer = _data_layer(src, extra=extra, transform=transform)
+        top = [Blob(), Blob()]
+        layer.SetUp([], top)
+        layer.Forward([], top)
+        layer.close()
+        assert top[0].shape == (1, channels, 1, 2), (extra, transform)
+        np.testing.assert_array_equal(top[0].data[0, :, 0], [[7, 9]] * channels)
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "leveldb"])
+def test_data_layer_errors_name_the_record_and_the_database_kind(tmp_path, backend):
+    if backend == "leveldb":
+        pytest.importorskip("plyvel")
+    kind = {"lmdb": "LMDB", "leveldb": "LevelDB"}[backend]
+    src = _records_db(tmp_path, [b"\xff\xff\xff"], backend)
+    with pytest.raises(LayerError, match=rf"^Layer 'd' \(Data\): record '00000000' of {kind} '.*rdb' is not a "
+                                         rf"valid serialized Datum \(3 bytes\)"):
+        _data_layer(src, backend=backend.upper()).SetUp([], [Blob(), Blob()])
+    bad = array_to_datum(np.zeros((1, 2, 2), np.uint8))
+    bad.data = b"\0"  # 1 byte for a 1x2x2 shape: read on the per-record path
+    src2 = _records_db(tmp_path, [array_to_datum(np.zeros((1, 2, 2), np.uint8)).SerializeToString(),
+                                  bad.SerializeToString()], backend, name="rdb2")
+    src3 = _records_db(tmp_path, [array_to_datum(np.zeros((1, 2, 2), np.uint8)).SerializeToString(),
+                                  array_to_datum(np.zeros((1, 1, 1), np.uint8)).SerializeToString()], backend,
+                       name="rdb3")
+    for src, n, tail in [(src2, 2, r": Datum holds 1 bytes of data but its shape 1x2x2 needs 4$"),
+                         (src3, 3, r" is 1x1, smaller than crop_size 2$")]:
+        layer = _data_layer(src, backend=backend.upper(), transform="crop_size: 2")
+        top = [Blob(), Blob()]
+        layer.SetUp([], top)
+        layer.Forward([], top)
+        with pytest.raises(LayerError, match=rf"^Layer 'd' \(Data\): record '00000001' of {kind} '.*rdb{n}'{tail}"):
+            layer.Forward([], top)
+        layer.close()

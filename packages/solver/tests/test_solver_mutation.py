@@ -85,3 +85,54 @@ def test_init_log_attaches_to_the_caffe_logger_only():
     finally:
         caffe_log.removeHandler(handler)
         caffe_log.setLevel(old_level)
+
+
+def test_a_fresh_solver_has_no_losses_and_smooths_from_zero(tmp_path):
+    # pycaffe reads solver.losses / smoothed_loss, and may call UpdateSmoothedLoss, before any step
+    pytest.importorskip("caffe.net", reason="caffe-net (caffe.net.Net) is not installed")
+    from caffe.solver import Solver
+    from caffe.solver.testing import least_squares_net, solver_param
+    s = Solver(solver_param(least_squares_net(2, 2), type="SGD", base_lr=0.01, lr_policy="fixed", display=0,
+                            average_loss=3, snapshot_prefix=str(tmp_path / "f"), snapshot_after_train=False))
+    assert s.losses == [] and s.smoothed_loss == 0.0
+    assert type(s.smoothed_loss) is float
+    s.UpdateSmoothedLoss(2.0, 0, 3)
+    s.UpdateSmoothedLoss(4.0, 0, 3)
+    assert s.losses == [2.0, 4.0] and s.smoothed_loss == 3.0
+
+
+def test_a_solver_of_something_else_names_what_it_got():
+    from caffe.solver import Solver
+    with pytest.raises(TypeError, match=r"a solver needs a SolverParameter or the path of a solver prototxt, got int$"):
+        Solver(42)
+
+
+def test_the_solver_computes_its_learning_rate_in_the_net_s_type(tmp_path):
+    # Caffe's GetLearningRate works in Dtype (float): the rate of 'inv' in float64 differs in its last digits
+    # (the first solver run's survivor SGDSolver.GetLearningRate 5: the rate computed in float64)
+    pytest.importorskip("caffe.net", reason="caffe-net (caffe.net.Net) is not installed")
+    import numpy as np
+
+    from caffe.solver import Solver
+    from caffe.solver.lr_policy import learning_rate
+    from caffe.solver.testing import least_squares_net, solver_param
+    s = Solver(solver_param(least_squares_net(2, 2), type="SGD", base_lr=0.01, lr_policy="inv", gamma=0.0001,
+                            power=0.75, display=0, snapshot_prefix=str(tmp_path / "lr"), snapshot_after_train=False))
+    s.iter = 7
+    rate = s.GetLearningRate()
+    assert type(rate) is np.float32 and rate == learning_rate(s.param, 7, 0, np.float32)[0]
+    assert s.lr == float(learning_rate(s.param, 7, 0, np.float32)[0]) != float(learning_rate(s.param, 7, 0, np.float64)[0])
+
+
+def test_lr_is_the_rate_of_the_last_update_at_a_step_boundary(tmp_path):
+    # after step(2) the last update is iteration 1's (0.5), while iteration 2 would use 0.05: the first solver
+    # run's survivor SGDSolver.ApplyUpdate 2 (the rate not kept, recomputed at the next iteration)
+    pytest.importorskip("caffe.net", reason="caffe-net (caffe.net.Net) is not installed")
+    from caffe.solver import Solver
+    from caffe.solver.testing import least_squares_net, solver_param
+    s = Solver(solver_param(least_squares_net(2, 2), type="SGD", base_lr=0.5, lr_policy="step", gamma=0.1, stepsize=2,
+                            display=0, snapshot_prefix=str(tmp_path / "b"), snapshot_after_train=False))
+    s.step(2)
+    assert s.iter == 2 and s.lr == pytest.approx(0.5)
+    s.step(1)
+    assert s.lr == pytest.approx(0.05)

@@ -121,6 +121,13 @@ def test_the_lock_stays_with_this_process(tmp_path):
 def test_solvers_of_one_process_count_their_holds(tmp_path):
     prefix = str(tmp_path / "net")
     path = snapshot_lock.lock_path(prefix)
+    # descriptor 0 open (the lowest free number is what os.open returns): were the lock's descriptor 0, closing
+    # the count (0 after the last release) instead of it would pass unseen; earlier tests may have closed it
+    stdin = None
+    try:
+        os.fstat(0)
+    except OSError:
+        stdin = os.open(os.devnull, os.O_RDONLY)
     snapshot_lock.acquire(prefix)
     snapshot_lock.acquire(prefix)
     assert snapshot_lock._held[path][1] == 2
@@ -130,8 +137,12 @@ def test_solvers_of_one_process_count_their_holds(tmp_path):
     fd = snapshot_lock._held[path][0]
     snapshot_lock.release(prefix)
     assert not os.path.exists(path) and path not in snapshot_lock._held
+    assert fd != 0
     with pytest.raises(OSError):
-        os.fstat(fd)  # the lock's descriptor is closed (and nothing else)
+        os.fstat(fd)  # the lock's descriptor is closed
+    os.fstat(0)  # and nothing else
+    if stdin is not None:
+        os.close(stdin)
     snapshot_lock.release(prefix)  # releasing what is not held: nothing happens
     assert path not in snapshot_lock._held
 

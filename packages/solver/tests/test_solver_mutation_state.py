@@ -190,3 +190,27 @@ def test_a_binary_state_too_big_is_named(tmp_path):
                                           rf"bytes\), more than the 2\.0 GiB \(2147483647 bytes\) a SolverState can "
                                           rf"hold$"):
         read_state_binary(str(path))
+
+
+@pytest.mark.parametrize("fmt", ["BINARYPROTO", "HDF5"])
+def test_a_state_of_another_net_or_solver_is_refused_naming_the_file(tmp_path, fmt):
+    # the first solver run's survivors RestoreSolverStateFrom{BinaryProto,HDF5} 4: the history check's errors
+    # named "solver state None" (the tests matched only the rest of the message)
+    pytest.importorskip("caffe.net", reason="caffe-net (caffe.net.Net) is not installed")
+    import re
+
+    from caffe.solver import Solver
+    from caffe.solver.testing import least_squares_net, solver_param
+    ext = ".solverstate.h5" if fmt == "HDF5" else ".solverstate"
+
+    def make(name, solver_type, inputs=3):
+        return Solver(solver_param(least_squares_net(2, inputs), type=solver_type, base_lr=0.01, lr_policy="fixed",
+                                   display=0, snapshot_prefix=str(tmp_path / name), snapshot_after_train=False,
+                                   snapshot_format=getattr(caffe_pb2.SolverParameter, fmt)))
+    make("adam", "Adam").snapshot()
+    make("wide", "SGD", inputs=5).snapshot()
+    sgd = make("sgd", "SGD")
+    for name, rest in [("adam", "incorrect length of history blobs"), ("wide", "history blob 0 has shape")]:
+        path = str(tmp_path / f"{name}_iter_0{ext}")
+        with pytest.raises(SolverError, match=f"^solver state {re.escape(repr(path))}: {rest}"):
+            sgd.restore(path)

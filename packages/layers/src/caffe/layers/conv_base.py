@@ -9,9 +9,11 @@ The weight blob is (C_out, C_in / group, *kernel); with group > 1 each group is 
 independent convolution over its own slice of channels.
 
 Plans (BaseConvolutionLayer.plan picks one per call):
-- "1x1", "direct", "blocked": the CPU's (caffe.layers.conv_cpu): Caffe's is_1x1 as a
-  plain GEMM on the blobs; a direct kernel for depthwise / small-group layers; and a
-  lowering cut into cache-sized blocks for the rest of the 2-D layers.
+- "1x1", "direct", "dense", "blocked": the CPU's (caffe.layers.conv_cpu): Caffe's is_1x1 as
+  a plain GEMM on the blobs; a direct kernel for depthwise / small-group layers; direct AVX2
+  kernels for float32 stride-1 layers where they measure faster (conv_cpu.dense_rule:
+  CIFAR10-quick, LeNet conv2's forward, GoogLeNet's 5x5); and a lowering cut into
+  cache-sized blocks for the rest of the 2-D layers.
 - "batched": the array-module-generic path, the GPU's (CuPy) and the one for N-d
   convolutions and force_nd_im2col. A whole batch is lowered at once (im2col in
   "batch layout": the column buffer is (C_in * prod(kernel), N * P) with the images
@@ -379,14 +381,16 @@ class BaseConvolutionLayer(Layer):
 
     # -- plans -------------------------------------------------------------------------------
     def plan(self, xp, dtype) -> str:
-        """"1x1", "direct" or "blocked" (the CPU's, conv_cpu) or "batched" (generic: GPU, N-d)."""
+        """"1x1", "direct", "dense" or "blocked" (the CPU's, conv_cpu) or "batched" (generic: GPU, N-d)."""
         if not (CPU_PATHS and xp is np and conv_cpu.fits(dtype)):
             return "batched"
         if self.is_1x1:
             return "1x1"
         if self.num_spatial_axes != 2 or self.force_nd_im2col:
             return "batched"
-        return "direct" if conv_cpu.direct_fits(self) else "blocked"
+        if conv_cpu.direct_fits(self):
+            return "direct"
+        return "dense" if conv_cpu.dense_fits(self, dtype) else "blocked"
 
     def exact_forward(self, dtype) -> bool:
         """A float32 forward with dot products of at most EXACT_FORWARD_MAX_K terms goes in float64."""
@@ -409,6 +413,9 @@ class BaseConvolutionLayer(Layer):
             self._kept_col.pop(key, None)
             if plan == "direct":
                 conv_cpu.direct_forward(self, im, out, weight, bias)
+                return
+            if plan == "dense":
+                conv_cpu.dense_forward(self, im, out, weight, bias)
                 return
             col = conv_cpu.blocked_forward(self, im, out, weight, bias,
                                            keep=("col", keep) if keep is not None else None)
@@ -441,6 +448,9 @@ class BaseConvolutionLayer(Layer):
             kept_col = None
         if plan == "direct":
             conv_cpu.direct_backward(self, dout, weight, im, weight_diff, im_diff, bias_diff, fwd_out)
+            return
+        if plan == "dense":
+            conv_cpu.dense_backward(self, dout, weight, im, weight_diff, im_diff, bias_diff, fwd_out)
             return
         if plan != "batched":
             conv_cpu.blocked_backward(self, dout, weight, im, weight_diff, im_diff, bias_diff, fwd_out,

@@ -1,4 +1,4 @@
-"""Convolution's CPU plans: a 1x1 GEMM, a direct grouped kernel, a cache-blocked lowering.
+"""Convolution's CPU plans: a 1x1 GEMM, a direct grouped kernel, a direct dense kernel, a cache-blocked lowering.
 
 conv_base picks one per layer and call (BaseConvolutionLayer.plan); the generic batched
 path in conv_base stays the GPU's and the N-d one. Every plan computes the same three
@@ -16,6 +16,12 @@ fewer than ONE_BY_ONE_VIEW_COLS positions are copied side by side into one wider
 "direct" (group > 1 with at most DIRECT_MAX_PAIRS channel pairs per group: depthwise,
 MobileNet): the kernels of caffe.layers.kernels.depthwise, one (image, group) per OpenMP task.
 
+"dense" (float32, stride 1, dilation 1, kernel_dim past the exact path's, pad < kernel, a CPU with AVX2
+and FMA, and dense_rule's measured shapes): the kernels of caffe.layers.kernels.conv_direct_avx2, no
+lowering: the forward vectorized over 8 output x positions and blocked over 4 output channels, the
+bottom diff the same kernel on dout with the filters flipped and transposed, the weight diff a direct
+reduction; each product the rule does not name (dense_products) runs blocked. Sums are float32.
+
 "blocked" (the rest, 2-D): the output positions are cut into blocks (several whole
 images, or a band of output rows of one image) whose column buffer is about
 COL_BLOCK_BYTES, so im2col writes it into the (L3) cache and the GEMMs read it from
@@ -31,6 +37,8 @@ the direct kernel always sums in float64.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 try:  # the compiled CPU kernels (built by the package's hatch hook)
@@ -38,6 +46,10 @@ try:  # the compiled CPU kernels (built by the package's hatch hook)
     from caffe.layers.kernels import lowering as _k
 except ImportError:  # pragma: no cover - a source tree without the build
     _dw = _k = None
+try:
+    from caffe.layers.kernels import conv_direct_avx2 as _cd
+except ImportError:  # pragma: no cover - a source tree without the build
+    _cd = None
 
 # A block's column buffer holds about this many bytes, but at least MIN_BLOCK_COLS columns. Measured on
 # the 2-core development machine (512 KiB L2 per core, 32 MiB L3): one thread's sgemm gains nothing from
@@ -301,3 +313,127 @@ def direct_fits(layer) -> bool:
 def fits(dtype) -> bool:
     return available() and np.dtype(dtype) in _FLOATS
 
+
+
+# -- the dense plan ----------------------------------------------------------------------------------
+
+# "auto": dense_fits' measured rule; "on": every layer the kernels can take; "off": never (benchmarks A/B
+# with it; CAFFE_CONV_DENSE=0 in the environment turns the plan off too).
+DENSE = "off" if os.environ.get("CAFFE_CONV_DENSE", "1") == "0" else "auto"
+_DENSE_SUPPORTED = _cd is not None and _cd.supported()
+
+
+def dense_fits(layer, dtype) -> bool:
+    """Whether the layer takes the dense plan: some product is dense (dense_products)."""
+    return bool(dense_products(layer, dtype))
+
+
+def _dense_possible(layer, dtype) -> bool:
+    """float32, 2-D, stride 1, dilation 1, not 1x1, kernel_dim above the exact path's, pad < kernel, on a
+    CPU with AVX2 and FMA."""
+    if not _DENSE_SUPPORTED or np.dtype(dtype) != np.float32:
+        return False
+    if layer.num_spatial_axes != 2 or layer.is_1x1 or layer.exact_forward(dtype):
+        return False
+    g = layer.geom
+    if tuple(g.stride) != (1, 1) or tuple(g.dilation) != (1, 1):
+        return False
+    return all(p <= k - 1 for p, k in zip(g.pad, g.kernel))
+
+
+def dense_products(layer, dtype=np.float32):
+    """Which of "fwd", "wgt", "data" the dense kernels compute for this layer (the rest go blocked)."""
+    if DENSE == "off" or not _dense_possible(layer, dtype):
+        return ()
+    if DENSE == "on":
+        return ("fwd", "wgt", "data")
+    return dense_rule(layer)
+
+
+# The measured rule (bench: packages/layers/bench/ab_conv_dense.py, one thread's CPU time, table in
+# bench/README.md). The dense forward runs at 60-90 GFLOP/s a thread where rows fill the 8 lanes, less where
+# they do not (13, 14 or 7 wide); OpenBLAS's GEMM on the lowered buffer beats it once the GEMM's M side (the
+# output channels per group) is wide: 70-84 GFLOP/s past 64 channels (CaffeNet, ResNet-50 past res2,
+# GoogLeNet's 3x3s), 30-60 below, where the lowering costs as much as the GEMM. So: forward when
+# og <= DENSE_MAX_OG and kernel_dim <= DENSE_MAX_KD; bottom diff (a forward with og and cg swapped) on the
+# mirrored condition with "same" padding (else the flipped kernel's padding is mostly zeros: LeNet conv2's
+# pad 0 is 1.45x slower); weight diff where the forward is dense and output rows are at least
+# DENSE_WGT_MIN_OW wide (its reduction runs over rows padded to the image width: 8 of 12 lanes useful on
+# 8-wide rows, where it loses 1.3-1.65x).
+DENSE_MAX_OG = 64
+DENSE_MAX_KD = 1024
+DENSE_WGT_MIN_OW = 16
+
+
+def dense_rule(layer):
+    g = layer.geom
+    G = layer.group
+    og, cg = layer.conv_out_channels // G, layer.conv_in_channels // G
+    (kh, kw), (ph, pw) = g.kernel, g.pad
+    OW = g.col_shape[1]
+    out = []
+    if og <= DENSE_MAX_OG and cg * kh * kw <= DENSE_MAX_KD:
+        out.append("fwd")
+        if OW >= DENSE_WGT_MIN_OW:
+            out.append("wgt")
+    if cg <= DENSE_MAX_OG and og * kh * kw <= 2 * DENSE_MAX_KD and 2 * ph == kh - 1 and 2 * pw == kw - 1:
+        out.append("data")
+    return tuple(out)
+
+
+def _dense_args(layer, N):
+    g = layer.geom
+    (kh, kw), (ph, pw) = g.kernel, g.pad
+    (H, W), (OH, OW) = g.im_shape, g.col_shape
+    return N, layer.conv_in_channels, H, W, layer.conv_out_channels, layer.group, kh, kw, ph, pw, OH, OW
+
+
+def _packed(layer, weight, flip):
+    """The filters in the kernel's layout (repacked on every call: a few microseconds to a millisecond,
+    and never stale when the weights change)."""
+    g = layer.geom
+    G = layer.group
+    og, cg = layer.conv_out_channels // G, layer.conv_in_channels // G
+    (kh, kw) = g.kernel
+    packed = layer.buffer(np, "dense_flip" if flip else "dense_w", (_cd.packed_size(G, og, cg, kh, kw, flip),),
+                          np.float32)
+    _cd.pack_weights(weight.reshape(-1), packed, G, og, cg, kh, kw, flip)
+    return packed
+
+
+def dense_forward(layer, im, out, weight, bias):
+    if "fwd" not in dense_products(layer, out.dtype):
+        blocked_forward(layer, im, out, weight, bias)
+        return
+    _cd.forward(im.reshape(-1), _packed(layer, weight, False), bias, out.reshape(-1),
+                *_dense_args(layer, im.shape[0]))
+
+
+def dense_backward(layer, dout, weight, im=None, weight_diff=None, im_diff=None, bias_diff=None,
+                   fwd_out=None):
+    """The backward products (module doc): the dense kernels for those dense_products names, the blocked
+    plan for the others."""
+    products = dense_products(layer, dout.dtype)
+    args = _dense_args(layer, dout.shape[0])
+    if bias_diff is not None:
+        bias_diff += np.matmul(dout, layer.ones(np, dout.shape[2], dout.dtype)).sum(axis=0)
+    rest = {}
+    if weight_diff is not None:
+        if "wgt" in products:
+            _cd.backward_weight(im.reshape(-1), dout.reshape(-1), weight_diff.reshape(-1), *args)
+        else:
+            rest["weight_diff"] = weight_diff
+    if im_diff is not None:
+        if "data" in products:  # stride 1: dout convolved with the flipped, transposed filters
+            N, C, H, W, Co, G, kh, kw, ph, pw, OH, OW = args
+            _cd.forward(dout.reshape(-1), _packed(layer, weight, True), None, im_diff.reshape(-1),
+                        N, Co, OH, OW, C, G, kh, kw, kh - 1 - ph, kw - 1 - pw, H, W)
+        else:
+            rest["im_diff"] = im_diff
+    if fwd_out is not None:
+        if "fwd" in products:
+            _cd.forward(im.reshape(-1), _packed(layer, weight, False), None, fwd_out.reshape(-1), *args)
+        else:
+            rest["fwd_out"] = fwd_out
+    if rest:
+        blocked_backward(layer, dout, weight, im, **rest)

@@ -1,0 +1,246 @@
+"""The dense direct convolution kernels (kernels.conv_direct_avx2) and conv_cpu's "dense" plan against NumPy.
+
+References: a float64 convolution by slices of the zero-padded image (written here), and the layer's
+generic batched path (conv_base.CPU_PATHS = False). Tolerances are float32's: each error is bounded by
+a small multiple of the float32 epsilon times the same sum taken over absolute values.
+"""
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from caffe.blob import context
+from caffe.layers import conv_base, conv_cpu
+from caffe.layers.testing import blobs_from_arrays, empty_tops, make_layer
+
+cd = pytest.importorskip("caffe.layers.kernels.conv_direct_avx2")
+
+# The kernels run (plain C loops) without AVX2 too; the plan only chooses them where they are vectorized.
+SUPPORTED = cd.supported()
+FILL = "weight_filler { type: 'gaussian' std: 0.7 } bias_filler { type: 'gaussian' std: 0.5 }"
+EPS = 1e-4  # error bound: EPS times the absolute sum (float32, sums of up to ~1,000 terms in tests)
+
+
+def ref_conv(x, w, ph, pw, group):
+    """float64 stride-1 convolution (N, C, H, W) * (Co, cg, kh, kw) -> (N, Co, OH, OW), per group."""
+    x, w = x.astype(np.float64), w.astype(np.float64)
+    N, C, H, W = x.shape
+    Co, cg, kh, kw = w.shape
+    og = Co // group
+    xp = np.pad(x, [(0, 0), (0, 0), (ph, ph), (pw, pw)])
+    OH, OW = H + 2 * ph - kh + 1, W + 2 * pw - kw + 1
+    y = np.zeros((N, group, og, OH, OW))
+    for i in range(kh):
+        for j in range(kw):
+            patch = xp[:, :, i:i + OH, j:j + OW].reshape(N, group, cg, OH, OW)
+            y += np.einsum("ngchw,goc->ngohw", patch, w[:, :, i, j].reshape(group, og, cg))
+    return y.reshape(N, Co, OH, OW)
+
+
+def ref_weight(x, dy, kh, kw, ph, pw, group):
+    x, dy = x.astype(np.float64), dy.astype(np.float64)
+    N, C, H, W = x.shape
+    Co, OH, OW = dy.shape[1:]
+    cg, og = C // group, Co // group
+    xp = np.pad(x, [(0, 0), (0, 0), (ph, ph), (pw, pw)])
+    dw = np.zeros((Co, cg, kh, kw))
+    for i in range(kh):
+        for j in range(kw):
+            patch = xp[:, :, i:i + OH, j:j + OW].reshape(N, group, cg, OH, OW)
+            dw[:, :, i, j] = np.einsum("ngohw,ngchw->goc", dy.reshape(N, group, og, OH, OW), patch).reshape(Co, cg)
+    return dw
+
+
+def ref_data(dy, w, H, W, ph, pw, group):
+    """The adjoint of ref_conv: dx (N, C, H, W) from dy, by scattering each tap."""
+    dy, w = dy.astype(np.float64), w.astype(np.float64)
+    N, Co, OH, OW = dy.shape
+    _, cg, kh, kw = w.shape
+    og = Co // group
+    dxp = np.zeros((N, group, cg, H + 2 * ph, W + 2 * pw))
+    for i in range(kh):
+        for j in range(kw):
+            dxp[..., i:i + OH, j:j + OW] += np.einsum("ngohw,goc->ngchw", dy.reshape(N, group, og, OH, OW),
+                                                      w[:, :, i, j].reshape(group, og, cg))
+    return dxp[..., ph:ph + H, pw:pw + W].reshape(N, group * cg, H, W)
+
+
+def assert_close(got, ref, bound):
+    err = np.abs(got.astype(np.float64) - ref)
+    assert np.all(err <= EPS * bound + 1e-6), f"max error {err.max():.3g} (bound {(EPS * bound).max():.3g})"
+
+
+@st.composite
+def geometries(draw):
+    """Odd and tiny shapes: channels off the 4-channel block, widths off the 8-lane vector, pad 0..k-1."""
+    group = draw(st.integers(1, 2))
+    cg, og = draw(st.integers(1, 11)), draw(st.integers(1, 9))
+    kh, kw = draw(st.integers(1, 5)), draw(st.integers(1, 5))
+    ph, pw = draw(st.integers(0, kh - 1)), draw(st.integers(0, kw - 1))
+    H = draw(st.integers(max(1, kh - 2 * ph), max(1, kh - 2 * ph) + 9))
+    W = draw(st.integers(max(1, kw - 2 * pw), max(1, kw - 2 * pw) + 19))
+    return dict(N=draw(st.integers(1, 3)), G=group, cg=cg, og=og, kh=kh, kw=kw, ph=ph, pw=pw, H=H, W=W,
+                seed=draw(st.integers(0, 2**31 - 1)))
+
+
+def _arrays(g):
+    rng = np.random.default_rng(g["seed"])
+    N, G, cg, og, kh, kw, ph, pw, H, W = (g[k] for k in ("N", "G", "cg", "og", "kh", "kw", "ph", "pw", "H", "W"))
+    OH, OW = H + 2 * ph - kh + 1, W + 2 * pw - kw + 1
+    x = rng.normal(size=(N, G * cg, H, W)).astype(np.float32)
+    w = rng.normal(size=(G * og, cg, kh, kw)).astype(np.float32)
+    b = rng.normal(size=G * og).astype(np.float32)
+    dy = rng.normal(size=(N, G * og, OH, OW)).astype(np.float32)
+    args = (N, G * cg, H, W, G * og, G, kh, kw, ph, pw, OH, OW)
+    return x, w, b, dy, args
+
+
+def _pack(w, G, flip=False):
+    Co, cg, kh, kw = w.shape
+    packed = np.full(cd.packed_size(G, Co // G, cg, kh, kw, flip), np.nan, np.float32)
+    cd.pack_weights(w.reshape(-1), packed, G, Co // G, cg, kh, kw, flip)
+    return packed
+
+
+@given(g=geometries(), bias=st.booleans(), run_bytes=st.sampled_from([1, 24 << 10]))
+def test_forward_matches_the_reference(g, bias, run_bytes):
+    x, w, b, dy, args = _arrays(g)
+    y = np.full(dy.shape, np.nan, np.float32)
+    cd.set_run_bytes(run_bytes)  # 1: runs of 8 input channels, the partial sums stored between runs
+    try:
+        cd.forward(x.reshape(-1), _pack(w, g["G"]), b if bias else None, y.reshape(-1), *args)
+    finally:
+        cd.set_run_bytes(24 << 10)
+    ref = ref_conv(x, w, g["ph"], g["pw"], g["G"]) + (b.reshape(1, -1, 1, 1) if bias else 0)
+    bound = ref_conv(np.abs(x), np.abs(w), g["ph"], g["pw"], g["G"]) + (np.abs(b).reshape(1, -1, 1, 1) if bias else 0)
+    assert_close(y, ref, bound)
+
+
+@given(g=geometries())
+def test_bottom_diff_is_the_flipped_forward(g):
+    """dx = W^T dy: the forward kernel on dy with pack_weights(flip=True) and padding k - 1 - pad."""
+    x, w, b, dy, args = _arrays(g)
+    N, C, H, W, Co, G, kh, kw, ph, pw, OH, OW = args
+    dx = np.full(x.shape, np.nan, np.float32)
+    cd.forward(dy.reshape(-1), _pack(w, G, flip=True), None, dx.reshape(-1),
+               N, Co, OH, OW, C, G, kh, kw, kh - 1 - ph, kw - 1 - pw, H, W)
+    assert_close(dx, ref_data(dy, w, H, W, ph, pw, G), ref_data(np.abs(dy), np.abs(w), H, W, ph, pw, G))
+
+
+@given(g=geometries(), chunk=st.sampled_from([1, 4 << 20]))
+def test_weight_diff_accumulates(g, chunk):
+    """dw += the correlation (Caffe accumulates parameter gradients), over chunks of images too."""
+    x, w, b, dy, args = _arrays(g)
+    kh, kw, ph, pw, G = g["kh"], g["kw"], g["ph"], g["pw"], g["G"]
+    start = np.random.default_rng(g["seed"] + 1).normal(size=w.shape).astype(np.float32)
+    dw = start.copy()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cd, "CHUNK_BYTES", chunk)  # 1: one image per chunk, each chunk added to dw
+        cd.backward_weight(x.reshape(-1), dy.reshape(-1), dw.reshape(-1), *args)
+    ref = start + ref_weight(x, dy, kh, kw, ph, pw, G)
+    assert_close(dw, ref, np.abs(start) + ref_weight(np.abs(x), np.abs(dy), kh, kw, ph, pw, G))
+
+
+def test_pack_layouts():
+    w = np.arange(6 * 2 * 2 * 3, dtype=np.float32).reshape(6, 2, 2, 3)  # G = 2: og 3, cg 2
+    p = _pack(w, 2)
+    assert p.shape == (2 * 1 * 4 * 2 * 2 * 3,)
+    blocks = p.reshape(2, 1, 2, 2, 3, 4)  # [g][block][c][i][j][4 channels]
+    assert np.array_equal(blocks[1, 0, :, :, :, :3], w[3:].transpose(1, 2, 3, 0))
+    assert np.all(blocks[..., 3] == 0)  # the block's missing 4th channel: zero filters
+    f = _pack(w, 2, flip=True).reshape(2, 1, 3, 2, 3, 4)  # adjoint: 2 (= cg) outputs from 3 (= og) inputs
+    assert np.array_equal(f[0, 0, :, :, :, :2], w[:3, :, ::-1, ::-1].transpose(0, 2, 3, 1))
+
+
+def test_bad_calls_raise_clear_errors():
+    x, w, b, dy, args = _arrays(dict(N=2, G=1, cg=3, og=5, kh=3, kw=3, ph=1, pw=1, H=6, W=7, seed=1))
+    p = _pack(w, 1)
+    y = np.empty(dy.size, np.float32)
+    with pytest.raises(ValueError, match="output size does not match"):
+        cd.forward(x.reshape(-1), p, None, y, *args[:-1], 9)
+    with pytest.raises(ValueError, match="group must divide"):
+        cd.forward(x.reshape(-1), p, None, y, 2, 3, 6, 7, 5, 2, 3, 3, 1, 1, 6, 7)
+    with pytest.raises(ValueError, match="image or output buffer too small"):
+        cd.forward(x.reshape(-1)[:-1], p, None, y, *args)
+    with pytest.raises(ValueError, match="packed filter buffer too small"):
+        cd.forward(x.reshape(-1), p[:-1], None, y, *args)
+    with pytest.raises(ValueError, match="bias buffer too small"):
+        cd.forward(x.reshape(-1), p, b[:-1], y, *args)
+    with pytest.raises(ValueError, match="weight diff buffer too small"):
+        cd.backward_weight(x.reshape(-1), dy.reshape(-1), np.zeros(w.size - 1, np.float32), *args)
+    with pytest.raises(ValueError, match="packed buffer too small"):
+        cd.pack_weights(w.reshape(-1), p[:-1], 1, 5, 3, 3, 3)
+    with pytest.raises(ValueError, match="sizes must be positive"):
+        cd.forward(x.reshape(-1), p, None, y, *args[:8], -1, *args[9:])
+
+
+# -- the layer's dense plan ---------------------------------------------------------------------------
+
+def _layer_products(text, shape, dense, deconv=False, seed=3):
+    """top, bottom diff and parameter diffs of one Forward + two Backwards (parameter diffs accumulate),
+    with conv_cpu.DENSE = dense ("batched": the generic path)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(conv_base, "CPU_PATHS", dense != "batched")
+        mp.setattr(conv_cpu, "DENSE", "off" if dense == "batched" else dense)
+        context.set_random_seed(seed)
+        layer = make_layer("Deconvolution" if deconv else "Convolution", f"convolution_param {{ {text} {FILL} }}")
+        rng = np.random.default_rng(seed)
+        bottom = blobs_from_arrays([rng.normal(size=shape)], np.float32)
+        top = empty_tops(1, np.float32)
+        layer.SetUp(bottom, top)
+        plan = layer.plan(np, np.float32)
+        layer.Forward(bottom, top)
+        top[0].diff[...] = rng.normal(size=top[0].shape)
+        for b in layer.blobs:
+            b.diff[...] = 0.25
+        layer.Backward(top, [True], bottom)
+        layer.Backward(top, [True], bottom)
+        return plan, [top[0].data.copy(), bottom[0].diff.copy()] + [b.diff.copy() for b in layer.blobs]
+
+
+@pytest.mark.skipif(not SUPPORTED, reason="the dense plan needs AVX2 and FMA")
+@pytest.mark.parametrize("text,shape", [
+    ("num_output: 6 kernel_size: 5 pad: 2", (3, 4, 9, 11)),                   # same padding: all three dense
+    ("num_output: 6 kernel_h: 5 kernel_w: 3 pad_h: 1 pad_w: 2 group: 2", (2, 6, 7, 13)),  # data blocked
+    ("num_output: 10 kernel_size: 4", (2, 3, 6, 9)),                           # pad 0
+])
+@pytest.mark.parametrize("deconv", [False, True])
+@pytest.mark.parametrize("mode", ["on", "auto"])
+def test_dense_plan_matches_the_batched_path(text, shape, deconv, mode):
+    plan, got = _layer_products(text, shape, mode, deconv)
+    _, ref = _layer_products(text, shape, "batched", deconv)
+    assert plan == "dense"
+    for a, b in zip(got, ref):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not SUPPORTED, reason="the dense plan needs AVX2 and FMA")
+@pytest.mark.parametrize("text,shape,products", [
+    ("num_output: 32 kernel_size: 5 pad: 2", (2, 3, 32, 32), ("fwd", "wgt", "data")),   # CIFAR10-quick conv1
+    ("num_output: 32 kernel_size: 5 pad: 2", (2, 32, 16, 16), ("fwd", "wgt", "data")),  # conv2
+    ("num_output: 64 kernel_size: 5 pad: 2", (2, 32, 8, 8), ("fwd", "data")),           # conv3
+    ("num_output: 50 kernel_size: 5", (2, 20, 12, 12), ("fwd",)),                       # LeNet conv2
+    ("num_output: 384 kernel_size: 3 pad: 1", (1, 256, 13, 13), ()),                    # CaffeNet conv3
+    ("num_output: 64 kernel_size: 3 pad: 1", (1, 64, 56, 56), ("fwd", "wgt", "data")),  # ResNet-50 res2
+    ("num_output: 128 kernel_size: 3 pad: 1", (1, 128, 28, 28), ()),                    # ResNet-50 res3
+    ("num_output: 20 kernel_size: 5", (2, 1, 28, 28), ()),                              # LeNet conv1: exact path
+    ("num_output: 8 kernel_size: 3 stride: 2 pad: 1", (2, 16, 9, 9), ()),               # stride 2
+    ("num_output: 8 kernel_size: 3 dilation: 2", (2, 16, 9, 9), ()),                    # dilated
+])
+def test_dense_rule(text, shape, products):
+    layer = make_layer("Convolution", f"convolution_param {{ {text} }}")
+    layer.SetUp(blobs_from_arrays([np.zeros(shape)], np.float32), empty_tops(1, np.float32))
+    assert conv_cpu.dense_products(layer, np.float32) == products
+    assert layer.plan(np, np.float32) == ("dense" if products else "blocked")
+    assert conv_cpu.dense_products(layer, np.float64) == ()  # float64 keeps the other plans
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(conv_cpu, "DENSE", "off")
+        assert layer.plan(np, np.float32) == "blocked"
+
+
+def test_weight_diff_over_many_images():
+    """More images than one float32 accumulation holds (8): the groups' sums meet in float64."""
+    g = dict(N=19, G=1, cg=2, og=5, kh=3, kw=3, ph=1, pw=0, H=5, W=9, seed=7)
+    x, w, b, dy, args = _arrays(g)
+    dw = np.zeros(w.shape, np.float32)
+    cd.backward_weight(x.reshape(-1), dy.reshape(-1), dw.reshape(-1), *args)
+    assert_close(dw, ref_weight(x, dy, 3, 3, 1, 0, 1), ref_weight(np.abs(x), np.abs(dy), 3, 3, 1, 0, 1))
