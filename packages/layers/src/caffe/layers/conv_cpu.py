@@ -259,6 +259,13 @@ def _exact(layer, dtype) -> bool:
     return layer.exact_forward(dtype)
 
 
+def _add_bias_diff(layer, dout, bias_diff) -> None:
+    """bias_diff += the sum of dout (N, C_col, P) over images and positions (the direct and dense plans,
+    which have no row blocks to sum block by block as blocked_backward does)."""
+    if bias_diff is not None:
+        bias_diff += np.matmul(dout, layer.ones(np, dout.shape[2], dout.dtype)).sum(axis=0)
+
+
 # -- the direct plan -------------------------------------------------------------------------------
 
 def _direct_args(layer, N):
@@ -277,8 +284,7 @@ def direct_backward(layer, dout, weight, im=None, weight_diff=None, im_diff=None
                     fwd_out=None):
     N = dout.shape[0]
     args = _direct_args(layer, N)
-    if bias_diff is not None:
-        bias_diff += np.matmul(dout, layer.ones(np, dout.shape[2], dout.dtype)).sum(axis=0)
+    _add_bias_diff(layer, dout, bias_diff)
     if weight_diff is not None:
         _dw.backward_weight(im.reshape(-1), dout.reshape(-1), weight_diff.reshape(-1), *args)
     if im_diff is not None:
@@ -415,8 +421,7 @@ def dense_backward(layer, dout, weight, im=None, weight_diff=None, im_diff=None,
     plan for the others."""
     products = dense_products(layer, dout.dtype)
     args = _dense_args(layer, dout.shape[0])
-    if bias_diff is not None:
-        bias_diff += np.matmul(dout, layer.ones(np, dout.shape[2], dout.dtype)).sum(axis=0)
+    _add_bias_diff(layer, dout, bias_diff)
     rest = {}
     if weight_diff is not None:
         if "wgt" in products:

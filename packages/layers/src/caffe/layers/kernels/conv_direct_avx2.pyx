@@ -77,14 +77,21 @@ cdef extern from *:
         d->PS = d->Hp * (W + 2 * pw) + kw + 8;
     }
 
-    /* channels c0..c0+nc-1 of image x (C, H, W) into pad (nc, Hp, Wp), zero-padded */
-    static void cd_pad(const cd_geom* d, const float* x, float* pad, ptrdiff_t nc) {
-        ptrdiff_t c, h, plane = d->Hp * d->Wp;
+    /* nc channels of image x (nc, H, W) into zeroed planes `plane` floats apart, of rows `row` wide, at
+       (ph, pw): the forward's (Hp x Wp planes, rows padded to whole vectors) and the weight gradient's
+       flat planes (rows W + 2 pw wide, a zeroed tail: cd_pad_flat) */
+    static void cd_pad_planes(const cd_geom* d, const float* x, float* pad, ptrdiff_t nc, ptrdiff_t plane,
+                              ptrdiff_t row) {
+        ptrdiff_t c, h;
         memset(pad, 0, (size_t)(nc * plane) * sizeof(float));
         for (c = 0; c < nc; c++)
             for (h = 0; h < d->H; h++)
-                memcpy(pad + c * plane + (h + d->ph) * d->Wp + d->pw, x + (c * d->H + h) * d->W,
+                memcpy(pad + c * plane + (h + d->ph) * row + d->pw, x + (c * d->H + h) * d->W,
                        (size_t)d->W * sizeof(float));
+    }
+
+    static void cd_pad(const cd_geom* d, const float* x, float* pad, ptrdiff_t nc) {
+        cd_pad_planes(d, x, pad, nc, d->Hp * d->Wp, d->Wp);
     }
 
     /* w (Co, cg, kh, kw) -> packed [G][nb][cg][kh][kw][4]; flip: the filters of the adjoint (a convolution
@@ -225,12 +232,7 @@ cdef extern from *:
        width (columns >= OW zero: QS floats apart), so the sum over positions is one run of nq vectors q
        and tap (i, j) reads the image run at the constant offset i Wf + j. */
     static void cd_pad_flat(const cd_geom* d, const float* x, float* pad, ptrdiff_t nc) {
-        ptrdiff_t c, h, Wf = d->W + 2 * d->pw;
-        memset(pad, 0, (size_t)(nc * d->PS) * sizeof(float));
-        for (c = 0; c < nc; c++)
-            for (h = 0; h < d->H; h++)
-                memcpy(pad + c * d->PS + (h + d->ph) * Wf + d->pw, x + (c * d->H + h) * d->W,
-                       (size_t)d->W * sizeof(float));
+        cd_pad_planes(d, x, pad, nc, d->PS, d->W + 2 * d->pw);
     }
 
     static void cd_dy_flat(const cd_geom* d, const float* dy, float* dst, ptrdiff_t nc) {
