@@ -9,30 +9,19 @@ import pytest
 
 from caffe.blob import context
 from caffe.layers.registry import create_layer
-from caffe.layers.testing import blobs_from_arrays, empty_tops, gpu_available, layer_param
+from caffe.layers.testing import blobs_from_arrays, cpu_gpu_runs, empty_tops, gpu_available, layer_param
 
 needs_gpu = pytest.mark.skipif(not gpu_available(), reason="no GPU (CuPy with a CUDA device, or the CuPy stand-in)")
 
 
 def _both_modes(type_name, text, arrays, n_top=1, seed=0, dtype=np.float32, propagate=None):
-    """[tops' data..., bottoms' diffs...] of a fresh layer in CPU mode, then in GPU mode."""
-    results = []
-    for mode in (context.CPU, context.GPU):
-        context.set_mode(mode)
-        try:
-            context.set_random_seed(1701)
-            layer = create_layer(layer_param(type_name, text))
-            bottom, top = blobs_from_arrays(arrays, dtype), empty_tops(n_top, dtype)
-            layer.SetUp(bottom, top)
-            layer.Forward(bottom, top)
-            rng = np.random.default_rng(seed)
-            for t in top:
-                t.diff[...] = rng.normal(size=t.shape)
-            layer.Backward(top, propagate or [True] * len(bottom), bottom)
-            results.append([t.data.copy() for t in top] + [b.diff.copy() for b in bottom])
-        finally:
-            context.set_mode_cpu()
-    return results
+    """[tops' data..., bottoms' diffs...] of a fresh layer in CPU mode, then in GPU mode (top diffs drawn
+    from default_rng(seed), the same in both)."""
+    def normal_diffs(shapes):
+        rng = np.random.default_rng(seed)
+        return [rng.normal(size=s) for s in shapes]
+    runs = cpu_gpu_runs(layer_param(type_name, text), arrays, n_top, normal_diffs, 1701, dtype, propagate)
+    return [tops + bottom_diffs for tops, bottom_diffs, _ in runs]
 
 
 # -- pool_device --------------------------------------------------------------------------------------------

@@ -81,9 +81,11 @@ def gpu_available() -> bool:
     return context.gpu_available()
 
 
-def check_cpu_gpu_parity(param, bottom_arrays, n_top: int = 1, rtol: float = 1e-5, atol: float = 1e-6,
-                         top_diffs=None, seed: int = 1701, dtype=np.float32, propagate_down=None):
-    """Forward and backward the same layer on CPU and GPU and compare tops, bottom diffs and param diffs."""
+def cpu_gpu_runs(param, bottom_arrays, n_top: int = 1, top_diffs=None, seed: int = 1701, dtype=np.float32,
+                 propagate_down=None):
+    """The same layer (fresh, same seed) forward and backward in CPU mode, then in GPU mode: two triples
+    (tops' data, bottoms' diffs, params' diffs). top_diffs: arrays for the tops' diffs, a function of the
+    tops' shapes returning them (called once per mode), or None (ones)."""
     results = []
     for mode in (context.CPU, context.GPU):
         context.set_mode(mode)
@@ -94,13 +96,20 @@ def check_cpu_gpu_parity(param, bottom_arrays, n_top: int = 1, rtol: float = 1e-
             top = empty_tops(n_top, dtype)
             layer.SetUp(bottom, top)
             layer.Forward(bottom, top)
+            diffs = top_diffs([t.shape for t in top]) if callable(top_diffs) else top_diffs
             for i, t in enumerate(top):
-                t.diff[...] = top_diffs[i] if top_diffs is not None else 1.0
+                t.diff[...] = diffs[i] if diffs is not None else 1.0
             layer.Backward(top, propagate_down or [True] * len(bottom), bottom)
             results.append(([t.data.copy() for t in top], [b.diff.copy() for b in bottom],
                             [p.diff.copy() for p in layer.blobs]))
         finally:
             context.set_mode_cpu()
-    (ct, cb, cp), (gt, gb, gp) = results
+    return results
+
+
+def check_cpu_gpu_parity(param, bottom_arrays, n_top: int = 1, rtol: float = 1e-5, atol: float = 1e-6,
+                         top_diffs=None, seed: int = 1701, dtype=np.float32, propagate_down=None):
+    """Forward and backward the same layer on CPU and GPU and compare tops, bottom diffs and param diffs."""
+    (ct, cb, cp), (gt, gb, gp) = cpu_gpu_runs(param, bottom_arrays, n_top, top_diffs, seed, dtype, propagate_down)
     for a, b in zip(ct + cb + cp, gt + gb + gp):
         np.testing.assert_allclose(a, b, rtol=rtol, atol=atol)
