@@ -140,11 +140,12 @@ def test_weight_diff_accumulates(g, chunk):
     assert_close(dw, ref, np.abs(start) + ref_weight(np.abs(x), np.abs(dy), kh, kw, ph, pw, G))
 
 
-@given(g=geometries(), tasks=st.sampled_from([1, 7]), band=st.sampled_from([1, 16 << 10]), bias=st.booleans())
-def test_weight_diff_oc_accumulates(g, tasks, band, bias):
+@given(g=geometries(), tasks=st.sampled_from([1, 7]), band=st.sampled_from([1, 16 << 10]), bias=st.booleans(),
+       group_bytes=st.sampled_from([1, 4 << 20]))
+def test_weight_diff_oc_accumulates(g, tasks, band, bias, group_bytes):
     """backward_weight_oc: dw += the correlation and bias_diff += the sums of dy, with output channels off
     the 8-lane vector and the 4-vector block, tiles spanning input channels, one or several runs of tiles
-    per image group (tasks), bands of 64 positions or whole images."""
+    per image group (tasks), bands of 64 positions or whole images, one image group or one per image."""
     x, w, b, dy, args = _arrays(g)
     kh, kw, ph, pw, G = g["kh"], g["kw"], g["ph"], g["pw"], g["G"]
     rng = np.random.default_rng(g["seed"] + 1)
@@ -152,6 +153,7 @@ def test_weight_diff_oc_accumulates(g, tasks, band, bias):
     dw, db = start.copy(), bstart.copy()
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(cd, "WO_TASKS_PER_THREAD", tasks)
+        mp.setattr(cd, "WO_GROUP_BYTES", group_bytes)  # 1: all images in one group
         cd.set_wo_band_bytes(band)  # 1: bands of 64 positions (whole rows)
         try:
             cd.backward_weight_oc(x.reshape(-1), dy.reshape(-1), dw.reshape(-1), *args, bias_diff=db if bias else None)

@@ -487,8 +487,9 @@ cdef extern from *:
     /* a task: images n0..n1-1 (of x, dy), tiles t0..t1-1. Each image is padded (xw: C planes) and its dy
        transposed (dyt: G P og8 floats) here, so both stay in this core's caches, then the tiles run a band
        of output rows (about cd_wo_band_bytes of dyt) at a time so that the band stays in L1 across them.
-       part (the tiles' float32 sums, over at most about 1,024 positions: one image or as many whole ones)
-       is then added to accd's float64 sums (this image group's). bsum: the group's bias sums, or NULL. */
+       part (the tiles' float32 sums, indexed by tile: only t0..t1-1 and the G og8 floats past them are
+       touched; over at most about 1,024 positions: one image or as many whole ones) is then added to accd's
+       float64 sums (this image group's). bsum: the group's bias sums, or NULL. */
     static ptrdiff_t cd_wo_band_bytes = 16 << 10;
     static void cd_wo_task(const cd_geom* d, const float* x, const float* dy, const cd_wotile* tl,
                            ptrdiff_t n0, ptrdiff_t n1, ptrdiff_t t0, ptrdiff_t t1, float* xw, float* dyt,
@@ -696,6 +697,7 @@ def backward_weight(const float[::1] x, const float[::1] dy, float[::1] dw,
 # (each run pads and transposes its group's images again, but that is little work).
 WO_TASKS_PER_THREAD = 4
 WO_IMAGE_GROUPS = 8
+WO_GROUP_BYTES = 4 << 20  # at most this many bytes of the groups' float64 sums (fewer groups on wide layers)
 
 
 def set_wo_band_bytes(Py_ssize_t nbytes):
@@ -723,8 +725,10 @@ def backward_weight_oc(const float[::1] x, const float[::1] dy, float[::1] dw,
     cdef Py_ssize_t ntl = cd_wo_tiles(&d, NULL), i, j, l, ig, tg
     cdef int nt = _threads(N * Co * OH * OW * d.cg * kh * kw)
     cdef Py_ssize_t want = WO_TASKS_PER_THREAD * nt
-    cdef Py_ssize_t nig = min(N, WO_IMAGE_GROUPS), ntg = max(1, min(ntl, (want + nig - 1) // nig)), ntask = nig * ntg
-    cdef Py_ssize_t scratch = C * PX + G * P * og8 + ntl * 96 + G * og8
+    cdef Py_ssize_t nig = max(1, min(N, WO_IMAGE_GROUPS, WO_GROUP_BYTES // (ntl * 96 * 8)))
+    cdef Py_ssize_t ntg = max(1, min(ntl, (want + nig - 1) // nig)), ntask = nig * ntg
+    cdef Py_ssize_t run = (ntl + ntg - 1) // ntg + 1  # the most tiles a task runs
+    cdef Py_ssize_t scratch = C * PX + G * P * og8 + run * 96 + G * og8
     cdef cd_wotile* tl = <cd_wotile*>malloc(ntl * sizeof(cd_wotile))
     cdef double* accd = <double*>calloc(nig * ntl * 96, sizeof(double))
     cdef double* bsd = <double*>calloc(nig * Co, sizeof(double))
@@ -747,7 +751,7 @@ def backward_weight_oc(const float[::1] x, const float[::1] dy, float[::1] dw,
                     ig = i // ntg
                     tg = i % ntg
                     cd_wo_task(&d, xs, dys, tl, N * ig // nig, N * (ig + 1) // nig, ntl * tg // ntg,
-                               ntl * (tg + 1) // ntg, buf, buf + C * PX, buf + C * PX + G * P * og8,
+                               ntl * (tg + 1) // ntg, buf, buf + C * PX, buf + C * PX + G * P * og8 - ntl * tg // ntg * 96,
                                accd + ig * ntl * 96, bsd + ig * Co if bias and tg == 0 else NULL)
                 free(buf)
         for ig in range(1, nig):  # the image groups' sums, in order (the same for any schedule)
