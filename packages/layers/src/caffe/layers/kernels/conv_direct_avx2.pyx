@@ -487,9 +487,9 @@ cdef extern from *:
     /* a task: images n0..n1-1 (of x, dy), tiles t0..t1-1. Each image is padded (xw: C planes) and its dy
        transposed (dyt: G P og8 floats) here, so both stay in this core's caches, then the tiles run a band
        of output rows (about cd_wo_band_bytes of dyt) at a time so that the band stays in L1 across them.
-       part (the tiles' float32 sums, indexed by tile: only t0..t1-1 and the G og8 floats past them are
-       touched; over at most about 1,024 positions: one image or as many whole ones) is then added to accd's
-       float64 sums (this image group's). bsum: the group's bias sums, or NULL. */
+       part (the tiles' float32 sums, tile t at (t - t0) CD_WO_ACC, then G og8 floats of scratch; over at most
+       about 1,024 positions: one image or as many whole ones) is then added to accd's float64 sums (this image
+       group's, indexed by tile). bsum: the group's bias sums, or NULL. */
     static ptrdiff_t cd_wo_band_bytes = 16 << 10;
     static void cd_wo_task(const cd_geom* d, const float* x, const float* dy, const cd_wotile* tl,
                            ptrdiff_t n0, ptrdiff_t n1, ptrdiff_t t0, ptrdiff_t t1, float* xw, float* dyt,
@@ -500,21 +500,22 @@ cdef extern from *:
         if (band * d->OW < 64) band = (64 + d->OW - 1) / d->OW;  /* a tile's loads and stores: over >= 64 positions */
         for (m0 = n0; m0 < n1; m0 = m1) {
             m1 = m0 + fl < n1 ? m0 + fl : n1;
-            memset(part + t0 * CD_WO_ACC, 0, (size_t)((t1 - t0) * CD_WO_ACC) * sizeof(float));
+            memset(part, 0, (size_t)((t1 - t0) * CD_WO_ACC) * sizeof(float));
             for (n = m0; n < m1; n++) {
                 cd_pad_planes(d, x + n * d->C * d->H * d->W, xw, d->C, PX, Wx);
                 cd_dy_trans(d, dy + n * d->Co * P, dyt);
-                if (bsum) cd_dy_sum(d, dyt, part + CD_WO_ACC * t1, bsum);  /* scratch: past the task's tiles */
+                if (bsum) cd_dy_sum(d, dyt, part + CD_WO_ACC * (t1 - t0), bsum);  /* scratch: past the tiles */
                 for (y0 = 0; y0 < d->OH; y0 += band) {
                     ptrdiff_t y1 = y0 + band < d->OH ? y0 + band : d->OH;
                     for (t = t0; t < t1; t++) {
                         const cd_wotile* w = tl + t;
                         cd_wo_dispatch((int)w->R, (int)w->T, xw + w->g * d->cg * PX, w->off,
-                                       dyt + w->g * P * og8 + w->o0, part + t * CD_WO_ACC, y0, y1, d->OW, Wx, og8);
+                                       dyt + w->g * P * og8 + w->o0, part + (t - t0) * CD_WO_ACC, y0, y1, d->OW, Wx,
+                                       og8);
                     }
                 }
             }
-            for (l = t0 * CD_WO_ACC; l < t1 * CD_WO_ACC; l++) accd[l] += part[l];
+            for (l = 0; l < (t1 - t0) * CD_WO_ACC; l++) accd[t0 * CD_WO_ACC + l] += part[l];
         }
     }
 
@@ -751,7 +752,7 @@ def backward_weight_oc(const float[::1] x, const float[::1] dy, float[::1] dw,
                     ig = i // ntg
                     tg = i % ntg
                     cd_wo_task(&d, xs, dys, tl, N * ig // nig, N * (ig + 1) // nig, ntl * tg // ntg,
-                               ntl * (tg + 1) // ntg, buf, buf + C * PX, buf + C * PX + G * P * og8 - ntl * tg // ntg * 96,
+                               ntl * (tg + 1) // ntg, buf, buf + C * PX, buf + C * PX + G * P * og8,
                                accd + ig * ntl * 96, bsd + ig * Co if bias and tg == 0 else NULL)
                 free(buf)
         for ig in range(1, nig):  # the image groups' sums, in order (the same for any schedule)
