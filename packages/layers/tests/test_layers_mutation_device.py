@@ -457,3 +457,68 @@ def test_short_float32_forward_on_the_device_is_the_correctly_rounded_float64_on
         finally:
             context.set_mode_cpu()
     np.testing.assert_array_equal(outs[0], outs[1].astype(np.float32))
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("norm", ["VALID", "FULL", "BATCH_SIZE", "NONE"])
+def test_softmax_loss_on_the_device_copies_nothing_to_the_host(norm):
+    # the normalizer (VALID's count of valid labels too), the label check and Backward's scale stay on the
+    # device: a forward and backward on device data move nothing to the host (a VALID count copied by
+    # int(count), the host's label check (bool(bad.any())) or the normalizer read back by float() gave the
+    # same values, a sync each). The values match CPU mode's.
+    if not context.cupy_standin():
+        pytest.skip("the transfer count is the CuPy stand-in's")
+    import cupy
+    x = np.random.default_rng(23).normal(size=(2, 3, 2))
+    labels = np.array([[0.0, 7.0], [2.0, 1.0]])
+    text = "loss_param { ignore_label: 7 normalization: %s }" % norm
+    runs = []
+    for mode in (context.CPU, context.GPU):
+        context.set_mode(mode)
+        try:
+            layer = create_layer(layer_param("SoftmaxWithLoss", text))
+            bottom, top = blobs_from_arrays([x, labels], np.float32), empty_tops(1, np.float32)
+            layer.SetUp(bottom, top)
+            if mode == context.GPU:
+                for b in bottom:
+                    b.gpu_data()  # the inputs on the device first: their upload is not the layer's
+                top[0].mutable_gpu_diff()[...] = 1.5
+            else:
+                top[0].mutable_cpu_diff()[...] = 1.5
+            with cupy.__caffe_transfers__.counting() as moved:
+                layer.Forward(bottom, top)
+                layer.Backward(top, [True, False], bottom)
+            runs.append((moved["d2h"], top[0].data.copy(), bottom[0].diff.copy()))
+        finally:
+            context.set_mode_cpu()
+    (_, loss_cpu, dx_cpu), (d2h, loss_gpu, dx_gpu) = runs
+    assert d2h == 0
+    np.testing.assert_allclose(loss_gpu, loss_cpu, rtol=1e-5)
+    np.testing.assert_allclose(dx_gpu, dx_cpu, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("bad", [3.0, -1.0])
+def test_softmax_loss_bad_label_on_the_device_is_named_at_the_next_read(bad):
+    # on the device the label check is deferred (no copy per forward): the forward runs, and the next read of
+    # a loss raises the layer's error naming the FIRST bad label (the first label here is a good one), once
+    from caffe.blob import deferred
+    from caffe.layers import LayerError
+    x = np.zeros((4, 3))
+    context.set_mode_gpu()
+    try:
+        deferred.discard()
+        layer = create_layer(layer_param("SoftmaxWithLoss", "loss_param { ignore_label: 5 }", name="loss"))
+        bottom, top = blobs_from_arrays([x, np.array([0.0, 5.0, bad, 4.0])], np.float32), empty_tops(1, np.float32)
+        layer.SetUp(bottom, top)
+        layer.Forward(bottom, top)
+        with pytest.raises(LayerError, match=rf"'loss' \(SoftmaxWithLoss\): label value {bad:g} is out of range: "
+                                             r"labels must be integers in \[0, 3\) or the ignore_label 5 "
+                                             r"\(found on the device; raised at the next read of a loss\)$"):
+            deferred.flush()
+        deferred.flush()  # raised once
+    finally:
+        deferred.discard()
+        context.set_mode_cpu()
