@@ -522,3 +522,38 @@ def test_softmax_loss_bad_label_on_the_device_is_named_at_the_next_read(bad):
     finally:
         deferred.discard()
         context.set_mode_cpu()
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("num", [1, 3])
+def test_convolution_layer_run_in_both_modes_keeps_its_buffers_apart(num):
+    # the batched path's scratch buffers (the bias gradient's ones vector, the column buffers) are kept per
+    # array module: ONE layer run in CPU mode (N-d lowering: the batched path there too), then in GPU mode,
+    # then in CPU mode again gives the same tops and gradients each time (a NumPy buffer handed to the device,
+    # or a device one to the host, is refused, as CuPy refuses it)
+    x = np.random.default_rng(24).normal(size=(num, 2, 5, 4))
+    dy = None
+    context.set_random_seed(5)
+    layer = create_layer(layer_param("Convolution", "convolution_param { num_output: 3 kernel_size: 2 "
+                                     "force_nd_im2col: true weight_filler { type: 'gaussian' } "
+                                     "bias_filler { type: 'gaussian' } }"))
+    bottom, top = blobs_from_arrays([x], np.float32), empty_tops(1, np.float32)
+    layer.SetUp(bottom, top)
+    runs = []
+    for mode in (context.CPU, context.GPU, context.CPU):
+        context.set_mode(mode)
+        try:
+            for p in layer.blobs:
+                p.diff[...] = 0
+            layer.Forward(bottom, top)
+            if dy is None:
+                dy = np.random.default_rng(25).normal(size=top[0].shape)
+            top[0].diff[...] = dy
+            layer.Backward(top, [True], bottom)
+            runs.append([top[0].data.copy(), bottom[0].diff.copy()] + [p.diff.copy() for p in layer.blobs])
+        finally:
+            context.set_mode_cpu()
+    for run in runs[1:]:
+        for a, b in zip(runs[0], run):
+            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
