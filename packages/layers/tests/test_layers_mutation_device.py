@@ -557,3 +557,80 @@ def test_convolution_layer_run_in_both_modes_keeps_its_buffers_apart(num):
     for run in runs[1:]:
         for a, b in zip(runs[0], run):
             np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+
+
+def _conv(text, seed):
+    context.set_random_seed(seed)
+    return create_layer(layer_param("Convolution", "convolution_param { %s weight_filler { type: 'gaussian' } "
+                                                   "bias_filler { type: 'gaussian' } }" % text))
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_device_column_buffer_kept_for_backward_is_the_layers_own():
+    # forward keeps its column buffer for backward (one-chunk batches; float32 past the exact forward's 32
+    # terms): that buffer is the layer's, while the per-call scratch buffers are shared by every convolution
+    # layer of the thread (Caffe's memory). A and B forward, then A backward: A's weight gradient from A's
+    # input, as when A runs alone. Scratch buffers are reused: the same memory for the same or a smaller size.
+    text = "num_output: 2 kernel_size: 3"  # 4 channels x 3 x 3 = 36 terms
+    rng = np.random.default_rng(26)
+    xa, xb = rng.normal(size=(2, 4, 5, 5)), rng.normal(size=(2, 4, 5, 5))
+    context.set_mode_gpu()
+    try:
+        grads = []
+        for with_b in (False, True):
+            a, b = _conv(text, 1), _conv(text, 2)
+            ba, ta = blobs_from_arrays([xa], np.float32), empty_tops(1, np.float32)
+            bb, tb = blobs_from_arrays([xb], np.float32), empty_tops(1, np.float32)
+            a.SetUp(ba, ta)
+            b.SetUp(bb, tb)
+            assert a.kernel_dim > 32
+            a.Forward(ba, ta)
+            if with_b:
+                b.Forward(bb, tb)
+            ta[0].diff[...] = 1.0
+            a.Backward(ta, [True], ba)
+            grads.append([p.diff.copy() for p in a.blobs] + [ba[0].diff.copy()])
+        for g0, g1 in zip(*grads):
+            np.testing.assert_allclose(g1, g0, rtol=1e-6, atol=1e-6)
+        import cupy
+        big = a.buffer(cupy, "col", (6, 4), np.float32)
+        small = b.buffer(cupy, "col", (3, 4), np.float32)  # another layer, the same scratch
+        same = a.buffer(cupy, "col", (3, 4), np.float32)
+        again = a.buffer(cupy, "col", (6, 4), np.float32)  # exactly the size it has
+        assert big.data.ptr == small.data.ptr == same.data.ptr == again.data.ptr
+        own_a, own_b = a.buffer(cupy, ("col", 0), (3,), np.float32), b.buffer(cupy, ("col", 0), (3,), np.float32)
+        assert own_a.data.ptr != own_b.data.ptr
+    finally:
+        context.set_mode_cpu()
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("kernel", [2, 3])  # within and past the exact forward's 32 terms
+def test_device_matmuls_do_not_grow_with_the_groups(monkeypatch, kernel):
+    # on the device every group goes in ONE batched matmul (forward, data gradient, weight gradient): a
+    # grouped layer makes as many matmul calls as an ungrouped one (a per-group loop there gives the same
+    # values, one launch per group)
+    import cupy
+    counts = []
+    real = cupy.matmul
+
+    def counted(*args, **kwargs):
+        counts[-1] += 1
+        return real(*args, **kwargs)
+    monkeypatch.setattr(cupy, "matmul", counted)
+    x = np.random.default_rng(27).normal(size=(2, 8, 5, 5))
+    context.set_mode_gpu()
+    try:
+        for group in (1, 4):
+            layer = _conv("num_output: 8 kernel_size: %d group: %d" % (kernel, group), 3)
+            bottom, top = blobs_from_arrays([x], np.float32), empty_tops(1, np.float32)
+            layer.SetUp(bottom, top)
+            counts.append(0)
+            layer.Forward(bottom, top)
+            top[0].diff[...] = 1.0
+            layer.Backward(top, [True], bottom)
+    finally:
+        context.set_mode_cpu()
+    assert counts[0] == counts[1] > 0, counts
