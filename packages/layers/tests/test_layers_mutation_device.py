@@ -601,6 +601,8 @@ def test_device_column_buffer_kept_for_backward_is_the_layers_own():
         assert big.data.ptr == small.data.ptr == same.data.ptr == again.data.ptr
         own_a, own_b = a.buffer(cupy, ("col", 0), (3,), np.float32), b.buffer(cupy, ("col", 0), (3,), np.float32)
         assert own_a.data.ptr != own_b.data.ptr
+        ones = [a.ones(cupy, n, np.float32) for n in (64, 64, 2)]  # the bias gradient's ones, kept
+        assert len({o.data.ptr for o in ones}) == 1 and all((o == 1).all() for o in ones)
     finally:
         context.set_mode_cpu()
 
