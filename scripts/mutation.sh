@@ -39,7 +39,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
-[ $# -ge 1 ] || { sed -n '2,26p' "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,25p' "$0"; exit 2; }
 pkg=$1
 shift
 src="packages/$pkg/src"
