@@ -3,13 +3,15 @@
 A stand-in run (CAFFE_CUPY_STANDIN=1, gpu-marked tests) compares GPU mode with CPU mode; a mutant of code
 both modes run moves both sides alike, so only mutants of device-only code are worth its time (the shared
 code's belong to the plain runs). A mutant is device-only when every line it changes is
-  - in the body of an `if` whose test names `xp is not np` (or the else of one naming `xp is np`, or what
-    follows an `if xp is np:` block that returns), or
+  - in the body of an `if` whose test is `xp is not np` or an `and` holding it (or the else of
+    `if xp is np:`, or what follows such a block that returns), or
   - a line that itself names `xp is np` / `xp is not np` (the dispatch) or calls a hand-written kernel's
     wrapper (`cuda_norm.`, `cuda_pooling.`, ...: a real GPU's; the stand-in runs none, the `[host]` tests
     of test_layers_device_kernels.py do), or
-  - in a function named `*_device`, or in one named on the command line (--whole NAME: a function only the device reaches in the
-    stand-in's parity tests, e.g. a builder the CPU's compiled kernel never calls).
+  - in a function named `*_device`, or in one named on the command line (--whole NAME: a function only the
+    device reaches in the stand-in's parity tests, e.g. a builder the CPU's compiled kernel never calls).
+The selection is by lines, so a line naming `xp is np` also brings the host's other conditions on it (e.g.
+`_fast`'s `_k is not None`): read such survivors as CPU-side.
 
 usage (from the work folder, after the mutants are made):
   python scripts/mutation_device.py [--generate] [--whole FUNC ...] MODULE.py ...   # prints mutant names
