@@ -594,10 +594,11 @@ def test_device_column_buffer_kept_for_backward_is_the_layers_own():
         for g0, g1 in zip(*grads):
             np.testing.assert_allclose(g1, g0, rtol=1e-6, atol=1e-6)
         import cupy
-        big = a.buffer(cupy, "col", (6, 4), np.float32)
-        small = b.buffer(cupy, "col", (3, 4), np.float32)  # another layer, the same scratch
-        same = a.buffer(cupy, "col", (3, 4), np.float32)
-        again = a.buffer(cupy, "col", (6, 4), np.float32)  # exactly the size it has
+        # (a name of its own: the thread's "col" may be larger already, from an earlier test)
+        big = a.buffer(cupy, "mutation-test", (6, 4), np.float32)
+        small = b.buffer(cupy, "mutation-test", (3, 4), np.float32)  # another layer, the same scratch
+        same = a.buffer(cupy, "mutation-test", (3, 4), np.float32)
+        again = a.buffer(cupy, "mutation-test", (6, 4), np.float32)  # exactly the size it has
         assert big.data.ptr == small.data.ptr == same.data.ptr == again.data.ptr
         own_a, own_b = a.buffer(cupy, ("col", 0), (3,), np.float32), b.buffer(cupy, ("col", 0), (3,), np.float32)
         assert own_a.data.ptr != own_b.data.ptr
