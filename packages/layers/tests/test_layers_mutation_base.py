@@ -4,7 +4,7 @@ behaviour the earlier tests did not pin down."""
 import numpy as np
 import pytest
 
-from caffe.blob import context
+from caffe.blob import Blob, context
 from caffe.layers import GradientChecker, GradientCheckError, LayerError, conv_cpu, pooling
 from caffe.layers.layer import Layer, NeuronLayer
 from caffe.layers.registry import create_layer
@@ -210,6 +210,62 @@ def test_scale_reloaded_with_its_bias_keeps_the_bias_and_its_own_propagate_flag(
         np.testing.assert_allclose(b.blobs[1].diff, want_b, atol=1e-12)
 
 
+def _scale_with_a_stored_bias():
+    """A Scale (axis 1, a scale per channel, bias_term) whose stored blobs (a LayerParameter's, as a net
+    with its weights in the prototxt gives) hold a bias spanning (channels, height); x, the scale, the bias."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(2, 3, 4))
+    s, b = rng.normal(size=3).astype(np.float32), rng.normal(size=(3, 4)).astype(np.float32)
+    a = make_layer("Scale", "scale_param { axis: 1 num_axes: 1 bias_term: true }")
+    a.SetUp(blobs_from_arrays([x]), empty_tops(1))
+    a.blobs[0].data[...] = s
+    a.blobs[1] = Blob([3, 4])
+    a.blobs[1].data[...] = b
+    return a.to_proto(), x, s, b
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_scale_with_a_stored_bias_of_another_geometry(dtype, in_place):
+    """The bias layer adds such a bias and takes its gradient, as Caffe's CPU Scale does; the CPU kernels'
+    one pass (scale and bias per channel) does not fit it. A bug found in session 7 (the float32 kernel path
+    indexed the bias by channel: wrong tops; its backward crashed reshaping the bias diff); Scale.forward_xp
+    40 (the same check inverted on the device path) in the host test below."""
+    param, x, s, b = _scale_with_a_stored_bias()
+    layer = create_layer(param)
+    bottom = blobs_from_arrays([x], dtype)
+    top = [bottom[0]] if in_place else empty_tops(1, dtype)
+    layer.SetUp(bottom, top)
+    layer.Forward(bottom, top)
+    xs = x.astype(dtype)
+    tol = 1e-6 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(top[0].data, xs * s[:, None] + b, rtol=tol, atol=tol)
+    dy = np.random.default_rng(4).normal(size=x.shape).astype(dtype)
+    top[0].diff[...] = dy
+    layer.Backward(top, [True], bottom)
+    np.testing.assert_allclose(bottom[0].diff, dy * s[:, None], rtol=tol, atol=tol)
+    # the stored blobs are float32 whatever the bottoms' dtype (a LayerParameter holds floats)
+    np.testing.assert_allclose(layer.blobs[0].diff, (dy * xs).sum(axis=(0, 2)), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(layer.blobs[1].diff, dy.sum(axis=0), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.skipif(not __import__("caffe.layers.cuda_host", fromlist=["x"]).available(),
+                    reason="no host C++ compiler to run the CUDA sources")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_scale_with_a_stored_bias_of_another_geometry_on_the_host(dtype):
+    """The device path with the CUDA kernels (run on the host): the fused scale-and-bias kernel indexes the
+    bias by channel, so it must not be chosen (session 7: Scale.forward_xp 40)."""
+    from caffe.layers import cuda_host
+    param, x, s, b = _scale_with_a_stored_bias()
+    layer = create_layer(param)
+    bottom, top = blobs_from_arrays([x], dtype), empty_tops(1, dtype)
+    layer.SetUp(bottom, top)
+    with cuda_host.emulating():
+        layer.forward_xp(np, bottom, top)
+    tol = 1e-6 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(top[0].data, x.astype(dtype) * s[:, None] + b, rtol=tol, atol=tol)
+
+
 def test_stochastic_train_draws_one_uniform_per_window():
     """Caffe's StoPoolForwardTrain draws one uniform per top element: each window takes the first element
     whose running sum reaches draw * window sum, with its own draw."""
@@ -226,6 +282,25 @@ def test_stochastic_train_draws_one_uniform_per_window():
         win = x[n, c, 2 * i:2 * i + 2, 2 * j:2 * j + 2].ravel()
         want[n, c, i, j] = win[np.argmax(np.cumsum(win) >= u[n, c, i, j] * win.sum())]
     np.testing.assert_array_equal(top[0].data, want)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_stochastic_test_guards_the_division_with_flt_min(dtype):
+    """Caffe's StoPoolForwardTest starts the window sum at FLT_MIN: a window of zeros gives +0 and one whose
+    only nonzero is FLT_MIN (its square underflows in float32) 0, not 0/0 (session 7: stochastic_forward_test
+    27, the guard subtracted)."""
+    flt_min = np.finfo(np.float32).tiny
+    x = np.zeros((1, 1, 2, 4))
+    x[0, 0, 0, 2] = flt_min
+    layer = make_layer("Pooling", "pooling_param { pool: STOCHASTIC kernel_size: 2 stride: 2 }", phase=1)
+    bottom, top = blobs_from_arrays([x], dtype), empty_tops(1, dtype)
+    layer.SetUp(bottom, top)
+    layer.Forward(bottom, top)
+    xs = x.astype(dtype)
+    want = np.array([0.0, (xs[0, 0, 0, 2] * xs[0, 0, 0, 2]) / (xs[0, 0, 0, 2] + dtype(flt_min))], dtype)
+    got = top[0].data.reshape(-1)
+    assert np.isfinite(got).all() and not np.signbit(got).any()
+    np.testing.assert_array_equal(got, want)
 
 
 # -- layers-11: LRN's scratch buffers follow the blobs' dtype --------------------------------------------

@@ -70,9 +70,16 @@ class ScaleLayer(Layer):
     def _bias_blob(self):
         return self.bias_layer.blobs[0] if self.bias_layer is not None else None
 
+    def _bias_fused(self):
+        """Whether one pass can add the bias (none, or one with the scale's geometry): a stored bias (the
+        LayerParameter's blobs) may span more axes than the scale; the bias layer then adds it."""
+        bl = self.bias_layer
+        return bl is None or (bl.dim, bl.inner) == (self.dim, self.inner)
+
     def forward_cpu(self, bottom, top):
         s, b = self._scale(bottom), self._bias_blob()
-        if not _cpu.usable(_cpu.channelwise, bottom[0], top[0], s, *([b] if b is not None else [])):
+        if not (self._bias_fused()
+                and _cpu.usable(_cpu.channelwise, bottom[0], top[0], s, *([b] if b is not None else []))):
             return self.forward_xp(np, bottom, top)
         dt = bottom[0].dtype
         saved = _cpu.empty(dt)
@@ -85,7 +92,8 @@ class ScaleLayer(Layer):
 
     def backward_cpu(self, top, propagate_down, bottom):
         s, b = self._scale(bottom), self._bias_blob()
-        if not _cpu.usable(_cpu.channelwise, bottom[0], top[0], s, *([b] if b is not None else [])):
+        if not (self._bias_fused()
+                and _cpu.usable(_cpu.channelwise, bottom[0], top[0], s, *([b] if b is not None else []))):
             return self.backward_xp(np, top, propagate_down, bottom)
         learned = len(bottom) == 1
         want_bias = b is not None and self.param_propagate_down(self.bias_param_id)
@@ -122,8 +130,8 @@ class ScaleLayer(Layer):
             _cpu.state_blob(self, "temp_", bottom[0]).mutable_data_xp(xp)[...] = x
         s = self._scale(bottom).data_xp(xp).reshape(1, self.dim, 1)
         from caffe.layers.kernels import cuda_channelwise  # a real GPU: scale and bias in one pass
-        b, bl = self._bias_blob(), self.bias_layer
-        if (b is None or (bl.dim, bl.inner) == (self.dim, self.inner)) and cuda_channelwise.channel_scale(
+        b = self._bias_blob()
+        if self._bias_fused() and cuda_channelwise.channel_scale(
                 xp, x, s.reshape(-1), None if b is None else b.data_xp(xp).reshape(-1), top[0].mutable_data_xp(xp),
                 self.dim, self.inner):
             return
