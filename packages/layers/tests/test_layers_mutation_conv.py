@@ -52,10 +52,12 @@ def _dense_run(type_name, text, shape, batched, calls=None):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(conv_base, "CPU_PATHS", not batched)
         if calls is not None:
-            packed, weight = conv_cpu._packed, conv_cpu._cd.backward_weight
+            packed = conv_cpu._packed
             mp.setattr(conv_cpu, "_packed", lambda layer, w, flip: calls.append("data" if flip else "fwd")
                        or packed(layer, w, flip))
-            mp.setattr(conv_cpu._cd, "backward_weight", lambda *a: calls.append("wgt") or weight(*a))
+            for kernel in ("backward_weight", "backward_weight_oc"):  # the "x" and "oc" weight-diff kernels
+                mp.setattr(conv_cpu._cd, kernel, lambda *a, _k=getattr(conv_cpu._cd, kernel), **kw:
+                           calls.append("wgt") or _k(*a, **kw))
         context.set_random_seed(3)
         layer = make_layer(type_name, f"convolution_param {{ {text} {_FILL} }}")
         rng = np.random.default_rng(3)
