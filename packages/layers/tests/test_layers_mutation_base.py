@@ -806,3 +806,36 @@ def test_neuron_kernels_in_float32(type_name, text, in_place):
     assert y32.dtype == np.float32
     np.testing.assert_allclose(y32, y64, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(dx32, dx64, rtol=1e-6, atol=1e-7)
+
+
+# -- layers-8, session 7: Eltwise's fused device backward (the CUDA sources run on the host) ------------------
+
+
+@pytest.mark.skipif(not __import__("caffe.layers.cuda_host", fromlist=["x"]).available(),
+                    reason="no host C++ compiler to run the CUDA sources")
+@pytest.mark.parametrize("op", ["SUM", "MAX"])
+def test_eltwise_device_backward_writes_only_the_bottoms_asked_for(op):
+    """Caffe's Eltwise Backward writes the diffs of the bottoms propagate_down asks for, no other: the fused
+    device kernels (one pass per bottom asked) must leave bottom[1]'s diff as it was, as the array path does."""
+    from caffe.layers import cuda_host, device
+    rng = np.random.default_rng(3)
+    x0, x1, dy = (rng.normal(size=(2, 3)) for _ in range(3))
+    ran = []
+    with cuda_host.emulating():
+        build = device.raw_kernel
+        device.raw_kernel = lambda name, source, dt: ran.append(name) or build(name, source, dt)
+        try:
+            layer = make_layer("Eltwise", f"eltwise_param {{ operation: {op} }}")
+            bottom, top = blobs_from_arrays([x0, x1], np.float32), empty_tops(1, np.float32)
+            layer.SetUp(bottom, top)
+            layer.forward_xp(np, bottom, top)
+            top[0].mutable_diff_xp(np)[...] = dy
+            bottom[1].mutable_diff_xp(np)[...] = 7.0
+            del ran[:]
+            layer.backward_xp(np, top, [True, False], bottom)
+        finally:
+            device.raw_kernel = build
+    assert ran, "the fused backward did not run"
+    np.testing.assert_array_equal(bottom[1].cpu_diff(), 7.0)
+    won = 1.0 if op == "SUM" else (x0.astype(np.float32) > x1.astype(np.float32))  # Caffe: a tie goes to bottom 1
+    np.testing.assert_allclose(bottom[0].cpu_diff(), dy.astype(np.float32) * won, rtol=1e-6)
