@@ -1247,3 +1247,75 @@ def test_data_layer_errors_name_the_record_and_the_database_kind(tmp_path, backe
         with pytest.raises(LayerError, match=rf"^Layer 'd' \(Data\): record '00000001' of {kind} '.*rdb{n}'{tail}"):
             layer.Forward([], top)
         layer.close()
+
+
+class _SlowPrefetch:
+    """A prefetching layer whose thread spins (burns CPU) or sleeps (no CPU) before its first batch, until
+    `release` is set or `sleep_s` has passed."""
+
+    @staticmethod
+    def make(mode, stall_cpu_s, sleep_s=0.0):
+        import threading
+        import time
+        from caffe.layers.base_data import BasePrefetchingDataLayer
+        from caffe.layers.testing import layer_param
+
+        release = threading.Event()
+
+        class Slow(BasePrefetchingDataLayer):
+            def data_layer_setup(self, bottom, top):
+                top[0].reshape([2, 3])
+
+            def load_batch(self, batch):
+                if mode == "spin":
+                    while not release.is_set():
+                        pass
+                else:
+                    time.sleep(sleep_s)
+                batch.data[...] = 7.0
+
+        Slow.stall_cpu_s = stall_cpu_s
+        layer = Slow(layer_param("Slow", "data_param { prefetch: 1 }", name="slow"))
+        return layer, release
+
+
+def test_a_prefetch_thread_that_spins_without_delivering_fails_forward_with_stall_cpu_s():
+    """With stall_cpu_s set (the tests' conftest sets it for every prefetching layer), Forward gives up on a
+    thread that has burnt that much CPU without delivering a batch: PrefetchStalled, naming the layer, not a
+    LayerError (a test expecting a data error must not take a hang for one)."""
+    from caffe.layers.base_data import PrefetchStalled
+    layer, release = _SlowPrefetch.make("spin", 0.2)
+    top = [Blob()]
+    try:
+        layer.SetUp([], top)
+        with pytest.raises(PrefetchStalled, match=r"^Layer 'slow' \(\w+\): the prefetch thread used "
+                                                  r"[0-9.]+ s of CPU without delivering a batch \(stall_cpu_s = 0.2\)$"):
+            layer.Forward([], top)
+        assert not issubclass(PrefetchStalled, LayerError)
+        assert layer._stop.is_set() and not layer._finalizer.alive  # told to stop, and not joined at exit
+        thread = layer._thread
+    finally:
+        release.set()
+        layer.close()
+    thread.join(timeout=10)
+    assert not thread.is_alive()  # released, it saw the stop
+
+
+def test_a_prefetch_thread_that_waits_without_cpu_is_not_a_stall():
+    """The bound is on CPU used while Forward waits, not on wall time: a thread that takes longer than the
+    wait's 1 s poll while using no CPU (a slow disk, a loaded machine) still delivers."""
+    layer, release = _SlowPrefetch.make("sleep", 0.2, sleep_s=1.3)
+    top = [Blob()]
+    try:
+        layer.SetUp([], top)
+        layer.Forward([], top)
+        assert np.all(top[0].data == 7.0)
+    finally:
+        layer.close()
+
+
+def test_the_tests_bound_every_prefetching_layer():
+    """conftest.py sets stall_cpu_s for the tests (a mutant that never moves a cursor then fails in seconds,
+    not at mutmut's timeout); the library's default (None, in the class body) waits as Caffe does."""
+    from caffe.layers.base_data import BasePrefetchingDataLayer
+    assert BasePrefetchingDataLayer.stall_cpu_s == 5.0
