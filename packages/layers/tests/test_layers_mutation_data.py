@@ -1319,3 +1319,220 @@ def test_the_tests_bound_every_prefetching_layer():
     not at mutmut's timeout); the library's default (None, in the class body) waits as Caffe does."""
     from caffe.layers.base_data import BasePrefetchingDataLayer
     assert BasePrefetchingDataLayer.stall_cpu_s == 5.0
+
+
+# -- session 7: the survivors of layers-14's retest ------------------------------------------------------------
+
+def _encoded(img, fmt, **kw):
+    import io
+    b = io.BytesIO()
+    img.save(b, fmt, **kw)
+    return b.getvalue()
+
+
+@pytest.mark.filterwarnings("ignore:IM image format is deprecated:DeprecationWarning")
+def test_decode_of_16_bit_32_bit_and_float_gray_images_gives_8_bit_gray_as_opencv():
+    """Every 16-bit layout Pillow opens (big-endian TIFF: I;16B, an IM file: I;16L, PNG: I;16, a 16-bit PGM:
+    I) decodes to one channel of value >> 8, even when every value is below 256; 32-bit and float images are
+    divided by 256 only when they exceed 255, then clipped to 0..255."""
+    Image = pytest.importorskip("PIL.Image")
+    from caffe.layers.data_transformer import decode_image_bytes
+    a16 = np.array([[0, 255, 256, 1000], [40000, 65535, 300, 7]], np.uint16)
+    want = (a16 >> 8).astype(np.uint8)[None]
+    big = Image.frombytes("I;16B", (4, 2), a16.astype(">u2").tobytes())
+    little = Image.frombytes("I;16L", (4, 2), a16.astype("<u2").tobytes())
+    for data, mode in ((_encoded(big, "TIFF"), "I;16B"), (_encoded(little, "IM"), "I;16L"),
+                       (_encoded(Image.fromarray(a16), "PNG"), "I;16")):
+        assert Image.open(__import__("io").BytesIO(data)).mode == mode
+        out = decode_image_bytes(data)
+        assert out.dtype == np.uint8
+        np.testing.assert_array_equal(out, want, err_msg=mode)
+    small = np.array([[0, 255], [128, 7]], np.uint16)  # 16 bits, all below 256: still >> 8
+    np.testing.assert_array_equal(decode_image_bytes(_encoded(Image.fromarray(small), "PNG")), np.zeros((1, 2, 2)))
+    pgm = np.array([[0, 256], [512, 65535]], np.uint16)  # a 16-bit PGM opens as 'I'; its max is exactly 256 + ...
+    data = b"P5 2 2 65535\n" + pgm.astype(">u2").tobytes()
+    np.testing.assert_array_equal(decode_image_bytes(data), [[[0, 1], [2, 255]]])
+    data = b"P5 2 1 65535\n" + np.array([256, 0], ">u2").tobytes()  # ... and here exactly 256: still divided
+    np.testing.assert_array_equal(decode_image_bytes(data), [[[1, 0]]])
+    i32 = Image.fromarray(np.array([[10, 70000], [100000, 5]], np.int32))  # 32-bit: / 256, then clipped at 255
+    np.testing.assert_array_equal(decode_image_bytes(_encoded(i32, "TIFF")), [[[0, 255], [255, 0]]])
+    f_small = Image.fromarray(np.array([[10.7, 200.2], [-5, 100.5]], np.float32))  # float <= 255: kept, clipped at 0
+    np.testing.assert_array_equal(decode_image_bytes(_encoded(f_small, "TIFF")), [[[10, 200], [0, 100]]])
+    f_big = Image.fromarray(np.array([[10.7, 600.2], [-5, 2000.5]], np.float32))  # float > 255: / 256
+    np.testing.assert_array_equal(decode_image_bytes(_encoded(f_big, "TIFF")), [[[0, 2], [0, 7]]])
+
+
+@pytest.mark.parametrize("transparency", [None, 1, bytes([255, 0, 128, 255])])
+def test_decode_of_palette_images_gives_bgr_without_warnings(transparency):
+    """A palette PNG decodes to its colors (BGR, 3 channels), with or without a transparency entry (alpha is
+    dropped as OpenCV does); transparency given as bytes goes through RGBA, without Pillow's warning."""
+    import warnings
+    Image = pytest.importorskip("PIL.Image")
+    from caffe.layers.data_transformer import decode_image_bytes
+    img = Image.new("P", (2, 2))
+    img.putpalette([255, 0, 0, 0, 255, 0, 0, 0, 254, 9, 8, 7])
+    img.putdata([0, 1, 2, 3])
+    data = _encoded(img, "PNG", **({} if transparency is None else {"transparency": transparency}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = decode_image_bytes(data)
+    rgb = np.array([[[255, 0, 0], [0, 255, 0]], [[0, 0, 254], [9, 8, 7]]], np.uint8)
+    np.testing.assert_array_equal(out, rgb[:, :, ::-1].transpose(2, 0, 1))
+
+
+def test_datum_to_image_shapes_dtypes_defaults_and_force_gray():
+    """A Datum with any zero dimension is refused, naming the shape; float_data comes back float32; the default
+    `where` texts ('Datum', 'record'); infer_blob_shape gives num 1; force_gray reaches encoded Datums."""
+    from caffe.proto import caffe_pb2
+    from caffe.layers.data_transformer import DataTransformer, datum_to_image, parse_datum
+    for c, h, w in ((0, 2, 3), (1, 0, 3), (1, 2, 0)):
+        d = caffe_pb2.Datum(channels=c, height=h, width=w)
+        with pytest.raises(DataError, match=rf"^Datum: Datum has a non-positive shape {c}x{h}x{w}$"):
+            datum_to_image(d)
+    d = array_to_datum(np.array([[[0.5, 1.25]]], np.float32))
+    assert datum_to_image(d).dtype == np.float32
+    tf = DataTransformer(caffe_pb2.TransformationParameter(), 0)
+    bad = caffe_pb2.Datum(channels=1, height=0, width=1)
+    with pytest.raises(DataError, match=r"^Datum: "):
+        tf.image(bad)
+    with pytest.raises(DataError, match=r"^Datum: "):
+        tf.infer_blob_shape(bad)
+    with pytest.raises(DataError, match=r"^record is not a valid serialized Datum"):
+        parse_datum(b"\xff\xff\xff")
+    assert tf.infer_blob_shape(array_to_datum(np.zeros((3, 4, 5), np.uint8))) == [1, 3, 4, 5]
+    Image = pytest.importorskip("PIL.Image")
+    rgb = np.array([[[200, 100, 50], [0, 0, 0]]], np.uint8)
+    enc = caffe_pb2.Datum(encoded=True, data=_encoded(Image.fromarray(rgb), "PNG"))
+    want = np.asarray(Image.fromarray(rgb).convert("L"))[None]
+    np.testing.assert_array_equal(datum_to_image(enc, force_gray=True), want)
+    gray_tf = DataTransformer(caffe_pb2.TransformationParameter(force_gray=True), 0)
+    np.testing.assert_array_equal(gray_tf.image(enc), want)
+
+
+def test_data_batches_of_different_shapes_reshape_in_float32(tmp_path):
+    """Each batch takes the shape of its first record (Caffe's per-batch InferBlobShape): the prefetched buffers
+    are reshaped when it changes, in the top's dtype (the transform computed in float32, as Caffe)."""
+    a = (np.arange(4, dtype=np.uint8).reshape(1, 2, 2) * 61 + 3)
+    b = (np.arange(9, dtype=np.uint8).reshape(1, 3, 3) * 27 + 1)
+    records = [array_to_datum(x, i).SerializeToString() for i, x in enumerate([a, a + 1, b, b + 2])]
+    layer = _data_layer(_records_db(tmp_path, records), batch=2, transform="scale: 0.1 mean_value: 0.3")
+    top = [Blob(), Blob()]
+    layer.SetUp([], top)
+    try:
+        for want in ([a, a + 1], [b, b + 2], [a, a + 1]):
+            layer.Forward([], top)
+            want = (np.stack(want).astype(np.float32) - np.float32(0.3)) * np.float32(0.1)
+            assert top[0].shape == want.shape and top[0].dtype == np.float32
+            np.testing.assert_array_equal(top[0].data, want)
+    finally:
+        layer.close()
+
+
+def test_forward_after_close_names_the_stopped_thread(tmp_path):
+    layer = make_layer("Data", f'data_param {{ source: "{_mnist_like_lmdb(tmp_path)}" batch_size: 2 backend: LMDB '
+                               f'prefetch: 1 }}', name="d")
+    top = [Blob(), Blob()]
+    layer.SetUp([], top)
+    layer.Forward([], top)
+    layer.close()
+    for _ in range(2):  # and the same error again, at once
+        with pytest.raises(LayerError, match=r"^Layer 'd' \(Data\): the prefetch thread stopped without "
+                                             r"delivering data$"):
+            layer.Forward([], top)
+
+
+def test_a_prefetching_layer_without_load_batch_names_it():
+    from caffe.layers.base_data import BasePrefetchingDataLayer
+    from caffe.layers.testing import layer_param
+
+    class NoLoad(BasePrefetchingDataLayer):
+        def data_layer_setup(self, bottom, top):
+            top[0].reshape([1])
+
+    layer = NoLoad(layer_param("NoLoad", name="n"))
+    top = [Blob()]
+    layer.SetUp([], top)
+    with pytest.raises(LayerError, match=r"^Layer 'n' \(\w+\): NotImplementedError: NoLoad must implement "
+                                         r"load_batch$"):
+        layer.Forward([], top)
+    layer.close()
+
+
+def test_window_data_reads_gray_images_in_color_and_subtracts_the_mean_where_padded(tmp_path):
+    """WindowData reads every image in color (a gray one made 3 equal channels); with a mean_file, the mean's
+    crop at the item's padding offset is subtracted from the warped region only (Caffe's window_data_layer)."""
+    from caffe.blob.proto_io import array_to_blob_proto
+    win = (1, 0.9, 0, 0, 5, 4)  # at the top-left corner: with context_pad 1, padded on both axes
+    layer, _ = _window_setup(tmp_path, [win], "context_pad: 1", batch=1)
+    Image = pytest.importorskip("PIL.Image")
+    gray = np.random.default_rng(2).integers(0, 256, size=(10, 12)).astype(np.uint8)
+    Image.fromarray(gray, "L").save(tmp_path / "im.png")
+    top = [Blob(), Blob()]
+    layer.SetUp([], top)
+    layer.Forward([], top)
+    layer.close()
+    item = top[0].data[0].copy()
+    assert item.any() and (item[0] == item[1]).all() and (item[1] == item[2]).all()
+    mean = np.arange(3 * 8 * 8, dtype=np.float32).reshape(1, 3, 8, 8)  # 8x8 for crop 6: offset 1
+    (tmp_path / "m.binaryproto").write_bytes(array_to_blob_proto(mean).SerializeToString())
+    layer, _ = _window_setup(tmp_path, [win], "context_pad: 1", batch=1,
+                             transform=f'mean_file: "{tmp_path}/m.binaryproto"')
+    Image.fromarray(gray, "L").save(tmp_path / "im.png")
+    layer.SetUp([], top)
+    layer.Forward([], top)
+    layer.close()
+    _, (w, h), pad_h, pad_w = caffe_window_geometry(win[2:], 12, 10, 6, 1, False, False)
+    assert pad_h > 0 and pad_w > 0
+    want = np.zeros_like(item)
+    want[:, pad_h:pad_h + h, pad_w:pad_w + w] = mean[0, :, 1 + pad_h:1 + pad_h + h, 1 + pad_w:1 + pad_w + w]
+    np.testing.assert_array_equal(item - top[0].data[0], want)
+
+
+def test_window_file_ending_early_names_what_it_expected(tmp_path):
+    """A window file cut after any token: the error names the token expected (at a window's start too, where
+    the line number of the missing window is past the end); a root_folder defaults to none."""
+    from caffe.layers.window_data_layer import parse_window_file
+    tokens = "# 0 im.png 3 10 12 2 1 0.9 0 0 5 5 0 0.1 2 2 6 6".split()
+    coords = "window coordinates x1 y1 x2 y2"
+    window = ["a window's class index", "a window's overlap"] + [coords] * 4
+    expected = ["an image index after '#'", "an image path", "channels", "height", "width",
+                "the number of windows"] + window * 2
+    f = tmp_path / "w.txt"
+    for k, what in enumerate(expected, start=1):
+        f.write_text(" ".join(tokens[:k]) + "\n")
+        with pytest.raises(DataError, match=rf"^window file '.*w.txt': ended early, expected {what}$"):
+            parse_window_file(str(f), "")
+    f.write_text("\n".join(tokens) + "\n")
+    images, windows = parse_window_file(str(f))
+    assert images == {0: ("im.png", (3, 10, 12))} and len(windows) == 2
+
+
+def test_window_data_draws_from_every_window_and_mirrors_half(tmp_path):
+    """Windows are drawn uniformly from all of them (100 here: a draw range below 100 would miss some) and
+    mirrored with probability 1/2: 256 items of one image, each the warp or its mirror."""
+    wins = [(i, 0.9, 0, 0, 11, 9) for i in range(1, 101)]  # the whole image, labels 1..100
+    layer, _ = _window_setup(tmp_path, wins, "mirror: true cache_images: true", batch=128, crop=6)
+    context.set_random_seed(11)
+    top = [Blob(), Blob()]
+    layer.SetUp([], top)
+    items, labels = [], []
+    for _ in range(2):
+        layer.Forward([], top)
+        items.append(top[0].data.copy())
+        labels.append(top[1].data.copy())
+    layer.close()
+    items, labels = np.concatenate(items), np.concatenate(labels)
+    assert labels.max() >= 90 and len(set(labels.astype(int))) > 80
+    plain = items[0]
+    assert not np.array_equal(plain, plain[:, :, ::-1])
+    same = [bool(np.array_equal(x, plain)) for x in items]
+    assert all(s or np.array_equal(x, plain[:, :, ::-1]) for s, x in zip(same, items))
+    assert abs(sum(same) - 128) < 24, sum(same)  # binomial(256, 1/2): sd 8; a 2/3 mirror rate gives about 43 off
+
+
+def test_list_file_bad_line_quoted_with_its_trailing_blanks(tmp_path):
+    from caffe.layers.image_data_layer import read_list_file
+    (tmp_path / "l.txt").write_text("a.png 1\nb.png x \t\n")
+    with pytest.raises(DataError, match=r"^list file '.*l.txt' line 2: expected 'path label' \(an integer label "
+                                        r"after the last space\), got 'b.png x \\t'$"):
+        read_list_file(str(tmp_path / "l.txt"))
