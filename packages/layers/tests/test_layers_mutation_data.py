@@ -1536,3 +1536,22 @@ def test_list_file_bad_line_quoted_with_its_trailing_blanks(tmp_path):
     with pytest.raises(DataError, match=r"^list file '.*l.txt' line 2: expected 'path label' \(an integer label "
                                         r"after the last space\), got 'b.png x \\t'$"):
         read_list_file(str(tmp_path / "l.txt"))
+
+
+def test_transform_batch_checks_each_item_and_names_it():
+    """transform_batch checks the first item and every item shaped otherwise (crop_size allows other sizes),
+    naming it 'item i' without a `where`; an empty list and more items than the batch holds are named."""
+    from caffe.layers.data_transformer import DataTransformer
+    from caffe.proto import caffe_pb2
+    tf = DataTransformer(caffe_pb2.TransformationParameter(crop_size=3), 1)
+    out = np.empty((2, 1, 3, 3), np.float32)
+    big, small = np.zeros((1, 4, 4), np.uint8), np.zeros((1, 2, 5), np.uint8)
+    for items, i in (([small, big], 0), ([big, small], 1)):
+        with pytest.raises(DataError, match=rf"^DataTransformer: item {i} is 2x5, smaller than crop_size 3$"):
+            tf.transform_batch(items, out)
+    with pytest.raises(DataError, match=r"^DataTransformer: there is no datum to transform$"):
+        tf.transform_batch([], out)
+    with pytest.raises(DataError, match=r"^DataTransformer: 3 items do not fit a batch of 2$"):
+        tf.transform_batch([big] * 3, out)
+    with pytest.raises(DataError, match=r"^DataTransformer: item 1 is 1x2x5 but the batch holds 1x4x4 items"):
+        DataTransformer().transform_batch([big, small], np.empty((2, 1, 4, 4), np.float32))
