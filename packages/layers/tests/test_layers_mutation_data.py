@@ -1555,3 +1555,35 @@ def test_transform_batch_checks_each_item_and_names_it():
         tf.transform_batch([big] * 3, out)
     with pytest.raises(DataError, match=r"^DataTransformer: item 1 is 1x2x5 but the batch holds 1x4x4 items"):
         DataTransformer().transform_batch([big, small], np.empty((2, 1, 4, 4), np.float32))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("caffe.layers.testing", fromlist=["gpu_available"]).gpu_available(),
+                    reason="no GPU (CuPy with a CUDA device, or the CuPy stand-in)")
+def test_gpu_mode_pushes_into_reused_device_buffers_reshaped_with_the_batch(tmp_path):
+    """In GPU mode the prefetch thread copies each batch into the batch's device buffers: the same buffers
+    while the batch keeps its shape, new ones when a batch of another shape comes (one Batch: prefetch 1)."""
+    a = np.arange(4, dtype=np.uint8).reshape(1, 2, 2) * 61 + 3
+    b = np.arange(9, dtype=np.uint8).reshape(1, 3, 3) * 27 + 1
+    items = [a, a + 1, a + 2, a + 3, b, b + 2]
+    src = _records_db(tmp_path, [array_to_datum(x, i).SerializeToString() for i, x in enumerate(items)])
+    context.set_mode_gpu()
+    layer = _data_layer(src, batch=2, extra="prefetch: 1")
+    top = [Blob(), Blob()]
+    try:
+        layer.SetUp([], top)
+        bufs = []
+        for k in range(5):  # batches: a a b a a
+            layer.Forward([], top)
+            first = (2 * k) % 6
+            np.testing.assert_array_equal(top[0].data, np.stack(items[first:first + 2]))
+            np.testing.assert_array_equal(top[1].data, [first, first + 1])
+            batch = layer._batches[0]
+            assert batch.pushed
+            bufs.append((batch.gpu_data, batch.gpu_label))
+        assert bufs[1][0] is bufs[0][0] and bufs[1][1] is bufs[0][1]  # same shape: reused
+        assert bufs[2][0] is not bufs[1][0] and bufs[2][0].shape == (2, 1, 3, 3)
+        assert bufs[4][0] is bufs[3][0] and bufs[4][1] is bufs[3][1]
+    finally:
+        layer.close()
+        context.set_mode_cpu()
