@@ -1405,6 +1405,7 @@ def test_datum_to_image_shapes_dtypes_defaults_and_force_gray():
     enc = caffe_pb2.Datum(encoded=True, data=_encoded(Image.fromarray(rgb), "PNG"))
     want = np.asarray(Image.fromarray(rgb).convert("L"))[None]
     np.testing.assert_array_equal(datum_to_image(enc, force_gray=True), want)
+    np.testing.assert_array_equal(datum_to_image(enc), rgb[:, :, ::-1].transpose(2, 0, 1))  # color by default
     gray_tf = DataTransformer(caffe_pb2.TransformationParameter(force_gray=True), 0)
     np.testing.assert_array_equal(gray_tf.image(enc), want)
 
