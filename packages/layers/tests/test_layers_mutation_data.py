@@ -1588,3 +1588,22 @@ def test_gpu_mode_pushes_into_reused_device_buffers_reshaped_with_the_batch(tmp_
     finally:
         layer.close()
         context.set_mode_cpu()
+
+
+def test_lmdb_readers_share_one_read_only_unlocked_environment(tmp_path):
+    """Readers of one LMDB in a process share one Environment, opened as Caffe's MDB_RDONLY without the lock
+    file (no writes: many reader processes), without readahead, for up to 1024 readers; the last release
+    closes it."""
+    import os
+    from caffe.layers import db as dbmod
+    src = _mnist_like_lmdb(tmp_path)
+    env = dbmod._SharedLMDB.acquire(src)
+    try:
+        flags = env.flags()
+        assert flags["readonly"] and flags["subdir"] and not flags["lock"] and not flags["readahead"]
+        assert env.info()["max_readers"] == 1024
+        assert dbmod._SharedLMDB.acquire(src) is env
+        dbmod._SharedLMDB.release(env)
+    finally:
+        dbmod._SharedLMDB.release(env)
+    assert (os.getpid(), os.path.realpath(src)) not in dbmod._SharedLMDB._envs
