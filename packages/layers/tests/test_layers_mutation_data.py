@@ -1607,3 +1607,20 @@ def test_lmdb_readers_share_one_read_only_unlocked_environment(tmp_path):
     finally:
         dbmod._SharedLMDB.release(env)
     assert (os.getpid(), os.path.realpath(src)) not in dbmod._SharedLMDB._envs
+
+
+def test_transform_batch_crops_the_mean_with_the_image_and_refuses_no_channels(tmp_path):
+    """With crop_size, the mean is cropped at the item's offsets (TEST: the centre) before it is subtracted;
+    an item with no channels is named."""
+    from caffe.layers.data_transformer import DataTransformer
+    from caffe.proto import caffe_pb2
+    mean = _mean_proto(tmp_path, [1, 1, 4, 5])
+    tf = DataTransformer(caffe_pb2.TransformationParameter(crop_size=2, mean_file=mean), 1)
+    img = (np.arange(20, dtype=np.uint8).reshape(1, 4, 5) * 7) % 251
+    out = np.empty((2, 1, 2, 2), np.float32)
+    tf.transform_batch([img, img + 1], out)
+    m = np.arange(20, dtype=np.float32).reshape(1, 4, 5)
+    for k in range(2):
+        np.testing.assert_array_equal(out[k], (img + k - m)[:, 1:3, 1:3])
+    with pytest.raises(DataError, match=r"^DataTransformer: item 0 has no channels$"):
+        DataTransformer().transform_batch([np.zeros((0, 4, 4), np.uint8)], np.empty((1, 0, 4, 4), np.float32))
