@@ -1604,6 +1604,8 @@ def test_lmdb_readers_share_one_read_only_unlocked_environment(tmp_path):
         assert env.info()["max_readers"] == 1024
         assert dbmod._SharedLMDB.acquire(src) is env
         dbmod._SharedLMDB.release(env)
+        assert (os.getpid(), os.path.realpath(src)) in dbmod._SharedLMDB._envs  # one holder left: still open
+        assert env.stat()["entries"] == 3
     finally:
         dbmod._SharedLMDB.release(env)
     assert (os.getpid(), os.path.realpath(src)) not in dbmod._SharedLMDB._envs
