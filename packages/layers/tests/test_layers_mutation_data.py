@@ -1626,3 +1626,40 @@ def test_transform_batch_crops_the_mean_with_the_image_and_refuses_no_channels(t
         np.testing.assert_array_equal(out[k], (img + k - m)[:, 1:3, 1:3])
     with pytest.raises(DataError, match=r"^DataTransformer: item 0 has no channels$"):
         DataTransformer().transform_batch([np.zeros((0, 4, 4), np.uint8)], np.empty((1, 0, 4, 4), np.float32))
+
+
+def _lmdb_data_file(folder, psize, last_pg, size, txns=(1, 2), last_pgs=None, version=1):
+    """A data.mdb of `size` bytes holding LMDB's two meta pages (page size psize) and nothing else."""
+    from caffe.layers import db as dbmod
+    folder.mkdir(exist_ok=True)
+    buf = bytearray(size)
+    for k, (txn, last) in enumerate(zip(txns, last_pgs or (last_pg, last_pg))):
+        if k * psize + 16 + dbmod._META.size <= size:
+            dbmod._META.pack_into(buf, k * psize + 16, dbmod._LMDB_MAGIC, version, 1 << 20, psize, 0, last, txn)
+    (folder / "data.mdb").write_bytes(bytes(buf))
+    return str(folder)
+
+
+def test_lmdb_file_check_page_size_bounds_the_newer_meta_and_its_errors(tmp_path):
+    """check_lmdb_file: page sizes 512 and 65536 (powers of two) are LMDB's bounds, both accepted; the meta
+    page with the newer transaction gives the last page; a missing data.mdb and another format version are
+    named."""
+    from caffe.layers.db import DBError, check_lmdb_file
+    check_lmdb_file(_lmdb_data_file(tmp_path / "a", 512, 3, 4 * 512))
+    check_lmdb_file(_lmdb_data_file(tmp_path / "b", 65536, 1, 2 * 65536))
+    for psize in (256, 1000, 131072):
+        with pytest.raises(DBError, match=rf"is corrupt: its meta page gives a page size of {psize}$"):
+            check_lmdb_file(_lmdb_data_file(tmp_path / f"p{psize}", psize, 1, 2 * 131072))
+    # the second meta page is newer and names page 9: a file of 4 pages is cut short
+    short = _lmdb_data_file(tmp_path / "c", 512, 3, 4 * 512, txns=(1, 2), last_pgs=(3, 9))
+    with pytest.raises(DBError, match=r"is truncated: its last page \(9, of 512 bytes\) ends at byte 5120, but the "
+                                      r"file holds only 2048 bytes"):
+        check_lmdb_file(short)
+    check_lmdb_file(_lmdb_data_file(tmp_path / "d", 512, 3, 4 * 512, txns=(2, 1), last_pgs=(3, 9)))  # older
+    with pytest.raises(DBError, match=r"^LMDB database '.*e' \(.*data.mdb, .*\) has LMDB data format version 2; "
+                                      r"this LMDB reads version 1$"):
+        check_lmdb_file(_lmdb_data_file(tmp_path / "e", 512, 3, 4 * 512, version=2))
+    (tmp_path / "f").mkdir()
+    with pytest.raises(DBError, match=r"^LMDB database '.*f': Cannot open LMDB data file '.*data.mdb': no such "
+                                      r"file$"):
+        check_lmdb_file(str(tmp_path / "f"))
