@@ -1663,3 +1663,36 @@ def test_lmdb_file_check_page_size_bounds_the_newer_meta_and_its_errors(tmp_path
     with pytest.raises(DBError, match=r"^LMDB database '.*f': Cannot open LMDB data file '.*data.mdb': no such "
                                       r"file$"):
         check_lmdb_file(str(tmp_path / "f"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("caffe.layers.testing", fromlist=["gpu_available"]).gpu_available(),
+                    reason="no GPU (CuPy with a CUDA device, or the CuPy stand-in)")
+def test_gpu_mode_uploads_a_batch_loaded_before_the_switch(tmp_path):
+    """A batch the thread loaded in CPU mode (not pushed) is handed to the tops from the host on the first
+    GPU-mode Forward; the batches loaded after it come pushed. (The wait makes the order certain: the other
+    tests reach this path only when the thread is slower than the switch.)"""
+    import time
+    items = [np.full((1, 2, 2), 10 * i, np.uint8) for i in range(6)]
+    src = _records_db(tmp_path, [array_to_datum(x, i).SerializeToString() for i, x in enumerate(items)])
+    layer = _data_layer(src, batch=2, extra="prefetch: 2")
+    top = [Blob(), Blob()]
+    try:
+        layer.SetUp([], top)
+        layer.Forward([], top)
+        for _ in range(6000):  # until the thread has loaded the next batch (in CPU mode)
+            if layer._full.qsize():
+                break
+            time.sleep(0.01)
+        context.set_mode_gpu()
+        pushed = []
+        for k in range(1, 4):
+            layer.Forward([], top)
+            pushed.append(layer._current.pushed)
+            first = (2 * k) % 6
+            np.testing.assert_array_equal(top[0].data, np.stack(items[first:first + 2]))
+            np.testing.assert_array_equal(top[1].data, [first, first + 1])
+        assert pushed == [False, True, True]
+    finally:
+        layer.close()
+        context.set_mode_cpu()
