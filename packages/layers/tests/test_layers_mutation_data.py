@@ -1656,6 +1656,9 @@ def test_lmdb_file_check_page_size_bounds_the_newer_meta_and_its_errors(tmp_path
                                       r"file holds only 2048 bytes"):
         check_lmdb_file(short)
     check_lmdb_file(_lmdb_data_file(tmp_path / "d", 512, 3, 4 * 512, txns=(2, 1), last_pgs=(3, 9)))  # older
+    check_lmdb_file(_lmdb_data_file(tmp_path / "g", 512, 3, 4 * 512, txns=(2, 2), last_pgs=(3, 9)))  # as new
+    with pytest.raises(DBError, match=r"is corrupt: its meta page names page 281474976710656 as the last one$"):
+        check_lmdb_file(_lmdb_data_file(tmp_path / "h", 512, 1 << 48, 4 * 512))
     with pytest.raises(DBError, match=r"^LMDB database '.*e' \(.*data.mdb, .*\) has LMDB data format version 2; "
                                       r"this LMDB reads version 1$"):
         check_lmdb_file(_lmdb_data_file(tmp_path / "e", 512, 3, 4 * 512, version=2))
@@ -1696,3 +1699,11 @@ def test_gpu_mode_uploads_a_batch_loaded_before_the_switch(tmp_path):
     finally:
         layer.close()
         context.set_mode_cpu()
+
+
+def test_lmdb_errors_pass_other_exceptions_through():
+    """Only LMDB's own errors become a DBError naming the database; any other exception is not swallowed."""
+    from caffe.layers import db as dbmod
+    with pytest.raises(KeyError):
+        with dbmod._lmdb_errors("some.lmdb", "reading"):
+            raise KeyError("x")
