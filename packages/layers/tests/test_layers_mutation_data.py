@@ -1609,6 +1609,13 @@ def test_lmdb_readers_share_one_read_only_unlocked_environment(tmp_path):
     finally:
         dbmod._SharedLMDB.release(env)
     assert (os.getpid(), os.path.realpath(src)) not in dbmod._SharedLMDB._envs
+    # two databases: releasing the second leaves the first open
+    first = dbmod._SharedLMDB.acquire(src)
+    (tmp_path / "two").mkdir()
+    second = dbmod._SharedLMDB.acquire(_mnist_like_lmdb(tmp_path / "two", n=2))
+    dbmod._SharedLMDB.release(second)
+    assert first.stat()["entries"] == 3
+    dbmod._SharedLMDB.release(first)
 
 
 def test_transform_batch_crops_the_mean_with_the_image_and_refuses_no_channels(tmp_path):
