@@ -1631,6 +1631,15 @@ def test_transform_batch_crops_the_mean_with_the_image_and_refuses_no_channels(t
     m = np.arange(20, dtype=np.float32).reshape(1, 4, 5)
     for k in range(2):
         np.testing.assert_array_equal(out[k], (img + k - m)[:, 1:3, 1:3])
+    # the per-item path (map_fn: encoded images on the decode pool) crops and mirrors the mean the same way
+    outs = []
+    for map_fn in (None, lambda fn, items: [fn(i) for i in items]):
+        context.set_random_seed(3)
+        mirrored = DataTransformer(caffe_pb2.TransformationParameter(crop_size=2, mean_file=mean, mirror=True), 1)
+        outs.append(np.empty((4, 1, 2, 2), np.float32))
+        mirrored.transform_batch([img, img + 1, img + 2, img + 3], outs[-1], map_fn=map_fn)
+    np.testing.assert_array_equal(outs[1], outs[0])
+    assert not np.array_equal(outs[0][0], out[0]) or not np.array_equal(outs[0][1], out[1])  # some mirrored
     with pytest.raises(DataError, match=r"^DataTransformer: item 0 has no channels$"):
         DataTransformer().transform_batch([np.zeros((0, 4, 4), np.uint8)], np.empty((1, 0, 4, 4), np.float32))
 
