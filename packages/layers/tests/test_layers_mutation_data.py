@@ -1615,6 +1615,8 @@ def test_lmdb_readers_share_one_read_only_unlocked_environment(tmp_path):
     second = dbmod._SharedLMDB.acquire(_mnist_like_lmdb(tmp_path / "two", n=2))
     dbmod._SharedLMDB.release(second)
     assert first.stat()["entries"] == 3
+    assert dbmod._SharedLMDB.acquire(src) is first  # still the shared one
+    dbmod._SharedLMDB.release(first)
     dbmod._SharedLMDB.release(first)
 
 
