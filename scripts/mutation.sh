@@ -16,6 +16,10 @@
 #   MUTATION_JOBS    mutants tested at once (default: the number of CPUs)
 #   MUTATION_DIR     work folder (default: .mutation/PACKAGE, git-ignored); starts afresh unless
 #                    MUTATION_RESUME=1 (then an interrupted run continues where it stopped)
+#   MUTATION_ONLY    run only these mutants (mutmut names or globs, space-separated), or "device": only the
+#                    device-only mutants of the MODULEs (scripts/mutation_device.py: lines under `if xp is not
+#                    np`, the dispatch lines, kernel-wrapper calls, `*_device` functions, and the functions
+#                    named in MUTATION_WHOLE), for a stand-in run; the others stay "not checked"
 #   MUTATION_RETEST=1  run only the previous run's survivors again, against the package's current tests
 #                    (after adding tests that should kill them); the MODULE arguments are then ignored (the
 #                    run's own module list, in the work folder's pyproject.toml, is kept)
@@ -35,7 +39,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
-[ $# -ge 1 ] || { sed -n '2,26p' "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,25p' "$0"; exit 2; }
 pkg=$1
 shift
 src="packages/$pkg/src"
@@ -121,9 +125,19 @@ open(f"{work}/pyproject.toml", "w").write("\n".join(lines) + "\n")
 PY
 
 cd "$work"
+only=()
+if [ "${MUTATION_ONLY:-}" = device ]; then
+    whole=()
+    for f in ${MUTATION_WHOLE:-}; do whole+=(--whole "$f"); done
+    mapfile -t only < <("$py" "$repo/scripts/mutation_device.py" --generate "${whole[@]}" "$@" | grep __mutmut_)
+    echo "mutation.sh: ${#only[@]} device-only mutants selected"
+    [ ${#only[@]} -gt 0 ] || exit 2
+elif [ -n "${MUTATION_ONLY:-}" ]; then
+    read -r -a only <<< "$MUTATION_ONLY"
+fi
 echo "mutation.sh: mutating packages/$pkg/src/${*:-*} against $tests (jobs: $jobs, work folder: $work)"
 start=$(date +%s)
-CI=true OMP_NUM_THREADS=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-mutation} "$repo/.venv/bin/mutmut" run --max-children "$jobs" "${retest[@]}" > run.log 2>&1 || {
+CI=true OMP_NUM_THREADS=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-mutation} "$repo/.venv/bin/mutmut" run --max-children "$jobs" "${retest[@]}" "${only[@]}" > run.log 2>&1 || {
     tail -40 run.log >&2
     echo "mutation.sh: mutmut run failed (log: $work/run.log)" >&2
     exit 1

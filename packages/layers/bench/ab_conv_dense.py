@@ -64,9 +64,15 @@ def _products(layer, bottom, top, prop):
     return out
 
 
-def run(families, repeats, warmup, clock):
+def _set_mode(mode):
+    """"off", "on", "auto", or "<plan>:<weight-diff kernel>" (e.g. "on:x", "on:oc": conv_cpu.DENSE_WGT)."""
+    dense, _, wgt = mode.partition(":")
+    conv_cpu.DENSE = dense
+    conv_cpu.DENSE_WGT = wgt or "oc"
+
+
+def run(families, repeats, warmup, clock, modes=("off", "on")):
     rng = np.random.default_rng(0)
-    modes = ("off", "on")
     print(f"{'layer':30s} {'fwd off':>7s} {'on':>6s} {'wgt off':>7s} {'on':>6s} {'data off':>8s} {'on':>6s} | "
           f"{'fwd':>5s} {'wgt':>5s} {'data':>5s} {'all':>5s} | GFLOP/s off/on fwd wgt data | auto")
     for family, name, shape, co, k, pad, group, prop in CASES:
@@ -81,28 +87,29 @@ def run(families, repeats, warmup, clock):
         times = {(m, p): [] for m in modes for p, _ in products}
         for it in range(warmup + repeats):
             for m in (modes if it % 2 == 0 else modes[::-1]):
-                conv_cpu.DENSE = m
+                _set_mode(m)
                 for p, fn in products:
                     t0 = clock()
                     fn()
                     if it >= warmup:
                         times[(m, p)].append(clock() - t0)
-        conv_cpu.DENSE = "auto"
+        _set_mode("auto")
         plan = ",".join(p for p in conv_cpu.dense_products(layer, np.float32)) or layer.plan(np, np.float32)
         med = {key: statistics.median(ts) * 1e3 for key, ts in times.items()}
         fl = 2.0 * shape[0] * co * layer.geom.col_count * layer.kernel_dim
         cols, ratios, rates = [], [], []
+        a, b = modes
         for p in ("fwd", "wgt", "data"):
-            if ("off", p) in med:
-                cols.append(f"{med[('off', p)]:7.2f} {med[('on', p)]:6.2f}")
-                ratios.append(f"{med[('on', p)] / med[('off', p)]:5.2f}")
-                rates.append(f"{fl / med[('off', p)] / 1e6:3.0f}/{fl / med[('on', p)] / 1e6:3.0f}")
+            if (a, p) in med:
+                cols.append(f"{med[(a, p)]:7.2f} {med[(b, p)]:6.2f}")
+                ratios.append(f"{med[(b, p)] / med[(a, p)]:5.2f}")
+                rates.append(f"{fl / med[(a, p)] / 1e6:3.0f}/{fl / med[(b, p)] / 1e6:3.0f}")
             else:
                 cols.append(f"{'-':>7s} {'-':>6s}")
                 ratios.append(f"{'-':>5s}")
                 rates.append("   -   ")
         tot = {m: sum(v for (mm, _), v in med.items() if mm == m) for m in modes}
-        print(f"{name:30s} {cols[0]} {cols[1]} {cols[2]:>15s} | {' '.join(ratios)} {tot['on'] / tot['off']:5.2f} | "
+        print(f"{name:30s} {cols[0]} {cols[1]} {cols[2]:>15s} | {' '.join(ratios)} {tot[b] / tot[a]:5.2f} | "
               f"{' '.join(rates)} | {plan}", flush=True)
 
 
@@ -112,12 +119,19 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--only", default="", help="families: cifar,lenet,caffenet,resnet,googlenet")
     ap.add_argument("--cpu-time", action="store_true")
+    ap.add_argument("--modes", default="off,on",
+                    help="the two plans compared (\"off\" and \"on\" columns): off, on, auto, or on:x / on:oc "
+                         "(the weight diff's kernel, conv_cpu.DENSE_WGT)")
     args = ap.parse_args(argv)
     context.set_mode_cpu()
     print(f"# {time.strftime('%Y-%m-%d %H:%M:%S')}  load avg {os.getloadavg()[0]:.2f}  dense kernels "
           f"{'supported' if conv_cpu._DENSE_SUPPORTED else 'NOT supported'}  median of {args.repeats}")
+    modes = tuple(args.modes.split(","))
+    if len(modes) != 2:
+        ap.error("--modes takes two plans")
+    print(f"# modes: {modes[0]} (\"off\" columns) vs {modes[1]} (\"on\" columns)")
     run(set(f for f in args.only.split(",") if f), args.repeats, args.warmup,
-        time.process_time if args.cpu_time else time.perf_counter)
+        time.process_time if args.cpu_time else time.perf_counter, modes)
 
 
 if __name__ == "__main__":

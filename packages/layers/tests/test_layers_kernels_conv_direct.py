@@ -140,6 +140,50 @@ def test_weight_diff_accumulates(g, chunk):
     assert_close(dw, ref, np.abs(start) + ref_weight(np.abs(x), np.abs(dy), kh, kw, ph, pw, G))
 
 
+@given(g=geometries(), tasks=st.sampled_from([1, 7]), band=st.sampled_from([1, 16 << 10]), bias=st.booleans(),
+       group_bytes=st.sampled_from([1, 4 << 20]))
+def test_weight_diff_oc_accumulates(g, tasks, band, bias, group_bytes):
+    """backward_weight_oc: dw += the correlation and bias_diff += the sums of dy, with output channels off
+    the 8-lane vector and the 4-vector block, tiles spanning input channels, one or several runs of tiles
+    per image group (tasks), bands of 64 positions or whole images, one image group or one per image."""
+    x, w, b, dy, args = _arrays(g)
+    kh, kw, ph, pw, G = g["kh"], g["kw"], g["ph"], g["pw"], g["G"]
+    rng = np.random.default_rng(g["seed"] + 1)
+    start, bstart = rng.normal(size=w.shape).astype(np.float32), rng.normal(size=b.shape).astype(np.float32)
+    dw, db = start.copy(), bstart.copy()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cd, "WO_TASKS_PER_THREAD", tasks)
+        mp.setattr(cd, "WO_GROUP_BYTES", group_bytes)  # 1: all images in one group
+        cd.set_wo_band_bytes(band)  # 1: bands of 64 positions (whole rows)
+        try:
+            cd.backward_weight_oc(x.reshape(-1), dy.reshape(-1), dw.reshape(-1), *args, bias_diff=db if bias else None)
+        finally:
+            cd.set_wo_band_bytes(16 << 10)
+    ref = start + ref_weight(x, dy, kh, kw, ph, pw, G)
+    assert_close(dw, ref, np.abs(start) + ref_weight(np.abs(x), np.abs(dy), kh, kw, ph, pw, G))
+    ref_b = bstart + (dy.astype(np.float64).sum(axis=(0, 2, 3)) if bias else 0)
+    assert_close(db, ref_b, np.abs(bstart) + (np.abs(dy).astype(np.float64).sum(axis=(0, 2, 3)) if bias else 0))
+
+
+def test_weight_diff_oc_does_not_depend_on_the_tasks():
+    """The image groups' sums meet in a fixed order: the same bits for any split into runs of tiles (threads),
+    over more images than a group's float32 sums hold (25 images of 100 positions: groups of 10)."""
+    g = dict(N=25, G=1, cg=2, og=9, kh=3, kw=3, ph=1, pw=1, H=10, W=10, seed=11)
+    x, w, b, dy, args = _arrays(g)
+    got = []
+    for tasks in (1, 3, 50):
+        dw, db = np.zeros(w.shape, np.float32), np.zeros(b.shape, np.float32)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(cd, "WO_TASKS_PER_THREAD", tasks)
+            cd.backward_weight_oc(x.reshape(-1), dy.reshape(-1), dw.reshape(-1), *args, bias_diff=db)
+        got.append((dw, db))
+    for dw, db in got[1:]:
+        assert np.array_equal(dw, got[0][0]) and np.array_equal(db, got[0][1])
+    dw, db = got[0]
+    assert_close(dw, ref_weight(x, dy, 3, 3, 1, 1, 1), ref_weight(np.abs(x), np.abs(dy), 3, 3, 1, 1, 1))
+    assert_close(db, dy.astype(np.float64).sum(axis=(0, 2, 3)), np.abs(dy).astype(np.float64).sum(axis=(0, 2, 3)))
+
+
 def test_pack_layouts():
     w = np.arange(6 * 2 * 2 * 3, dtype=np.float32).reshape(6, 2, 2, 3)  # G = 2: og 3, cg 2
     p = _pack(w, 2)
@@ -167,6 +211,13 @@ def test_bad_calls_raise_clear_errors():
         cd.forward(x.reshape(-1), p, b[:-1], y, *args)
     with pytest.raises(ValueError, match="weight diff buffer too small"):
         cd.backward_weight(x.reshape(-1), dy.reshape(-1), np.zeros(w.size - 1, np.float32), *args)
+    with pytest.raises(ValueError, match="weight diff buffer too small"):
+        cd.backward_weight_oc(x.reshape(-1), dy.reshape(-1), np.zeros(w.size - 1, np.float32), *args)
+    with pytest.raises(ValueError, match="bias diff buffer too small"):
+        cd.backward_weight_oc(x.reshape(-1), dy.reshape(-1), np.zeros(w.size, np.float32), *args,
+                              bias_diff=b[:-1].copy())
+    with pytest.raises(ValueError, match="image or diff buffer too small"):
+        cd.backward_weight_oc(x.reshape(-1), dy.reshape(-1)[:-1], np.zeros(w.size, np.float32), *args)
     with pytest.raises(ValueError, match="packed buffer too small"):
         cd.pack_weights(w.reshape(-1), p[:-1], 1, 5, 3, 3, 3)
     with pytest.raises(ValueError, match="sizes must be positive"):
@@ -177,10 +228,12 @@ def test_bad_calls_raise_clear_errors():
 
 def _layer_products(text, shape, dense, deconv=False, seed=3):
     """top, bottom diff and parameter diffs of one Forward + two Backwards (parameter diffs accumulate),
-    with conv_cpu.DENSE = dense ("batched": the generic path)."""
+    with conv_cpu.DENSE = dense ("batched": the generic path; "on:x": the x-vectorized weight diff)."""
+    dense, _, wgt = dense.partition(":")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(conv_base, "CPU_PATHS", dense != "batched")
         mp.setattr(conv_cpu, "DENSE", "off" if dense == "batched" else dense)
+        mp.setattr(conv_cpu, "DENSE_WGT", wgt or "oc")
         context.set_random_seed(seed)
         layer = make_layer("Deconvolution" if deconv else "Convolution", f"convolution_param {{ {text} {FILL} }}")
         rng = np.random.default_rng(seed)
@@ -204,7 +257,7 @@ def _layer_products(text, shape, dense, deconv=False, seed=3):
     ("num_output: 10 kernel_size: 4", (2, 3, 6, 9)),                           # pad 0
 ])
 @pytest.mark.parametrize("deconv", [False, True])
-@pytest.mark.parametrize("mode", ["on", "auto"])
+@pytest.mark.parametrize("mode", ["on", "on:x", "auto"])
 def test_dense_plan_matches_the_batched_path(text, shape, deconv, mode):
     plan, got = _layer_products(text, shape, mode, deconv)
     _, ref = _layer_products(text, shape, "batched", deconv)
@@ -217,7 +270,7 @@ def test_dense_plan_matches_the_batched_path(text, shape, deconv, mode):
 @pytest.mark.parametrize("text,shape,products", [
     ("num_output: 32 kernel_size: 5 pad: 2", (2, 3, 32, 32), ("fwd", "wgt", "data")),   # CIFAR10-quick conv1
     ("num_output: 32 kernel_size: 5 pad: 2", (2, 32, 16, 16), ("fwd", "wgt", "data")),  # conv2
-    ("num_output: 64 kernel_size: 5 pad: 2", (2, 32, 8, 8), ("fwd", "data")),           # conv3
+    ("num_output: 64 kernel_size: 5 pad: 2", (2, 32, 8, 8), ("fwd", "wgt", "data")),    # conv3
     ("num_output: 50 kernel_size: 5", (2, 20, 12, 12), ("fwd",)),                       # LeNet conv2
     ("num_output: 384 kernel_size: 3 pad: 1", (1, 256, 13, 13), ()),                    # CaffeNet conv3
     ("num_output: 64 kernel_size: 3 pad: 1", (1, 64, 56, 56), ("fwd", "wgt", "data")),  # ResNet-50 res2

@@ -92,6 +92,29 @@ def test_global_ave_pooling_kernel_matches_numpy(shape, dtype, seed):
     np.testing.assert_allclose(dxk, dxn, rtol=tol, atol=tol)
 
 
+@given(k=st.tuples(st.integers(1, 4), st.integers(1, 4)), s=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+       hw=st.tuples(st.integers(1, 11), st.integers(1, 11)), planes=st.integers(1, 3), pads=st.data(),
+       dtype=DTYPES, seed=SEEDS)
+def test_ave_pooling_backward_kernel_is_caffes_order(k, s, hw, planes, pads, dtype, seed):
+    """The AVE backward kernel adds each window's dy / pool size (one quotient per window) to its pixels in
+    Caffe's order (ascending window), bit for bit the same as Caffe's loop in the same dtype."""
+    p = (pads.draw(st.integers(0, k[0] - 1)), pads.draw(st.integers(0, k[1] - 1)))
+    H, W = max(hw[0], k[0] - 2 * p[0]), max(hw[1], k[1] - 2 * p[1])
+    PH, PW = (-(-(H + 2 * p[0] - k[0]) // s[0]) + 1, -(-(W + 2 * p[1] - k[1]) // s[1]) + 1)
+    dy = np.random.default_rng(seed).normal(size=(planes, PH, PW)).astype(dtype)
+    dx = np.full((planes, H, W), np.nan, dtype)
+    pooling._k.ave_pool_backward(dy.reshape(-1), dx.reshape(-1), planes, H, W, PH, PW, k[0], k[1], s[0], s[1],
+                                 p[0], p[1])
+    ref = np.zeros((planes, H, W), dtype)
+    with np.errstate(divide="ignore", invalid="ignore"):  # Caffe's degenerate window past the edge: size 0
+        for c, i, j in np.ndindex(planes, PH, PW):  # Caffe's Backward_cpu loop
+            hs, ws = i * s[0] - p[0], j * s[1] - p[1]
+            he, we = min(hs + k[0], H + p[0]), min(ws + k[1], W + p[1])
+            share = dy[c, i, j] / dtype((he - hs) * (we - ws))
+            ref[c, max(hs, 0):min(he, H), max(ws, 0):min(we, W)] += share
+    np.testing.assert_array_equal(dx, ref)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_max_pooling_kernel_first_maximum_in_every_window_position(dtype):
     # All-equal planes: every window's first pixel (row-major, clipped to the image) is the argmax.

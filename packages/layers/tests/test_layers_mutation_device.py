@@ -403,6 +403,8 @@ def test_gpu_mode_runs_the_device_paths(monkeypatch, type_name, text, shape, exp
     # (`xp is np` for `xp is not np`) was seen by no parity test: here the device functions must be the ones run
     # (one gather / scatter per call, and every group in one batched matmul, instead of one launch per kernel
     # offset and per group); the values match the CPU's
+    # (only calls with the device's array module count: a dispatch inverted to `xp is np` sends the CPU run
+    # to the device function, with NumPy, and the device run to the generic path)
     from caffe.layers import conv_base, conv_device, pool_device
     called = []
 
@@ -410,7 +412,9 @@ def test_gpu_mode_runs_the_device_paths(monkeypatch, type_name, text, shape, exp
         real = getattr(owner, name)
 
         def wrapped(*args, **kwargs):
-            called.append(label)
+            xp = next(a for a in args if a is np or getattr(a, "__name__", None) == "cupy")
+            if xp is not np:
+                called.append(label)
             return real(*args, **kwargs)
         monkeypatch.setattr(owner, name, wrapped)
     for name in ("max_forward", "ave_forward", "ave_backward", "scatter_back", "stochastic_windows"):
@@ -453,3 +457,183 @@ def test_short_float32_forward_on_the_device_is_the_correctly_rounded_float64_on
         finally:
             context.set_mode_cpu()
     np.testing.assert_array_equal(outs[0], outs[1].astype(np.float32))
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("norm", ["VALID", "FULL", "BATCH_SIZE", "NONE"])
+def test_softmax_loss_on_the_device_copies_nothing_to_the_host(norm):
+    # the normalizer (VALID's count of valid labels too), the label check and Backward's scale stay on the
+    # device: a forward and backward on device data move nothing to the host (a VALID count copied by
+    # int(count), the host's label check (bool(bad.any())) or the normalizer read back by float() gave the
+    # same values, a sync each). The values match CPU mode's.
+    if not context.cupy_standin():
+        pytest.skip("the transfer count is the CuPy stand-in's")
+    import cupy
+    x = np.random.default_rng(23).normal(size=(2, 3, 2))
+    labels = np.array([[0.0, 7.0], [2.0, 1.0]])
+    text = "loss_param { ignore_label: 7 normalization: %s }" % norm
+    runs = []
+    for mode in (context.CPU, context.GPU):
+        context.set_mode(mode)
+        try:
+            layer = create_layer(layer_param("SoftmaxWithLoss", text))
+            bottom, top = blobs_from_arrays([x, labels], np.float32), empty_tops(1, np.float32)
+            layer.SetUp(bottom, top)
+            if mode == context.GPU:
+                for b in bottom:
+                    b.gpu_data()  # the inputs on the device first: their upload is not the layer's
+                top[0].mutable_gpu_diff()[...] = 1.5
+            else:
+                top[0].mutable_cpu_diff()[...] = 1.5
+            with cupy.__caffe_transfers__.counting() as moved:
+                layer.Forward(bottom, top)
+                layer.Backward(top, [True, False], bottom)
+            runs.append((moved["d2h"], top[0].data.copy(), bottom[0].diff.copy()))
+        finally:
+            context.set_mode_cpu()
+    (_, loss_cpu, dx_cpu), (d2h, loss_gpu, dx_gpu) = runs
+    assert d2h == 0
+    np.testing.assert_allclose(loss_gpu, loss_cpu, rtol=1e-5)
+    np.testing.assert_allclose(dx_gpu, dx_cpu, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("bad", [3.0, -1.0])
+def test_softmax_loss_bad_label_on_the_device_is_named_at_the_next_read(bad):
+    # on the device the label check is deferred (no copy per forward): the forward runs, and the next read of
+    # a loss raises the layer's error naming the FIRST bad label (the first label here is a good one), once
+    from caffe.blob import deferred
+    from caffe.layers import LayerError
+    x = np.zeros((4, 3))
+    context.set_mode_gpu()
+    try:
+        deferred.discard()
+        layer = create_layer(layer_param("SoftmaxWithLoss", "loss_param { ignore_label: 5 }", name="loss"))
+        bottom, top = blobs_from_arrays([x, np.array([0.0, 5.0, bad, 4.0])], np.float32), empty_tops(1, np.float32)
+        layer.SetUp(bottom, top)
+        layer.Forward(bottom, top)
+        with pytest.raises(LayerError, match=rf"'loss' \(SoftmaxWithLoss\): label value {bad:g} is out of range: "
+                                             r"labels must be integers in \[0, 3\) or the ignore_label 5 "
+                                             r"\(found on the device; raised at the next read of a loss\)$"):
+            deferred.flush()
+        deferred.flush()  # raised once
+    finally:
+        deferred.discard()
+        context.set_mode_cpu()
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("num", [1, 3])
+def test_convolution_layer_run_in_both_modes_keeps_its_buffers_apart(num):
+    # the batched path's scratch buffers (the bias gradient's ones vector, the column buffers) are kept per
+    # array module: ONE layer run in CPU mode (N-d lowering: the batched path there too), then in GPU mode,
+    # then in CPU mode again gives the same tops and gradients each time (a NumPy buffer handed to the device,
+    # or a device one to the host, is refused, as CuPy refuses it)
+    x = np.random.default_rng(24).normal(size=(num, 2, 5, 4))
+    dy = None
+    context.set_random_seed(5)
+    layer = create_layer(layer_param("Convolution", "convolution_param { num_output: 3 kernel_size: 2 "
+                                     "force_nd_im2col: true weight_filler { type: 'gaussian' } "
+                                     "bias_filler { type: 'gaussian' } }"))
+    bottom, top = blobs_from_arrays([x], np.float32), empty_tops(1, np.float32)
+    layer.SetUp(bottom, top)
+    runs = []
+    for mode in (context.CPU, context.GPU, context.CPU):
+        context.set_mode(mode)
+        try:
+            for p in layer.blobs:
+                p.diff[...] = 0
+            layer.Forward(bottom, top)
+            if dy is None:
+                dy = np.random.default_rng(25).normal(size=top[0].shape)
+            top[0].diff[...] = dy
+            layer.Backward(top, [True], bottom)
+            runs.append([top[0].data.copy(), bottom[0].diff.copy()] + [p.diff.copy() for p in layer.blobs])
+        finally:
+            context.set_mode_cpu()
+    for run in runs[1:]:
+        for a, b in zip(runs[0], run):
+            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+
+
+def _conv(text, seed):
+    context.set_random_seed(seed)
+    return create_layer(layer_param("Convolution", "convolution_param { %s weight_filler { type: 'gaussian' } "
+                                                   "bias_filler { type: 'gaussian' } }" % text))
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_device_column_buffer_kept_for_backward_is_the_layers_own():
+    # forward keeps its column buffer for backward (one-chunk batches; float32 past the exact forward's 32
+    # terms): that buffer is the layer's, while the per-call scratch buffers are shared by every convolution
+    # layer of the thread (Caffe's memory). A and B forward, then A backward: A's weight gradient from A's
+    # input, as when A runs alone. Scratch buffers are reused: the same memory for the same or a smaller size.
+    text = "num_output: 2 kernel_size: 3"  # 4 channels x 3 x 3 = 36 terms
+    rng = np.random.default_rng(26)
+    xa, xb = rng.normal(size=(2, 4, 5, 5)), rng.normal(size=(2, 4, 5, 5))
+    context.set_mode_gpu()
+    try:
+        grads = []
+        for with_b in (False, True):
+            a, b = _conv(text, 1), _conv(text, 2)
+            ba, ta = blobs_from_arrays([xa], np.float32), empty_tops(1, np.float32)
+            bb, tb = blobs_from_arrays([xb], np.float32), empty_tops(1, np.float32)
+            a.SetUp(ba, ta)
+            b.SetUp(bb, tb)
+            assert a.kernel_dim > 32
+            a.Forward(ba, ta)
+            if with_b:
+                b.Forward(bb, tb)
+            ta[0].diff[...] = 1.0
+            a.Backward(ta, [True], ba)
+            grads.append([p.diff.copy() for p in a.blobs] + [ba[0].diff.copy()])
+        for g0, g1 in zip(*grads):
+            np.testing.assert_allclose(g1, g0, rtol=1e-6, atol=1e-6)
+        import cupy
+        # (a name of its own: the thread's "col" may be larger already, from an earlier test)
+        big = a.buffer(cupy, "mutation-test", (6, 4), np.float32)
+        small = b.buffer(cupy, "mutation-test", (3, 4), np.float32)  # another layer, the same scratch
+        same = a.buffer(cupy, "mutation-test", (3, 4), np.float32)
+        again = a.buffer(cupy, "mutation-test", (6, 4), np.float32)  # exactly the size it has
+        assert big.data.ptr == small.data.ptr == same.data.ptr == again.data.ptr
+        own_a, own_b = a.buffer(cupy, ("col", 0), (3,), np.float32), b.buffer(cupy, ("col", 0), (3,), np.float32)
+        assert own_a.data.ptr != own_b.data.ptr
+        ones = [a.ones(cupy, n, np.float32) for n in (64, 64, 2)]  # the bias gradient's ones, kept
+        assert len({o.data.ptr for o in ones}) == 1 and all((o == 1).all() for o in ones)
+    finally:
+        context.set_mode_cpu()
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("kernel", [2, 3])  # within and past the exact forward's 32 terms
+def test_device_matmuls_do_not_grow_with_the_groups(monkeypatch, kernel):
+    # on the device every group goes in ONE batched matmul (forward, data gradient, weight gradient): a
+    # grouped layer makes as many matmul calls as an ungrouped one (a per-group loop there gives the same
+    # values, one launch per group)
+    import cupy
+    counts = []
+    real = cupy.matmul
+
+    def counted(*args, **kwargs):
+        counts[-1] += 1
+        return real(*args, **kwargs)
+    monkeypatch.setattr(cupy, "matmul", counted)
+    x = np.random.default_rng(27).normal(size=(2, 8, 5, 5))
+    context.set_mode_gpu()
+    try:
+        for group in (1, 4):
+            layer = _conv("num_output: 8 kernel_size: %d group: %d" % (kernel, group), 3)
+            bottom, top = blobs_from_arrays([x], np.float32), empty_tops(1, np.float32)
+            layer.SetUp(bottom, top)
+            counts.append(0)
+            layer.Forward(bottom, top)
+            top[0].diff[...] = 1.0
+            layer.Backward(top, [True], bottom)
+    finally:
+        context.set_mode_cpu()
+    assert counts[0] == counts[1] > 0, counts

@@ -20,7 +20,9 @@ MobileNet): the kernels of caffe.layers.kernels.depthwise, one (image, group) pe
 and FMA, and dense_rule's measured shapes): the kernels of caffe.layers.kernels.conv_direct_avx2, no
 lowering: the forward vectorized over 8 output x positions and blocked over 4 output channels, the
 bottom diff the same kernel on dout with the filters flipped and transposed, the weight diff a direct
-reduction; each product the rule does not name (dense_products) runs blocked. Sums are float32.
+reduction vectorized over output channels (with the bias diff in the same pass); each product the rule
+does not name (dense_products) runs blocked. Sums are float32 (the weight and bias diffs': float32 over at
+most about 1,024 positions, then float64).
 
 "blocked" (the rest, 2-D): the output positions are cut into blocks (several whole
 images, or a band of output rows of one image) whose column buffer is about
@@ -363,12 +365,18 @@ def dense_products(layer, dtype=np.float32):
 # GoogLeNet's 3x3s), 30-60 below, where the lowering costs as much as the GEMM. So: forward when
 # og <= DENSE_MAX_OG and kernel_dim <= DENSE_MAX_KD; bottom diff (a forward with og and cg swapped) on the
 # mirrored condition with "same" padding (else the flipped kernel's padding is mostly zeros: LeNet conv2's
-# pad 0 is 1.45x slower); weight diff where the forward is dense and output rows are at least
-# DENSE_WGT_MIN_OW wide (its reduction runs over rows padded to the image width: 8 of 12 lanes useful on
-# 8-wide rows, where it loses 1.3-1.65x).
+# pad 0 is 1.45x slower); weight diff where the forward is dense with "same" padding (backward_weight_oc,
+# vectorized over output channels, fills its lanes on rows of any width: 0.6-0.8x the blocked plan's time
+# on CIFAR10-quick conv3 and GoogLeNet 4a 5x5, whose 8-14 wide rows the older x-vectorized kernel lost on).
+# Not on pad-0 layers: LeNet conv2's would gain as much (0.67x), but its sums, rounded differently from
+# Caffe's sgemm, move the LeNet 100-iteration trace out of its fidelity bounds (ip1's weights 7.5% from
+# Caffe's at iteration 100, the bound 5%: test_solver_lenet), and the issue keeps Caffe's numerics there.
+# The weight diff's kernel: "oc" (backward_weight_oc: vectorized over output channels, the bias diff in the
+# same pass) or "x" (backward_weight: over output x, rows padded to the image width); benchmarks A/B them.
+DENSE_WGT = "oc"
+
 DENSE_MAX_OG = 64
 DENSE_MAX_KD = 1024
-DENSE_WGT_MIN_OW = 16
 
 
 def dense_rule(layer):
@@ -376,13 +384,11 @@ def dense_rule(layer):
     G = layer.group
     og, cg = layer.conv_out_channels // G, layer.conv_in_channels // G
     (kh, kw), (ph, pw) = g.kernel, g.pad
-    OW = g.col_shape[1]
+    same = 2 * ph == kh - 1 and 2 * pw == kw - 1
     out = []
     if og <= DENSE_MAX_OG and cg * kh * kw <= DENSE_MAX_KD:
-        out.append("fwd")
-        if OW >= DENSE_WGT_MIN_OW:
-            out.append("wgt")
-    if cg <= DENSE_MAX_OG and og * kh * kw <= 2 * DENSE_MAX_KD and 2 * ph == kh - 1 and 2 * pw == kw - 1:
+        out += ["fwd", "wgt"] if same else ["fwd"]
+    if cg <= DENSE_MAX_OG and og * kh * kw <= 2 * DENSE_MAX_KD and same:
         out.append("data")
     return tuple(out)
 
@@ -421,12 +427,17 @@ def dense_backward(layer, dout, weight, im=None, weight_diff=None, im_diff=None,
     plan for the others."""
     products = dense_products(layer, dout.dtype)
     args = _dense_args(layer, dout.shape[0])
-    _add_bias_diff(layer, dout, bias_diff)
     rest = {}
-    if weight_diff is not None:
-        if "wgt" in products:
-            _cd.backward_weight(im.reshape(-1), dout.reshape(-1), weight_diff.reshape(-1), *args)
+    if weight_diff is not None and "wgt" in products:
+        if DENSE_WGT == "oc":  # the bias diff's sums in the same pass over dout
+            _cd.backward_weight_oc(im.reshape(-1), dout.reshape(-1), weight_diff.reshape(-1), *args,
+                                   bias_diff=bias_diff)
         else:
+            _add_bias_diff(layer, dout, bias_diff)
+            _cd.backward_weight(im.reshape(-1), dout.reshape(-1), weight_diff.reshape(-1), *args)
+    else:
+        _add_bias_diff(layer, dout, bias_diff)
+        if weight_diff is not None:
             rest["weight_diff"] = weight_diff
     if im_diff is not None:
         if "data" in products:  # stride 1: dout convolved with the flipped, transposed filters

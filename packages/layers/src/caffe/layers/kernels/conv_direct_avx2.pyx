@@ -32,7 +32,7 @@ the kernels are plain C loops with the same results up to rounding; conv_cpu cho
 only where supported() is True.
 """
 from cython.parallel cimport parallel, prange
-from libc.stdlib cimport malloc, free
+from libc.stdlib cimport malloc, calloc, free
 include "_threads.pxi"
 
 cdef extern from *:
@@ -343,6 +343,195 @@ cdef extern from *:
                 }
         }
     }
+
+    /* -- weight gradient vectorized over output channels ("oc": any row width fills the lanes) -- */
+    /* dy of each (image, group) transposed to [position][og8] (og8: og rounded up to 8, zeros past og), the
+       images as planes of rows Wx = W + 2 pw, Hx Wx floats apart. A tile: R vectors of 8 output channels x
+       T columns of dw's flattened (c, i, j) (k = (c kh + i) kw + j: a tile may span channels); per output
+       position T image values are broadcast and R dy vectors loaded for R T FMAs (R T + T + 1 <= 16 ymm). */
+    #define CD_WO_ACC 96   /* floats of a tile's accumulators: R T 8 <= 96 */
+    typedef struct { ptrdiff_t g, o0, R, T, k0, off[7]; } cd_wotile;
+
+    static int cd_wo_tmax(int R) { return R >= 3 ? 3 : R == 2 ? 5 : 7; }
+
+    /* the tiles of every group (tl NULL: count only); off: each column's offset in the group's planes */
+    static ptrdiff_t cd_wo_tiles(const cd_geom* d, cd_wotile* tl) {
+        ptrdiff_t g, v, k, u, n = 0, nv = (d->og + 7) / 8, K = d->kh * d->kw, ncol = d->cg * K;
+        ptrdiff_t Wx = d->W + 2 * d->pw, PX = d->Hp * Wx;
+        for (g = 0; g < d->G; g++)
+            for (v = 0; v < nv; v += 4) {
+                int R = (int)(nv - v < 4 ? nv - v : 4), T = cd_wo_tmax(R);
+                for (k = 0; k < ncol; k += T, n++) {
+                    if (!tl) continue;
+                    tl[n].g = g; tl[n].o0 = v * 8; tl[n].R = R; tl[n].k0 = k;
+                    tl[n].T = ncol - k < T ? ncol - k : T;
+                    for (u = 0; u < tl[n].T; u++) {
+                        ptrdiff_t c = (k + u) / K, tap = (k + u) % K;
+                        tl[n].off[u] = c * PX + (tap / d->kw) * Wx + tap % d->kw;
+                    }
+                }
+            }
+        return n;
+    }
+
+    #if CD_X86
+    /* the 8 x 8 block at s (rows ss floats apart) transposed to d (rows ds apart) */
+    static inline __attribute__((always_inline)) CD_TARGET void cd_tr8(const float* s, ptrdiff_t ss, float* d,
+                                                                        ptrdiff_t ds) {
+        __m256 r[8], t[8], u[8];
+        int k;
+        _Pragma("GCC unroll 8") for (k = 0; k < 8; k++) r[k] = _mm256_loadu_ps(s + k * ss);
+        _Pragma("GCC unroll 4") for (k = 0; k < 8; k += 2) {
+            t[k] = _mm256_unpacklo_ps(r[k], r[k + 1]);
+            t[k + 1] = _mm256_unpackhi_ps(r[k], r[k + 1]);
+        }
+        _Pragma("GCC unroll 2") for (k = 0; k < 8; k += 4) {
+            u[k] = _mm256_shuffle_ps(t[k], t[k + 2], 0x44);
+            u[k + 1] = _mm256_shuffle_ps(t[k], t[k + 2], 0xEE);
+            u[k + 2] = _mm256_shuffle_ps(t[k + 1], t[k + 3], 0x44);
+            u[k + 3] = _mm256_shuffle_ps(t[k + 1], t[k + 3], 0xEE);
+        }
+        _Pragma("GCC unroll 4") for (k = 0; k < 4; k++) {
+            _mm256_storeu_ps(d + k * ds, _mm256_permute2f128_ps(u[k], u[k + 4], 0x20));
+            _mm256_storeu_ps(d + (k + 4) * ds, _mm256_permute2f128_ps(u[k], u[k + 4], 0x31));
+        }
+    }
+    #endif
+
+    /* one image's dy (Co, P) -> [G][P][og8] (8 x 8 blocks transposed in registers; the edges one by one) */
+    static CD_TARGET void cd_dy_trans(const cd_geom* d, const float* dy, float* dst) {
+        ptrdiff_t g, o, p, o8 = 0, p8 = 0, P = d->OH * d->OW, og8 = 8 * ((d->og + 7) / 8);
+        for (g = 0; g < d->G; g++) {
+            const float* sg = dy + g * d->og * P;
+            float* dg = dst + g * P * og8;
+    #if CD_X86
+            o8 = d->og / 8 * 8;
+            p8 = P / 8 * 8;
+            for (o = 0; o < o8; o += 8)
+                for (p = 0; p < p8; p += 8) cd_tr8(sg + o * P + p, P, dg + p * og8 + o, og8);
+    #endif
+            for (p = 0; p < P; p++)
+                for (o = p < p8 ? o8 : 0; o < og8; o++) dg[p * og8 + o] = o < d->og ? sg[o * P + p] : 0.0f;
+        }
+    }
+
+    #if CD_X86
+    /* accm (R T vectors) += over output rows y0..y1-1: dy vectors (dyb: the tile's first channel at position 0)
+       times the image broadcast at each column's offset (xi: the group's first plane) */
+    static inline __attribute__((always_inline)) CD_TARGET void cd_wo_tile(
+            const int R, const int T, const float* xi, const ptrdiff_t* off, const float* dyb, float* accm,
+            ptrdiff_t y0, ptrdiff_t y1, ptrdiff_t OW, ptrdiff_t Wx, ptrdiff_t og8) {
+        __m256 acc[4][7], b[7];
+        const float* xt[7];
+        ptrdiff_t y, x;
+        int r, t;
+        _Pragma("GCC unroll 8") for (r = 0; r < R; r++)
+            _Pragma("GCC unroll 8") for (t = 0; t < T; t++) acc[r][t] = _mm256_loadu_ps(accm + (r * T + t) * 8);
+        _Pragma("GCC unroll 8") for (t = 0; t < T; t++) xt[t] = xi + off[t];
+        for (y = y0; y < y1; y++) {
+            const float* dp = dyb + y * OW * og8;
+            ptrdiff_t xr = y * Wx;
+            for (x = 0; x < OW; x++, dp += og8) {
+                _Pragma("GCC unroll 8") for (t = 0; t < T; t++) b[t] = _mm256_broadcast_ss(xt[t] + xr + x);
+                _Pragma("GCC unroll 8") for (r = 0; r < R; r++) {
+                    __m256 dv = _mm256_loadu_ps(dp + r * 8);
+                    __asm__("" : "+x"(dv));  /* one load feeding T FMAs, not T loads folded into them */
+                    _Pragma("GCC unroll 8") for (t = 0; t < T; t++) acc[r][t] = _mm256_fmadd_ps(dv, b[t], acc[r][t]);
+                }
+            }
+        }
+        _Pragma("GCC unroll 8") for (r = 0; r < R; r++)
+            _Pragma("GCC unroll 8") for (t = 0; t < T; t++) _mm256_storeu_ps(accm + (r * T + t) * 8, acc[r][t]);
+    }
+
+    #define CD_WO_CASE(R, T) case (R) * 8 + (T): \\
+        cd_wo_tile(R, T, xi, off, dyb, accm, y0, y1, OW, Wx, og8); break;
+
+    static CD_TARGET void cd_wo_dispatch(int R, int T, const float* xi, const ptrdiff_t* off, const float* dyb,
+                                         float* accm, ptrdiff_t y0, ptrdiff_t y1, ptrdiff_t OW, ptrdiff_t Wx,
+                                         ptrdiff_t og8) {
+        switch (R * 8 + T) {
+            CD_WO_CASE(1, 1) CD_WO_CASE(1, 2) CD_WO_CASE(1, 3) CD_WO_CASE(1, 4) CD_WO_CASE(1, 5) CD_WO_CASE(1, 6)
+            CD_WO_CASE(1, 7)
+            CD_WO_CASE(2, 1) CD_WO_CASE(2, 2) CD_WO_CASE(2, 3) CD_WO_CASE(2, 4) CD_WO_CASE(2, 5)
+            CD_WO_CASE(3, 1) CD_WO_CASE(3, 2) CD_WO_CASE(3, 3)
+            CD_WO_CASE(4, 1) CD_WO_CASE(4, 2) CD_WO_CASE(4, 3)
+        }
+    }
+    #else
+    static void cd_wo_dispatch(int R, int T, const float* xi, const ptrdiff_t* off, const float* dyb,
+                               float* accm, ptrdiff_t y0, ptrdiff_t y1, ptrdiff_t OW, ptrdiff_t Wx, ptrdiff_t og8) {
+        ptrdiff_t y, x;
+        int r, t, l;
+        for (y = y0; y < y1; y++)
+            for (x = 0; x < OW; x++)
+                for (r = 0; r < R; r++)
+                    for (t = 0; t < T; t++)
+                        for (l = 0; l < 8; l++)
+                            accm[(r * T + t) * 8 + l] += dyb[(y * OW + x) * og8 + r * 8 + l] * xi[off[t] + y * Wx + x];
+    }
+    #endif
+
+    /* bsum (Co, float64) += the sums over positions of one image's transposed dy (float32 over its positions);
+       sacc: G og8 floats of scratch */
+    static CD_TARGET void cd_dy_sum(const cd_geom* d, const float* dyt, float* sacc, double* bsum) {
+        ptrdiff_t g, o, p, P = d->OH * d->OW, og8 = 8 * ((d->og + 7) / 8);
+        memset(sacc, 0, (size_t)(d->G * og8) * sizeof(float));
+        for (g = 0; g < d->G; g++)
+            for (p = 0; p < P; p++)
+                for (o = 0; o < og8; o++) sacc[g * og8 + o] += dyt[(g * P + p) * og8 + o];
+        for (g = 0; g < d->G; g++)
+            for (o = 0; o < d->og; o++) bsum[g * d->og + o] += sacc[g * og8 + o];
+    }
+
+    /* a task: images n0..n1-1 (of x, dy), tiles t0..t1-1. Each image is padded (xw: C planes) and its dy
+       transposed (dyt: G P og8 floats) here, so both stay in this core's caches, then the tiles run a band
+       of output rows (about cd_wo_band_bytes of dyt) at a time so that the band stays in L1 across them.
+       part (the tiles' float32 sums, tile t at (t - t0) CD_WO_ACC, then G og8 floats of scratch; over at most
+       about 1,024 positions: one image or as many whole ones) is then added to accd's float64 sums (this image
+       group's, indexed by tile). bsum: the group's bias sums, or NULL. */
+    static ptrdiff_t cd_wo_band_bytes = 16 << 10;
+    static void cd_wo_task(const cd_geom* d, const float* x, const float* dy, const cd_wotile* tl,
+                           ptrdiff_t n0, ptrdiff_t n1, ptrdiff_t t0, ptrdiff_t t1, float* xw, float* dyt,
+                           float* part, double* accd, double* bsum) {
+        ptrdiff_t Wx = d->W + 2 * d->pw, PX = d->Hp * Wx, P = d->OH * d->OW, og8 = 8 * ((d->og + 7) / 8);
+        ptrdiff_t fl = P >= 1024 ? 1 : 1024 / P, band = cd_wo_band_bytes / (d->OW * og8 * 4);
+        ptrdiff_t m0, m1, n, y0, t, l;
+        if (band * d->OW < 64) band = (64 + d->OW - 1) / d->OW;  /* a tile's loads and stores: over >= 64 positions */
+        for (m0 = n0; m0 < n1; m0 = m1) {
+            m1 = m0 + fl < n1 ? m0 + fl : n1;
+            memset(part, 0, (size_t)((t1 - t0) * CD_WO_ACC) * sizeof(float));
+            for (n = m0; n < m1; n++) {
+                cd_pad_planes(d, x + n * d->C * d->H * d->W, xw, d->C, PX, Wx);
+                cd_dy_trans(d, dy + n * d->Co * P, dyt);
+                if (bsum) cd_dy_sum(d, dyt, part + CD_WO_ACC * (t1 - t0), bsum);  /* scratch: past the tiles */
+                for (y0 = 0; y0 < d->OH; y0 += band) {
+                    ptrdiff_t y1 = y0 + band < d->OH ? y0 + band : d->OH;
+                    for (t = t0; t < t1; t++) {
+                        const cd_wotile* w = tl + t;
+                        cd_wo_dispatch((int)w->R, (int)w->T, xw + w->g * d->cg * PX, w->off,
+                                       dyt + w->g * P * og8 + w->o0, part + (t - t0) * CD_WO_ACC, y0, y1, d->OW, Wx,
+                                       og8);
+                    }
+                }
+            }
+            for (l = 0; l < (t1 - t0) * CD_WO_ACC; l++) accd[t0 * CD_WO_ACC + l] += part[l];
+        }
+    }
+
+    /* dw += the tiles' float64 sums (rounded once) */
+    static void cd_wo_store(const cd_geom* d, const cd_wotile* tl, ptrdiff_t ntl, const double* accd, float* dw) {
+        ptrdiff_t t, r, u, l, ncol = d->cg * d->kh * d->kw;
+        for (t = 0; t < ntl; t++)
+            for (r = 0; r < tl[t].R; r++)
+                for (u = 0; u < tl[t].T; u++)
+                    for (l = 0; l < 8; l++) {
+                        ptrdiff_t o = tl[t].o0 + r * 8 + l;
+                        if (o >= d->og) break;
+                        float* p = dw + (tl[t].g * d->og + o) * ncol + tl[t].k0 + u;
+                        *p = (float)((double)*p + accd[t * CD_WO_ACC + (r * tl[t].T + u) * 8 + l]);
+                    }
+    }
     """
     ctypedef struct cd_geom:
         Py_ssize_t N, C, H, W, Co, G, cg, og, kh, kw, ph, pw, OH, OW, Hp, Wp, OWv, nb, PS, QS, nq
@@ -360,6 +549,17 @@ cdef extern from *:
     void cd_wgt_shape(Py_ssize_t kh, Py_ssize_t kw, int* R, int* T) nogil
     void cd_wgt_task(const cd_geom* d, const float* xpad, const float* dypad, float* dw, float* accm,
                      Py_ssize_t n0, Py_ssize_t n1, Py_ssize_t g, Py_ssize_t b, Py_ssize_t c) nogil
+    ctypedef struct cd_wotile:
+        Py_ssize_t g, o0, R, T, k0
+    Py_ssize_t cd_wo_band_bytes
+    Py_ssize_t cd_wo_tiles(const cd_geom* d, cd_wotile* tl) nogil
+    void cd_dy_trans(const cd_geom* d, const float* dy, float* dst) nogil
+    void cd_pad_planes(const cd_geom* d, const float* x, float* pad, Py_ssize_t nc, Py_ssize_t plane,
+                       Py_ssize_t row) nogil
+    void cd_wo_task(const cd_geom* d, const float* x, const float* dy, const cd_wotile* tl, Py_ssize_t n0,
+                    Py_ssize_t n1, Py_ssize_t t0, Py_ssize_t t1, float* xw, float* dyt, float* part, double* accd,
+                    double* bsum) nogil
+    void cd_wo_store(const cd_geom* d, const cd_wotile* tl, Py_ssize_t ntl, const double* accd, float* dw) nogil
 
 
 # The weight gradient pads this many bytes of images at a time (at least one image): L2/L3-sized.
@@ -489,3 +689,83 @@ def backward_weight(const float[::1] x, const float[::1] dy, float[::1] dw,
                     free(accm)
     finally:
         free(xpad)
+
+
+
+# backward_weight_oc's tasks: (group of images, run of tiles) pairs, about WO_TASKS_PER_THREAD a thread.
+# The images go in min(N, WO_IMAGE_GROUPS) groups whatever the thread count (each group's sums are added
+# in order, so results do not depend on the threads); runs of tiles are split when groups are too few
+# (each run pads and transposes its group's images again, but that is little work).
+WO_TASKS_PER_THREAD = 4
+WO_IMAGE_GROUPS = 8
+WO_GROUP_BYTES = 4 << 20  # at most this many bytes of the groups' float64 sums (fewer groups on wide layers)
+
+
+def set_wo_band_bytes(Py_ssize_t nbytes):
+    """backward_weight_oc's band of output rows: about this many bytes of transposed dy (for benchmarks)."""
+    global cd_wo_band_bytes
+    cd_wo_band_bytes = nbytes
+
+
+def backward_weight_oc(const float[::1] x, const float[::1] dy, float[::1] dw,
+                       Py_ssize_t N, Py_ssize_t C, Py_ssize_t H, Py_ssize_t W, Py_ssize_t Co, Py_ssize_t G,
+                       Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t ph, Py_ssize_t pw, Py_ssize_t OH, Py_ssize_t OW,
+                       float[::1] bias_diff=None):
+    """backward_weight vectorized over output channels instead of output x (rows of any width fill the
+    lanes): dw (Co, cg, kh, kw) += the correlation of dy (N, Co, OH, OW) with x (N, C, H, W), and
+    bias_diff (Co) += the sums of dy unless None. Sums are float32 over at most about 1,024 positions,
+    then float64 (rounded once into dw, bias_diff); the same for any thread count and schedule."""
+    cdef cd_geom d = _geometry(N, C, H, W, Co, G, kh, kw, ph, pw, OH, OW)
+    if x.shape[0] < N * C * H * W or dy.shape[0] < N * Co * OH * OW:
+        raise ValueError("conv_direct: image or diff buffer too small")
+    if dw.shape[0] < Co * d.cg * kh * kw:
+        raise ValueError("conv_direct: weight diff buffer too small")
+    if bias_diff is not None and bias_diff.shape[0] < Co:
+        raise ValueError("conv_direct: bias diff buffer too small")
+    cdef Py_ssize_t PX = d.Hp * (W + 2 * pw), P = OH * OW, og8 = 8 * ((d.og + 7) // 8)
+    cdef Py_ssize_t ntl = cd_wo_tiles(&d, NULL), i, j, l, ig, tg
+    cdef int nt = _threads(N * Co * OH * OW * d.cg * kh * kw)
+    cdef Py_ssize_t want = WO_TASKS_PER_THREAD * nt
+    cdef Py_ssize_t nig = max(1, min(N, WO_IMAGE_GROUPS, WO_GROUP_BYTES // (ntl * 96 * 8)))
+    cdef Py_ssize_t ntg = max(1, min(ntl, (want + nig - 1) // nig)), ntask = nig * ntg
+    cdef Py_ssize_t run = (ntl + ntg - 1) // ntg + 1  # the most tiles a task runs
+    cdef Py_ssize_t scratch = C * PX + G * P * og8 + run * 96 + G * og8
+    cdef cd_wotile* tl = <cd_wotile*>malloc(ntl * sizeof(cd_wotile))
+    cdef double* accd = <double*>calloc(nig * ntl * 96, sizeof(double))
+    cdef double* bsd = <double*>calloc(nig * Co, sizeof(double))
+    cdef const float* xs = &x[0]
+    cdef const float* dys = &dy[0]
+    cdef bint bias = bias_diff is not None
+    cdef float* buf
+    cdef double s
+    try:
+        if tl == NULL or accd == NULL or bsd == NULL:
+            raise MemoryError()
+        cd_wo_tiles(&d, tl)
+        with nogil, parallel(num_threads=nt):
+            buf = <float*>malloc(scratch * sizeof(float))
+            if buf == NULL:
+                with gil:
+                    raise MemoryError()
+            else:
+                for i in prange(ntask, schedule="dynamic"):
+                    ig = i // ntg
+                    tg = i % ntg
+                    cd_wo_task(&d, xs, dys, tl, N * ig // nig, N * (ig + 1) // nig, ntl * tg // ntg,
+                               ntl * (tg + 1) // ntg, buf, buf + C * PX, buf + C * PX + G * P * og8,
+                               accd + ig * ntl * 96, bsd + ig * Co if bias and tg == 0 else NULL)
+                free(buf)
+        for ig in range(1, nig):  # the image groups' sums, in order (the same for any schedule)
+            for l in range(ntl * 96):
+                accd[l] += accd[ig * ntl * 96 + l]
+        cd_wo_store(&d, tl, ntl, accd, &dw[0])
+        if bias:
+            for j in range(Co):
+                s = 0.0
+                for ig in range(nig):
+                    s += bsd[ig * Co + j]
+                bias_diff[j] = <float>(<double>bias_diff[j] + s)
+    finally:
+        free(tl)
+        free(accd)
+        free(bsd)
