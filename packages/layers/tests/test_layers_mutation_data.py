@@ -1247,3 +1247,481 @@ def test_data_layer_errors_name_the_record_and_the_database_kind(tmp_path, backe
         with pytest.raises(LayerError, match=rf"^Layer 'd' \(Data\): record '00000001' of {kind} '.*rdb{n}'{tail}"):
             layer.Forward([], top)
         layer.close()
+
+
+class _SlowPrefetch:
+    """A prefetching layer whose thread spins (burns CPU) or sleeps (no CPU) before its first batch, until
+    `release` is set or `sleep_s` has passed."""
+
+    @staticmethod
+    def make(mode, stall_cpu_s, sleep_s=0.0):
+        import threading
+        import time
+        from caffe.layers.base_data import BasePrefetchingDataLayer
+        from caffe.layers.testing import layer_param
+
+        release = threading.Event()
+
+        class Slow(BasePrefetchingDataLayer):
+            def data_layer_setup(self, bottom, top):
+                top[0].reshape([2, 3])
+
+            def load_batch(self, batch):
+                if mode == "spin":
+                    while not release.is_set():
+                        pass
+                else:
+                    time.sleep(sleep_s)
+                batch.data[...] = 7.0
+
+        Slow.stall_cpu_s = stall_cpu_s
+        layer = Slow(layer_param("Slow", "data_param { prefetch: 1 }", name="slow"))
+        return layer, release
+
+
+def test_a_prefetch_thread_that_spins_without_delivering_fails_forward_with_stall_cpu_s():
+    """With stall_cpu_s set (the tests' conftest sets it for every prefetching layer), Forward gives up on a
+    thread that has burnt that much CPU without delivering a batch: PrefetchStalled, naming the layer, not a
+    LayerError (a test expecting a data error must not take a hang for one)."""
+    from caffe.layers.base_data import PrefetchStalled
+    layer, release = _SlowPrefetch.make("spin", 0.2)
+    top = [Blob()]
+    try:
+        layer.SetUp([], top)
+        with pytest.raises(PrefetchStalled, match=r"^Layer 'slow' \(\w+\): the prefetch thread used "
+                                                  r"[0-9.]+ s of CPU without delivering a batch \(stall_cpu_s = 0.2\)$"):
+            layer.Forward([], top)
+        assert not issubclass(PrefetchStalled, LayerError)
+        assert layer._stop.is_set() and not layer._finalizer.alive  # told to stop, and not joined at exit
+        thread = layer._thread
+    finally:
+        release.set()
+        layer.close()
+    thread.join(timeout=10)
+    assert not thread.is_alive()  # released, it saw the stop
+
+
+def test_a_prefetch_thread_that_waits_without_cpu_is_not_a_stall():
+    """The bound is on CPU used while Forward waits, not on wall time: a thread that takes longer than the
+    wait's 1 s poll while using no CPU (a slow disk, a loaded machine) still delivers."""
+    layer, release = _SlowPrefetch.make("sleep", 0.2, sleep_s=1.3)
+    top = [Blob()]
+    try:
+        layer.SetUp([], top)
+        layer.Forward([], top)
+        assert np.all(top[0].data == 7.0)
+    finally:
+        layer.close()
+
+
+def test_the_tests_bound_every_prefetching_layer():
+    """conftest.py sets stall_cpu_s for the tests (a mutant that never moves a cursor then fails in seconds,
+    not at mutmut's timeout); the library's default (None, in the class body) waits as Caffe does."""
+    from caffe.layers.base_data import BasePrefetchingDataLayer
+    assert BasePrefetchingDataLayer.stall_cpu_s == 5.0
+
+
+# -- session 7: the survivors of layers-14's retest ------------------------------------------------------------
+
+def _encoded(img, fmt, **kw):
+    import io
+    b = io.BytesIO()
+    img.save(b, fmt, **kw)
+    return b.getvalue()
+
+
+@pytest.mark.filterwarnings("ignore:IM image format is deprecated:DeprecationWarning")
+def test_decode_of_16_bit_32_bit_and_float_gray_images_gives_8_bit_gray_as_opencv():
+    """Every 16-bit layout Pillow opens (big-endian TIFF: I;16B, an IM file: I;16L, PNG: I;16, a 16-bit PGM:
+    I) decodes to one channel of value >> 8, even when every value is below 256; 32-bit and float images are
+    divided by 256 only when they exceed 255, then clipped to 0..255."""
+    Image = pytest.importorskip("PIL.Image")
+    from caffe.layers.data_transformer import decode_image_bytes
+    a16 = np.array([[0, 255, 256, 1000], [40000, 65535, 300, 7]], np.uint16)
+    want = (a16 >> 8).astype(np.uint8)[None]
+    big = Image.frombytes("I;16B", (4, 2), a16.astype(">u2").tobytes())
+    little = Image.frombytes("I;16L", (4, 2), a16.astype("<u2").tobytes())
+    for data, mode in ((_encoded(big, "TIFF"), "I;16B"), (_encoded(little, "IM"), "I;16L"),
+                       (_encoded(Image.fromarray(a16), "PNG"), "I;16")):
+        assert Image.open(__import__("io").BytesIO(data)).mode == mode
+        out = decode_image_bytes(data)
+        assert out.dtype == np.uint8
+        np.testing.assert_array_equal(out, want, err_msg=mode)
+    small = np.array([[0, 255], [128, 7]], np.uint16)  # 16 bits, all below 256: still >> 8
+    np.testing.assert_array_equal(decode_image_bytes(_encoded(Image.fromarray(small), "PNG")), np.zeros((1, 2, 2)))
+    pgm = np.array([[0, 256], [512, 65535]], np.uint16)  # a 16-bit PGM opens as 'I'; its max is exactly 256 + ...
+    data = b"P5 2 2 65535\n" + pgm.astype(">u2").tobytes()
+    np.testing.assert_array_equal(decode_image_bytes(data), [[[0, 1], [2, 255]]])
+    data = b"P5 2 1 65535\n" + np.array([256, 0], ">u2").tobytes()  # ... and here exactly 256: still divided
+    np.testing.assert_array_equal(decode_image_bytes(data), [[[1, 0]]])
+    i32 = Image.fromarray(np.array([[10, 70000], [100000, 5]], np.int32))  # 32-bit: / 256, then clipped at 255
+    np.testing.assert_array_equal(decode_image_bytes(_encoded(i32, "TIFF")), [[[0, 255], [255, 0]]])
+    f_small = Image.fromarray(np.array([[10.7, 200.2], [-5, 100.5]], np.float32))  # float <= 255: kept, clipped at 0
+    np.testing.assert_array_equal(decode_image_bytes(_encoded(f_small, "TIFF")), [[[10, 200], [0, 100]]])
+    f_big = Image.fromarray(np.array([[10.7, 600.2], [-5, 2000.5]], np.float32))  # float > 255: / 256
+    np.testing.assert_array_equal(decode_image_bytes(_encoded(f_big, "TIFF")), [[[0, 2], [0, 7]]])
+
+
+@pytest.mark.parametrize("transparency", [None, 1, bytes([255, 0, 128, 255])])
+def test_decode_of_palette_images_gives_bgr_without_warnings(transparency):
+    """A palette PNG decodes to its colors (BGR, 3 channels), with or without a transparency entry (alpha is
+    dropped as OpenCV does); transparency given as bytes goes through RGBA, without Pillow's warning."""
+    import warnings
+    Image = pytest.importorskip("PIL.Image")
+    from caffe.layers.data_transformer import decode_image_bytes
+    img = Image.new("P", (2, 2))
+    img.putpalette([255, 0, 0, 0, 255, 0, 0, 0, 254, 9, 8, 7])
+    img.putdata([0, 1, 2, 3])
+    data = _encoded(img, "PNG", **({} if transparency is None else {"transparency": transparency}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = decode_image_bytes(data)
+    rgb = np.array([[[255, 0, 0], [0, 255, 0]], [[0, 0, 254], [9, 8, 7]]], np.uint8)
+    np.testing.assert_array_equal(out, rgb[:, :, ::-1].transpose(2, 0, 1))
+
+
+def test_datum_to_image_shapes_dtypes_defaults_and_force_gray():
+    """A Datum with any zero dimension is refused, naming the shape; float_data comes back float32; the default
+    `where` texts ('Datum', 'record'); infer_blob_shape gives num 1; force_gray reaches encoded Datums."""
+    from caffe.proto import caffe_pb2
+    from caffe.layers.data_transformer import DataTransformer, datum_to_image, parse_datum
+    for c, h, w in ((0, 2, 3), (1, 0, 3), (1, 2, 0)):
+        d = caffe_pb2.Datum(channels=c, height=h, width=w)
+        with pytest.raises(DataError, match=rf"^Datum: Datum has a non-positive shape {c}x{h}x{w}$"):
+            datum_to_image(d)
+    d = array_to_datum(np.array([[[0.5, 1.25]]], np.float32))
+    assert datum_to_image(d).dtype == np.float32
+    tf = DataTransformer(caffe_pb2.TransformationParameter(), 0)
+    bad = caffe_pb2.Datum(channels=1, height=0, width=1)
+    with pytest.raises(DataError, match=r"^Datum: "):
+        tf.image(bad)
+    with pytest.raises(DataError, match=r"^Datum: "):
+        tf.infer_blob_shape(bad)
+    with pytest.raises(DataError, match=r"^record is not a valid serialized Datum"):
+        parse_datum(b"\xff\xff\xff")
+    assert tf.infer_blob_shape(array_to_datum(np.zeros((3, 4, 5), np.uint8))) == [1, 3, 4, 5]
+    Image = pytest.importorskip("PIL.Image")
+    rgb = np.array([[[200, 100, 50], [0, 0, 0]]], np.uint8)
+    enc = caffe_pb2.Datum(encoded=True, data=_encoded(Image.fromarray(rgb), "PNG"))
+    want = np.asarray(Image.fromarray(rgb).convert("L"))[None]
+    np.testing.assert_array_equal(datum_to_image(enc, force_gray=True), want)
+    np.testing.assert_array_equal(datum_to_image(enc), rgb[:, :, ::-1].transpose(2, 0, 1))  # color by default
+    gray_tf = DataTransformer(caffe_pb2.TransformationParameter(force_gray=True), 0)
+    np.testing.assert_array_equal(gray_tf.image(enc), want)
+
+
+def test_data_batches_of_different_shapes_reshape_in_float32(tmp_path):
+    """Each batch takes the shape of its first record (Caffe's per-batch InferBlobShape): the prefetched buffers
+    are reshaped when it changes, in the top's dtype (the transform computed in float32, as Caffe)."""
+    a = (np.arange(4, dtype=np.uint8).reshape(1, 2, 2) * 61 + 3)
+    b = (np.arange(9, dtype=np.uint8).reshape(1, 3, 3) * 27 + 1)
+    records = [array_to_datum(x, i).SerializeToString() for i, x in enumerate([a, a + 1, b, b + 2])]
+    layer = _data_layer(_records_db(tmp_path, records), batch=2, transform="scale: 0.1 mean_value: 0.3")
+    top = [Blob(), Blob()]
+    layer.SetUp([], top)
+    try:
+        for want in ([a, a + 1], [b, b + 2], [a, a + 1]):
+            layer.Forward([], top)
+            want = (np.stack(want).astype(np.float32) - np.float32(0.3)) * np.float32(0.1)
+            assert top[0].shape == want.shape and top[0].dtype == np.float32
+            np.testing.assert_array_equal(top[0].data, want)
+    finally:
+        layer.close()
+
+
+def test_forward_after_close_names_the_stopped_thread(tmp_path):
+    layer = make_layer("Data", f'data_param {{ source: "{_mnist_like_lmdb(tmp_path)}" batch_size: 2 backend: LMDB '
+                               f'prefetch: 1 }}', name="d")
+    top = [Blob(), Blob()]
+    layer.SetUp([], top)
+    layer.Forward([], top)
+    layer.close()
+    for _ in range(2):  # and the same error again, at once
+        with pytest.raises(LayerError, match=r"^Layer 'd' \(Data\): the prefetch thread stopped without "
+                                             r"delivering data$"):
+            layer.Forward([], top)
+
+
+def test_a_prefetching_layer_without_load_batch_names_it():
+    from caffe.layers.base_data import BasePrefetchingDataLayer
+    from caffe.layers.testing import layer_param
+
+    class NoLoad(BasePrefetchingDataLayer):
+        def data_layer_setup(self, bottom, top):
+            top[0].reshape([1])
+
+    layer = NoLoad(layer_param("NoLoad", name="n"))
+    top = [Blob()]
+    layer.SetUp([], top)
+    with pytest.raises(LayerError, match=r"^Layer 'n' \(\w+\): NotImplementedError: NoLoad must implement "
+                                         r"load_batch$"):
+        layer.Forward([], top)
+    layer.close()
+
+
+def test_window_data_reads_gray_images_in_color_and_subtracts_the_mean_where_padded(tmp_path):
+    """WindowData reads every image in color (a gray one made 3 equal channels); with a mean_file, the mean's
+    crop at the item's padding offset is subtracted from the warped region only (Caffe's window_data_layer)."""
+    from caffe.blob.proto_io import array_to_blob_proto
+    win = (1, 0.9, 0, 0, 5, 4)  # at the top-left corner: with context_pad 1, padded on both axes
+    layer, _ = _window_setup(tmp_path, [win], "context_pad: 1", batch=1)
+    Image = pytest.importorskip("PIL.Image")
+    gray = np.random.default_rng(2).integers(0, 256, size=(10, 12)).astype(np.uint8)
+    Image.fromarray(gray, "L").save(tmp_path / "im.png")
+    top = [Blob(), Blob()]
+    layer.SetUp([], top)
+    layer.Forward([], top)
+    layer.close()
+    item = top[0].data[0].copy()
+    assert item.any() and (item[0] == item[1]).all() and (item[1] == item[2]).all()
+    mean = np.arange(3 * 8 * 8, dtype=np.float32).reshape(1, 3, 8, 8)  # 8x8 for crop 6: offset 1
+    (tmp_path / "m.binaryproto").write_bytes(array_to_blob_proto(mean).SerializeToString())
+    layer, _ = _window_setup(tmp_path, [win], "context_pad: 1", batch=1,
+                             transform=f'mean_file: "{tmp_path}/m.binaryproto"')
+    Image.fromarray(gray, "L").save(tmp_path / "im.png")
+    layer.SetUp([], top)
+    layer.Forward([], top)
+    layer.close()
+    _, (w, h), pad_h, pad_w = caffe_window_geometry(win[2:], 12, 10, 6, 1, False, False)
+    assert pad_h > 0 and pad_w > 0
+    want = np.zeros_like(item)
+    want[:, pad_h:pad_h + h, pad_w:pad_w + w] = mean[0, :, 1 + pad_h:1 + pad_h + h, 1 + pad_w:1 + pad_w + w]
+    np.testing.assert_array_equal(item - top[0].data[0], want)
+
+
+def test_window_file_ending_early_names_what_it_expected(tmp_path):
+    """A window file cut after any token: the error names the token expected (at a window's start too, where
+    the line number of the missing window is past the end); a root_folder defaults to none."""
+    from caffe.layers.window_data_layer import parse_window_file
+    tokens = "# 0 im.png 3 10 12 2 1 0.9 0 0 5 5 0 0.1 2 2 6 6".split()
+    coords = "window coordinates x1 y1 x2 y2"
+    window = ["a window's class index", "a window's overlap"] + [coords] * 4
+    expected = ["an image index after '#'", "an image path", "channels", "height", "width",
+                "the number of windows"] + window * 2
+    f = tmp_path / "w.txt"
+    for k, what in enumerate(expected, start=1):
+        f.write_text(" ".join(tokens[:k]) + "\n")
+        with pytest.raises(DataError, match=rf"^window file '.*w.txt': ended early, expected {what}$"):
+            parse_window_file(str(f), "")
+    f.write_text("\n".join(tokens) + "\n")
+    images, windows = parse_window_file(str(f))
+    assert images == {0: ("im.png", (3, 10, 12))} and len(windows) == 2
+
+
+def test_window_data_draws_from_every_window_and_mirrors_half(tmp_path):
+    """Windows are drawn uniformly from all of them (100 here: a draw range below 100 would miss some) and
+    mirrored with probability 1/2: 256 items of one image, each the warp or its mirror."""
+    wins = [(i, 0.9, 0, 0, 11, 9) for i in range(1, 101)]  # the whole image, labels 1..100
+    layer, _ = _window_setup(tmp_path, wins, "mirror: true cache_images: true", batch=128, crop=6)
+    context.set_random_seed(11)
+    top = [Blob(), Blob()]
+    layer.SetUp([], top)
+    items, labels = [], []
+    for _ in range(2):
+        layer.Forward([], top)
+        items.append(top[0].data.copy())
+        labels.append(top[1].data.copy())
+    layer.close()
+    items, labels = np.concatenate(items), np.concatenate(labels)
+    assert labels.max() >= 90 and len(set(labels.astype(int))) > 80
+    plain = items[0]
+    assert not np.array_equal(plain, plain[:, :, ::-1])
+    same = [bool(np.array_equal(x, plain)) for x in items]
+    assert all(s or np.array_equal(x, plain[:, :, ::-1]) for s, x in zip(same, items))
+    assert abs(sum(same) - 128) < 24, sum(same)  # binomial(256, 1/2): sd 8; a 2/3 mirror rate gives about 43 off
+
+
+def test_list_file_bad_line_quoted_with_its_trailing_blanks(tmp_path):
+    from caffe.layers.image_data_layer import read_list_file
+    (tmp_path / "l.txt").write_text("a.png 1\nb.png x \t\n")
+    with pytest.raises(DataError, match=r"^list file '.*l.txt' line 2: expected 'path label' \(an integer label "
+                                        r"after the last space\), got 'b.png x \\t'$"):
+        read_list_file(str(tmp_path / "l.txt"))
+
+
+def test_transform_batch_checks_each_item_and_names_it():
+    """transform_batch checks the first item and every item shaped otherwise (crop_size allows other sizes),
+    naming it 'item i' without a `where`; an empty list and more items than the batch holds are named."""
+    from caffe.layers.data_transformer import DataTransformer
+    from caffe.proto import caffe_pb2
+    tf = DataTransformer(caffe_pb2.TransformationParameter(crop_size=3), 1)
+    out = np.empty((2, 1, 3, 3), np.float32)
+    big, small = np.zeros((1, 4, 4), np.uint8), np.zeros((1, 2, 5), np.uint8)
+    for items, i in (([small, big], 0), ([big, small], 1)):
+        with pytest.raises(DataError, match=rf"^DataTransformer: item {i} is 2x5, smaller than crop_size 3$"):
+            tf.transform_batch(items, out)
+    with pytest.raises(DataError, match=r"^DataTransformer: there is no datum to transform$"):
+        tf.transform_batch([], out)
+    with pytest.raises(DataError, match=r"^DataTransformer: 3 items do not fit a batch of 2$"):
+        tf.transform_batch([big] * 3, out)
+    with pytest.raises(DataError, match=r"^DataTransformer: item 1 is 1x2x5 but the batch holds 1x4x4 items"):
+        DataTransformer().transform_batch([big, small], np.empty((2, 1, 4, 4), np.float32))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("caffe.layers.testing", fromlist=["gpu_available"]).gpu_available(),
+                    reason="no GPU (CuPy with a CUDA device, or the CuPy stand-in)")
+def test_gpu_mode_pushes_into_reused_device_buffers_reshaped_with_the_batch(tmp_path):
+    """In GPU mode the prefetch thread copies each batch into the batch's device buffers: the same buffers
+    while the batch keeps its shape, new ones when a batch of another shape comes (one Batch: prefetch 1)."""
+    a = np.arange(4, dtype=np.uint8).reshape(1, 2, 2) * 61 + 3
+    b = np.arange(9, dtype=np.uint8).reshape(1, 3, 3) * 27 + 1
+    items = [a, a + 1, a + 2, a + 3, b, b + 2]
+    src = _records_db(tmp_path, [array_to_datum(x, i).SerializeToString() for i, x in enumerate(items)])
+    context.set_mode_gpu()
+    layer = _data_layer(src, batch=2, extra="prefetch: 1")
+    top = [Blob(), Blob()]
+    try:
+        layer.SetUp([], top)
+        bufs = []
+        for k in range(5):  # batches: a a b a a
+            layer.Forward([], top)
+            first = (2 * k) % 6
+            np.testing.assert_array_equal(top[0].data, np.stack(items[first:first + 2]))
+            np.testing.assert_array_equal(top[1].data, [first, first + 1])
+            batch = layer._batches[0]
+            assert batch.pushed
+            bufs.append((batch.gpu_data, batch.gpu_label))
+        assert bufs[1][0] is bufs[0][0] and bufs[1][1] is bufs[0][1]  # same shape: reused
+        assert bufs[2][0] is not bufs[1][0] and bufs[2][0].shape == (2, 1, 3, 3)
+        assert bufs[4][0] is bufs[3][0] and bufs[4][1] is bufs[3][1]
+    finally:
+        layer.close()
+        context.set_mode_cpu()
+
+
+def test_lmdb_readers_share_one_read_only_unlocked_environment(tmp_path):
+    """Readers of one LMDB in a process share one Environment, opened as Caffe's MDB_RDONLY without the lock
+    file (no writes: many reader processes), without readahead, for up to 1024 readers; the last release
+    closes it."""
+    import os
+    from caffe.layers import db as dbmod
+    src = _mnist_like_lmdb(tmp_path)
+    env = dbmod._SharedLMDB.acquire(src)
+    try:
+        flags = env.flags()
+        assert flags["readonly"] and flags["subdir"] and not flags["lock"] and not flags["readahead"]
+        assert env.info()["max_readers"] == 1024
+        assert dbmod._SharedLMDB.acquire(src) is env
+        dbmod._SharedLMDB.release(env)
+        assert (os.getpid(), os.path.realpath(src)) in dbmod._SharedLMDB._envs  # one holder left: still open
+        assert env.stat()["entries"] == 3
+    finally:
+        dbmod._SharedLMDB.release(env)
+    assert (os.getpid(), os.path.realpath(src)) not in dbmod._SharedLMDB._envs
+    # two databases: releasing the second leaves the first open
+    first = dbmod._SharedLMDB.acquire(src)
+    (tmp_path / "two").mkdir()
+    second = dbmod._SharedLMDB.acquire(_mnist_like_lmdb(tmp_path / "two", n=2))
+    dbmod._SharedLMDB.release(second)
+    assert first.stat()["entries"] == 3
+    assert dbmod._SharedLMDB.acquire(src) is first  # still the shared one
+    dbmod._SharedLMDB.release(first)
+    dbmod._SharedLMDB.release(first)
+
+
+def test_transform_batch_crops_the_mean_with_the_image_and_refuses_no_channels(tmp_path):
+    """With crop_size, the mean is cropped at the item's offsets (TEST: the centre) before it is subtracted;
+    an item with no channels is named."""
+    from caffe.layers.data_transformer import DataTransformer
+    from caffe.proto import caffe_pb2
+    mean = _mean_proto(tmp_path, [1, 1, 4, 5])
+    tf = DataTransformer(caffe_pb2.TransformationParameter(crop_size=2, mean_file=mean), 1)
+    img = (np.arange(20, dtype=np.uint8).reshape(1, 4, 5) * 7) % 251
+    out = np.empty((2, 1, 2, 2), np.float32)
+    tf.transform_batch([img, img + 1], out)
+    m = np.arange(20, dtype=np.float32).reshape(1, 4, 5)
+    for k in range(2):
+        np.testing.assert_array_equal(out[k], (img + k - m)[:, 1:3, 1:3])
+    # the per-item path (map_fn: encoded images on the decode pool) crops and mirrors the mean the same way
+    outs = []
+    for map_fn in (None, lambda fn, items: [fn(i) for i in items]):
+        context.set_random_seed(3)
+        mirrored = DataTransformer(caffe_pb2.TransformationParameter(crop_size=2, mean_file=mean, mirror=True), 1)
+        outs.append(np.empty((4, 1, 2, 2), np.float32))
+        mirrored.transform_batch([img, img + 1, img + 2, img + 3], outs[-1], map_fn=map_fn)
+    np.testing.assert_array_equal(outs[1], outs[0])
+    assert not np.array_equal(outs[0][0], out[0]) or not np.array_equal(outs[0][1], out[1])  # some mirrored
+    with pytest.raises(DataError, match=r"^DataTransformer: item 0 has no channels$"):
+        DataTransformer().transform_batch([np.zeros((0, 4, 4), np.uint8)], np.empty((1, 0, 4, 4), np.float32))
+
+
+def _lmdb_data_file(folder, psize, last_pg, size, txns=(1, 2), last_pgs=None, version=1):
+    """A data.mdb of `size` bytes holding LMDB's two meta pages (page size psize) and nothing else."""
+    from caffe.layers import db as dbmod
+    folder.mkdir(exist_ok=True)
+    buf = bytearray(size)
+    for k, (txn, last) in enumerate(zip(txns, last_pgs or (last_pg, last_pg))):
+        if k * psize + 16 + dbmod._META.size <= size:
+            dbmod._META.pack_into(buf, k * psize + 16, dbmod._LMDB_MAGIC, version, 1 << 20, psize, 0, last, txn)
+    (folder / "data.mdb").write_bytes(bytes(buf))
+    return str(folder)
+
+
+def test_lmdb_file_check_page_size_bounds_the_newer_meta_and_its_errors(tmp_path):
+    """check_lmdb_file: page sizes 512 and 65536 (powers of two) are LMDB's bounds, both accepted; the meta
+    page with the newer transaction gives the last page; a missing data.mdb and another format version are
+    named."""
+    from caffe.layers.db import DBError, check_lmdb_file
+    check_lmdb_file(_lmdb_data_file(tmp_path / "a", 512, 3, 4 * 512))
+    check_lmdb_file(_lmdb_data_file(tmp_path / "b", 65536, 1, 2 * 65536))
+    for psize in (256, 1000, 131072):
+        with pytest.raises(DBError, match=rf"is corrupt: its meta page gives a page size of {psize}$"):
+            check_lmdb_file(_lmdb_data_file(tmp_path / f"p{psize}", psize, 1, 2 * 131072))
+    # the second meta page is newer and names page 9: a file of 4 pages is cut short
+    short = _lmdb_data_file(tmp_path / "c", 512, 3, 4 * 512, txns=(1, 2), last_pgs=(3, 9))
+    with pytest.raises(DBError, match=r"is truncated: its last page \(9, of 512 bytes\) ends at byte 5120, but the "
+                                      r"file holds only 2048 bytes"):
+        check_lmdb_file(short)
+    check_lmdb_file(_lmdb_data_file(tmp_path / "d", 512, 3, 4 * 512, txns=(2, 1), last_pgs=(3, 9)))  # older
+    check_lmdb_file(_lmdb_data_file(tmp_path / "g", 512, 3, 4 * 512, txns=(2, 2), last_pgs=(3, 9)))  # as new
+    with pytest.raises(DBError, match=r"is corrupt: its meta page names page 281474976710656 as the last one$"):
+        check_lmdb_file(_lmdb_data_file(tmp_path / "h", 512, 1 << 48, 4 * 512))
+    with pytest.raises(DBError, match=r"^LMDB database '.*e' \(.*data.mdb, .*\) has LMDB data format version 2; "
+                                      r"this LMDB reads version 1$"):
+        check_lmdb_file(_lmdb_data_file(tmp_path / "e", 512, 3, 4 * 512, version=2))
+    (tmp_path / "f").mkdir()
+    with pytest.raises(DBError, match=r"^LMDB database '.*f': Cannot open LMDB data file '.*data.mdb': no such "
+                                      r"file$"):
+        check_lmdb_file(str(tmp_path / "f"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("caffe.layers.testing", fromlist=["gpu_available"]).gpu_available(),
+                    reason="no GPU (CuPy with a CUDA device, or the CuPy stand-in)")
+def test_gpu_mode_uploads_a_batch_loaded_before_the_switch(tmp_path):
+    """A batch the thread loaded in CPU mode (not pushed) is handed to the tops from the host on the first
+    GPU-mode Forward; the batches loaded after it come pushed. (The wait makes the order certain: the other
+    tests reach this path only when the thread is slower than the switch.)"""
+    import time
+    items = [np.full((1, 2, 2), 10 * i, np.uint8) for i in range(6)]
+    src = _records_db(tmp_path, [array_to_datum(x, i).SerializeToString() for i, x in enumerate(items)])
+    layer = _data_layer(src, batch=2, extra="prefetch: 2")
+    top = [Blob(), Blob()]
+    try:
+        layer.SetUp([], top)
+        layer.Forward([], top)
+        for _ in range(6000):  # until the thread has loaded the next batch (in CPU mode)
+            if layer._full.qsize():
+                break
+            time.sleep(0.01)
+        context.set_mode_gpu()
+        pushed = []
+        for k in range(1, 4):
+            layer.Forward([], top)
+            pushed.append(layer._current.pushed)
+            first = (2 * k) % 6
+            np.testing.assert_array_equal(top[0].data, np.stack(items[first:first + 2]))
+            np.testing.assert_array_equal(top[1].data, [first, first + 1])
+        assert pushed == [False, True, True]
+    finally:
+        layer.close()
+        context.set_mode_cpu()
+
+
+def test_lmdb_errors_pass_other_exceptions_through():
+    """Only LMDB's own errors become a DBError naming the database; any other exception is not swallowed."""
+    from caffe.layers import db as dbmod
+    with pytest.raises(KeyError):
+        with dbmod._lmdb_errors("some.lmdb", "reading"):
+            raise KeyError("x")

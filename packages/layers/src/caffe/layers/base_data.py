@@ -17,12 +17,15 @@ device that Forward ran on; batches loaded before are uploaded by the consumer a
 
 The thread holds only a weak reference to its layer: dropping the net stops it.
 An exception in the thread reaches the caller of Forward with its message.
+Forward waits for a batch as long as it takes (Caffe's blocking queue), unless `stall_cpu_s` is set
+(the tests set it): then a thread that burns that much CPU without delivering fails Forward.
 """
 from __future__ import annotations
 
 import os
 import queue
 import threading
+import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 
@@ -105,6 +108,11 @@ def _device_copy(dev, host: np.ndarray, stream):
         dev = cupy.empty(host.shape, dtype=host.dtype)
     dev.set(np.ascontiguousarray(host), stream=stream)
     return dev
+
+
+class PrefetchStalled(RuntimeError):
+    """Forward gave up on a prefetch thread that used `stall_cpu_s` seconds of CPU without delivering a batch
+    (not a LayerError: a test that expects a data error must not take a hang for it)."""
 
 
 class _Failure:
@@ -223,6 +231,12 @@ class BasePrefetchingDataLayer(BaseDataLayer):
     """Subclasses implement data_layer_setup (shape the tops), load_batch(batch) (fill one Batch,
     on the prefetch thread), and optionally thread_begin/thread_end (per-thread resources)."""
 
+    # CPU seconds the process may spend while Forward waits for one batch (None: wait as long as it takes,
+    # as Caffe). The waiting thread uses none, so it is the loading side's work: a thread that spins without
+    # delivering (a bug) uses CPU at whatever rate it gets, while a loaded machine slows a healthy thread
+    # without making it use more CPU per batch. The tests set it; a wall-clock limit would fail under load.
+    stall_cpu_s: float | None = None
+
     def prefetch_count(self) -> int:
         n = int(self.layer_param.data_param.prefetch) if self.layer_param.HasField("data_param") else 4
         return max(1, n)
@@ -277,6 +291,7 @@ class BasePrefetchingDataLayer(BaseDataLayer):
     def _next_full(self) -> Batch:
         if self._failure is not None:
             raise self._failure
+        waited_from = time.process_time()
         while True:
             try:
                 item = self._full.get(timeout=1.0)
@@ -285,6 +300,12 @@ class BasePrefetchingDataLayer(BaseDataLayer):
                 if not self._thread.is_alive():
                     self._failure = self.error("the prefetch thread stopped without delivering data")
                     raise self._failure
+                used = time.process_time() - waited_from
+                if self.stall_cpu_s is not None and used > self.stall_cpu_s:
+                    self._stop.set()  # it stops if it ever comes back; not joined (at exit neither): it would not answer
+                    self._finalizer.detach()
+                    raise PrefetchStalled(f"Layer '{self.name}' ({self.type}): the prefetch thread used {used:.1f} s "
+                                          f"of CPU without delivering a batch (stall_cpu_s = {self.stall_cpu_s})")
         if isinstance(item, _Failure):
             exc = item.exc
             known = isinstance(exc, (DataError, LayerError, DBError))
