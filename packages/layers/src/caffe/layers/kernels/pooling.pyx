@@ -418,11 +418,19 @@ cdef inline void _max_vrows(const real* hm, const int* hc, real* yr, int* mr, Py
 # column j, every window pw of the row is updated. Each window still sums its pixels in
 # Caffe's row-major order (h, then w = ws + j ascending), so the results are Caffe's to the
 # bit, but the windows' independent additions pipeline instead of one window's serial chain.
+cdef inline Py_ssize_t _ave_extent(Py_ssize_t p, Py_ssize_t k, Py_ssize_t s, Py_ssize_t pad,
+                                   Py_ssize_t n) noexcept nogil:
+    """Window p's extent along one axis as AVE's divisor counts it (Caffe): clipped to the padded input
+    (n + pad), not to the input, so border windows divide by more than the pixels they sum."""
+    cdef Py_ssize_t start = p * s - pad
+    return min(start + k, n + pad) - start
+
+
 cdef inline void _ave_plane(const real* x, real* y, Py_ssize_t H, Py_ssize_t W,
                             Py_ssize_t PH, Py_ssize_t PW, Py_ssize_t kh, Py_ssize_t kw,
                             Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t pad_h,
                             Py_ssize_t pad_w) noexcept nogil:
-    cdef Py_ssize_t ph, pw, h, j, hs, he, hsize, ws, we, lo, hi
+    cdef Py_ssize_t ph, pw, h, j, hs, he, hsize, lo, hi
     cdef Py_ssize_t los[PW_RANGES]
     cdef Py_ssize_t his[PW_RANGES]
     cdef real* yr
@@ -432,15 +440,10 @@ cdef inline void _ave_plane(const real* x, real* y, Py_ssize_t H, Py_ssize_t W,
         yr = y + ph * PW
         for pw in range(PW):
             yr[pw] = 0
+        hsize = _ave_extent(ph, kh, sh, pad_h, H)
         hs = ph * sh - pad_h
-        he = hs + kh
-        if he > H + pad_h:
-            he = H + pad_h
-        hsize = he - hs  # the divisor counts the padded extent (H + pad), before clipping
-        if hs < 0:
-            hs = 0
-        if he > H:
-            he = H
+        he = min(hs + kh, H)
+        hs = max(hs, 0)
         for h in range(hs, he):
             row = x + h * W
             for j in range(kw):
@@ -448,11 +451,7 @@ cdef inline void _ave_plane(const real* x, real* y, Py_ssize_t H, Py_ssize_t W,
                 for pw in range(lo, hi):
                     yr[pw] = yr[pw] + row[pw * sw - pad_w + j]
         for pw in range(PW):
-            ws = pw * sw - pad_w
-            we = ws + kw
-            if we > W + pad_w:
-                we = W + pad_w
-            yr[pw] = yr[pw] / (hsize * (we - ws))
+            yr[pw] = yr[pw] / (hsize * _ave_extent(pw, kw, sw, pad_w, W))
 
 
 cdef inline void _max_back_plane(const real* dy, const int* mask, real* dx, Py_ssize_t HW,
@@ -474,7 +473,7 @@ cdef inline void _ave_back_plane(const real* dy, real* dx, Py_ssize_t H, Py_ssiz
                                  Py_ssize_t PH, Py_ssize_t PW, Py_ssize_t kh, Py_ssize_t kw,
                                  Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t pad_h,
                                  Py_ssize_t pad_w, real* q) noexcept nogil:
-    cdef Py_ssize_t ph, pw, h, j, hs, he, hsize, ws, we, lo, hi, k
+    cdef Py_ssize_t ph, pw, h, j, hs, he, hsize, lo, hi, k
     cdef Py_ssize_t los[PW_RANGES]
     cdef Py_ssize_t his[PW_RANGES]
     cdef const real* dr
@@ -484,21 +483,12 @@ cdef inline void _ave_back_plane(const real* dy, real* dx, Py_ssize_t H, Py_ssiz
         dx[k] = 0
     for ph in range(PH):
         dr = dy + ph * PW
+        hsize = _ave_extent(ph, kh, sh, pad_h, H)
         hs = ph * sh - pad_h
-        he = hs + kh
-        if he > H + pad_h:
-            he = H + pad_h
-        hsize = he - hs
-        if hs < 0:
-            hs = 0
-        if he > H:
-            he = H
+        he = min(hs + kh, H)
+        hs = max(hs, 0)
         for pw in range(PW):
-            ws = pw * sw - pad_w
-            we = ws + kw
-            if we > W + pad_w:
-                we = W + pad_w
-            q[pw] = dr[pw] / (hsize * (we - ws))
+            q[pw] = dr[pw] / (hsize * _ave_extent(pw, kw, sw, pad_w, W))
         for h in range(hs, he):
             row = dx + h * W
             # j descending: a pixel then receives its windows' shares in ascending pw, Caffe's order
