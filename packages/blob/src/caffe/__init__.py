@@ -18,6 +18,7 @@ from pkgutil import extend_path
 # that spin-wait after their work starve the other pool (LeNet ran 30x slower on 2 cores). Both settings
 # are read when the libraries load, so they are made here, first, unless the user chose otherwise.
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+_openblas_loaded_first = "numpy" in __import__("sys").modules and "OPENBLAS_THREAD_TIMEOUT" not in _os.environ
 _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 __path__ = extend_path(__path__, __name__)
@@ -27,6 +28,11 @@ __path__ = extend_path(__path__, __name__)
 if _os.environ.get("CAFFE_CUPY_STANDIN"):
     from caffe.blob._standin import install_from_env as _standin
     _standin()
+
+# A script that imports NumPy first (most do) loaded OpenBLAS before the setting above: make it read it now.
+if _openblas_loaded_first:
+    from caffe.blob.blas_spin import reread_thread_timeout as _reread
+    _reread()
 
 from caffe import proto  # noqa: E402  pycaffe's `import caffe` loads caffe.proto.caffe_pb2
 from caffe.proto import caffe_pb2 as _caffe_pb2  # noqa: E402
