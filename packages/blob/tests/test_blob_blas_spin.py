@@ -2,23 +2,26 @@
 
 Each case runs in a fresh interpreter: this one imported caffe long ago, and OpenBLAS reads its environment
 once. What is checked is the value OpenBLAS itself reports (`openblas_thread_timeout`), not a timing."""
+import json
 import os
 import subprocess
 import sys
 
 import pytest
 
+from caffe.blob import blas_spin
+
+# blas_spin.py is loaded from its file, so that `import caffe` (the fix under test) runs only where the script
+# says; it imports nothing but ctypes and os.
 FIRST = r"""
-import ctypes, json, sys
+import importlib.util, json, sys
 import numpy
-libs = [line.split(None, 5)[5].strip() for line in open("/proc/self/maps") if len(line.split(None, 5)) == 6]
-libs = sorted({p for p in libs if "openblas" in p.rsplit("/", 1)[-1].lower() and ".so" in p})
-found = [ctypes.CDLL(p) for p in libs]
-found = [lib for lib in found if hasattr(lib, "openblas_thread_timeout") and hasattr(lib, "openblas_read_env")
-         and hasattr(lib, "blas_thread_shutdown_")]
-before = [lib.openblas_thread_timeout() for lib in found]
+spec = importlib.util.spec_from_file_location("blas_spin_probe", sys.argv[1])
+probe = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(probe)
+before = list(probe.thread_timeouts().values())
 import caffe  # noqa: E402
-after = [lib.openblas_thread_timeout() for lib in found]
+after = list(probe.thread_timeouts().values())
 numpy.ones((300, 300)) @ numpy.ones((300, 300))  # the threads start again and work
 print(json.dumps({"before": before, "after": after}))
 """
@@ -27,9 +30,9 @@ print(json.dumps({"before": before, "after": after}))
 def _run(extra_env):
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
     env.update(extra_env)
-    out = subprocess.run([sys.executable, "-c", FIRST], env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", FIRST, blas_spin.__file__], env=env, capture_output=True,
+                         text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    import json
     res = json.loads(out.stdout.strip().splitlines()[-1])
     if not res["before"]:
         pytest.skip("NumPy's BLAS here is not an OpenBLAS that exports openblas_read_env / blas_thread_shutdown_")

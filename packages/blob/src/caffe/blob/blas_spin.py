@@ -28,25 +28,26 @@ def loaded_openblas() -> list[str]:
     return sorted(p for p in paths if "openblas" in os.path.basename(p).lower() and ".so" in p)
 
 
-def thread_timeouts() -> dict[str, int]:
-    """The thread timeout each loaded OpenBLAS has read from the environment (0: unset, its default)."""
-    out = {}
+def _openblas_handles():
+    """(path, library) for each loaded OpenBLAS that exports what this module calls."""
     for path in loaded_openblas():
         lib = ctypes.CDLL(path)
-        if hasattr(lib, "openblas_thread_timeout"):
+        if all(hasattr(lib, f) for f in ("openblas_thread_timeout", "openblas_read_env", "blas_thread_shutdown_")):
             lib.openblas_thread_timeout.restype = ctypes.c_int
-            out[path] = lib.openblas_thread_timeout()
-    return out
+            yield path, lib
+
+
+def thread_timeouts() -> dict[str, int]:
+    """The thread timeout each loaded OpenBLAS has read from the environment (0: unset, its default)."""
+    return {path: lib.openblas_thread_timeout() for path, lib in _openblas_handles()}
 
 
 def reread_thread_timeout() -> list[str]:
     """Make every loaded OpenBLAS take OPENBLAS_THREAD_TIMEOUT from the environment now; returns the
-    libraries done (those that export both entry points; others are left as they are)."""
+    libraries done (those that export the entry points; others are left as they are)."""
     done = []
-    for path in loaded_openblas():
-        lib = ctypes.CDLL(path)
-        if hasattr(lib, "openblas_read_env") and hasattr(lib, "blas_thread_shutdown_"):
-            lib.openblas_read_env()
-            lib.blas_thread_shutdown_()
-            done.append(path)
+    for path, lib in _openblas_handles():
+        lib.openblas_read_env()
+        lib.blas_thread_shutdown_()
+        done.append(path)
     return done
