@@ -414,10 +414,6 @@ cdef inline void _max_vrows(const real* hm, const int* hc, real* yr, int* mr, Py
             yr[pw] = v if v > m else m
 
 
-# AVE runs a whole output row at a time: for each image row h of the window and each kernel
-# column j, every window pw of the row is updated. Each window still sums its pixels in
-# Caffe's row-major order (h, then w = ws + j ascending), so the results are Caffe's to the
-# bit, but the windows' independent additions pipeline instead of one window's serial chain.
 cdef inline Py_ssize_t _ave_extent(Py_ssize_t p, Py_ssize_t k, Py_ssize_t s, Py_ssize_t pad,
                                    Py_ssize_t n) noexcept nogil:
     """Window p's extent along one axis as AVE's divisor counts it (Caffe): clipped to the padded input
@@ -426,6 +422,10 @@ cdef inline Py_ssize_t _ave_extent(Py_ssize_t p, Py_ssize_t k, Py_ssize_t s, Py_
     return min(start + k, n + pad) - start
 
 
+# AVE runs a whole output row at a time: for each image row h of the window and each kernel
+# column j, every window pw of the row is updated. Each window still sums its pixels in
+# Caffe's row-major order (h, then w = ws + j ascending), so the results are Caffe's to the
+# bit, but the windows' independent additions pipeline instead of one window's serial chain.
 cdef inline void _ave_plane(const real* x, real* y, Py_ssize_t H, Py_ssize_t W,
                             Py_ssize_t PH, Py_ssize_t PW, Py_ssize_t kh, Py_ssize_t kw,
                             Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t pad_h,
