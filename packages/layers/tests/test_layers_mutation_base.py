@@ -839,3 +839,33 @@ def test_eltwise_device_backward_writes_only_the_bottoms_asked_for(op):
     np.testing.assert_array_equal(bottom[1].cpu_diff(), 7.0)
     won = 1.0 if op == "SUM" else (x0.astype(np.float32) > x1.astype(np.float32))  # Caffe: a tie goes to bottom 1
     np.testing.assert_allclose(bottom[0].cpu_diff(), dy.astype(np.float32) * won, rtol=1e-6)
+
+
+# -- layers-1 retest (session 8): Accuracy's device path, its count boundaries and per-class denominators ----
+
+_ACC_SCORES = np.array([[3, 1, 0, 0], [0, 0, 0, 5], [0, 1, 4, 0], [0, 0, 2, 1]], np.float32)  # argmax 0, 3, 2, 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not context.gpu_available(), reason="needs a usable CUDA GPU (CuPy)")
+@pytest.mark.parametrize("labels, accuracy, per_class", [
+    ([0, 255, 1, 2], 2 / 3, [1, 0, 1, 0]),    # an ignored position (gathers class 0), class 3 never a label
+    ([255, 255, 255, 255], 0.0, [0, 0, 0, 0]),  # nothing counted: Caffe's 0, not a division
+    ([0, 255, 255, 255], 1.0, [1, 0, 0, 0]),    # a count of exactly 1
+])
+@pytest.mark.parametrize("mode", ["CPU", "GPU"])
+def test_accuracy_counts_only_the_labels_not_ignored_in_both_modes(labels, accuracy, per_class, mode):
+    """Caffe's Accuracy: correct / count of non-ignored labels (0 when there are none), per class over that
+    class's non-ignored labels; the device path (weighted bincounts, a where on the device) the same."""
+    context.set_mode_gpu() if mode == "GPU" else context.set_mode_cpu()
+    try:
+        layer = make_layer("Accuracy", "accuracy_param { ignore_label: 255 }")
+        bottom = blobs_from_arrays([_ACC_SCORES, np.array(labels, np.float32)], np.float32)
+        top = empty_tops(2, np.float32)
+        layer.SetUp(bottom, top)
+        layer.Forward(bottom, top)
+        got, got_per_class = float(top[0].data), top[1].data.copy()
+    finally:
+        context.set_mode_cpu()
+    assert got == pytest.approx(accuracy, rel=1e-6)
+    np.testing.assert_allclose(got_per_class, per_class, rtol=1e-6)
