@@ -869,3 +869,25 @@ def test_accuracy_counts_only_the_labels_not_ignored_in_both_modes(labels, accur
         context.set_mode_cpu()
     assert got == pytest.approx(accuracy, rel=1e-6)
     np.testing.assert_allclose(got_per_class, per_class, rtol=1e-6)
+
+
+# -- layers-2 retest (session 8): MVN's Backward reads the statistics its Forward saved, or says it has none --
+
+
+def test_mvn_backward_without_its_forward_is_a_named_error():
+    """MVN (normalize_variance) keeps z and std in its temp_/variance_ blobs for Backward: a Backward with no
+    Forward before it, or after a Reshape to another shape, is the layer's error, not a crash or stale data."""
+    x = np.random.default_rng(0).normal(size=(2, 3, 4)).astype(np.float32)
+    layer = make_layer("MVN", "mvn_param { normalize_variance: true }", name="mvn")
+    bottom, top = blobs_from_arrays([x], np.float32), empty_tops(1, np.float32)
+    layer.SetUp(bottom, top)
+    top[0].diff[...] = 1.0
+    with pytest.raises(LayerError, match=r"'mvn' \(MVN\): backward needs a forward pass first \(no saved statistics\)"):
+        layer.Backward(top, [True], bottom)
+    layer.Forward(bottom, top)
+    layer.Backward(top, [True], bottom)  # now it has them
+    bottom[0].reshape(3, 3, 4)
+    layer.Reshape(bottom, top)
+    top[0].diff[...] = 1.0
+    with pytest.raises(LayerError, match="backward needs a forward pass first"):
+        layer.Backward(top, [True], bottom)
