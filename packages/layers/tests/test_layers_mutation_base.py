@@ -891,3 +891,64 @@ def test_mvn_backward_without_its_forward_is_a_named_error():
     top[0].diff[...] = 1.0
     with pytest.raises(LayerError, match="backward needs a forward pass first"):
         layer.Backward(top, [True], bottom)
+
+
+# -- layers-3 retest (session 8): SigmoidCrossEntropyLoss's targets of another shape; Backward before Forward -
+
+
+def test_sigmoid_cross_entropy_reads_targets_of_any_shape_with_the_count():
+    """Caffe checks only the counts: targets shaped (N, 6) for scores (N, 3, 2) are the same targets."""
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(2, 3, 2)).astype(np.float32)
+    t = (rng.uniform(size=(2, 3, 2)) > 0.5).astype(np.float32)
+    results = []
+    for target in (t, t.reshape(2, 6)):
+        layer = make_layer("SigmoidCrossEntropyLoss")
+        bottom, top = blobs_from_arrays([x, target], np.float32), empty_tops(1, np.float32)
+        layer.SetUp(bottom, top)
+        layer.Forward(bottom, top)
+        top[0].diff[...] = 1.0
+        layer.Backward(top, [True, False], bottom)
+        results.append((float(top[0].data), bottom[0].diff.copy()))
+    expected = -(x * (t - (x >= 0)) - np.log1p(np.exp(-np.abs(x)))).sum() / 2
+    assert results[0][0] == pytest.approx(expected, rel=1e-5)
+    assert results[1][0] == results[0][0]
+    np.testing.assert_array_equal(results[1][1], results[0][1])
+
+
+@pytest.mark.parametrize("type_name, text, n_bottom, saved", [
+    ("SigmoidCrossEntropyLoss", "", 2, "no saved sigmoid output"),
+    ("EuclideanLoss", "", 2, "no saved difference"),
+    ("ContrastiveLoss", "", 3, "no saved differences"),
+])
+def test_loss_backward_without_its_forward_is_a_named_error(type_name, text, n_bottom, saved):
+    """Backward reads what Forward saved (Caffe's sigmoid_output_, diff_): with no Forward before it, or after
+    a Reshape to another batch, it is the layer's error naming what is missing, not an AttributeError."""
+    rng = np.random.default_rng(1)
+    arrays = [rng.normal(size=(2, 3)), rng.normal(size=(2, 3)), np.array([1.0, 0.0])][:n_bottom]
+    layer = make_layer(type_name, text, name="loss")
+    bottom, top = blobs_from_arrays(arrays, np.float32), empty_tops(1, np.float32)
+    layer.SetUp(bottom, top)
+    down = [True] + [False] * (n_bottom - 1)
+    top[0].diff[...] = 1.0
+    message = rf"'loss' \({type_name}\): backward needs a forward pass first \({saved}\)$"
+    with pytest.raises(LayerError, match=message):
+        layer.Backward(top, down, bottom)
+    layer.Forward(bottom, top)
+    layer.Backward(top, down, bottom)
+    arrays = [np.concatenate([a, a]) for a in arrays]  # a batch of 4
+    for b, a in zip(bottom, arrays):
+        b.reshape(a.shape)
+        b.data[...] = a
+    layer.Reshape(bottom, top)
+    top[0].diff[...] = 1.0
+    with pytest.raises(LayerError, match=message):
+        layer.Backward(top, down, bottom)
+
+
+def test_label_out_of_range_message_names_the_ignore_label_only_when_there_is_one():
+    scores = np.zeros((2, 5))
+    with pytest.raises(LayerError, match=r"label value 7 is out of range: labels must be integers in \[0, 5\)$"):
+        run_forward(make_layer("SoftmaxWithLoss"), [scores, np.array([0.0, 7.0])])
+    with pytest.raises(LayerError, match=r"in \[0, 5\) or the ignore_label 255$"):
+        run_forward(make_layer("SoftmaxWithLoss", "loss_param { ignore_label: 255 }"), [scores, np.array([7.0, 0.0])])
