@@ -155,3 +155,56 @@ def test_exact_gemm_rejects_bad_arguments():
         eg.gemm(w, col, out, np.zeros(1, F32), 1, 2, 2, 1, 4, 4, 0, 4, 0)
     with pytest.raises(ValueError, match="sizes"):
         eg.gemm(w, col, out, None, 0, 2, 2, 1, 4, 4, 0, 4, 0)
+
+
+# -- conv_cpu's exact forward through the kernel (EXACT_GEMM) against the float64-GEMM path ----------------
+
+FILL = "weight_filler { type: 'gaussian' std: 0.7 } bias_filler { type: 'gaussian' std: 0.5 }"
+
+
+@pytest.mark.parametrize("type_name, text, shape", [
+    ("Convolution", "num_output: 5 kernel_size: 5", (3, 1, 12, 11)),    # LeNet conv1: blocks and bands
+    ("Deconvolution", "num_output: 1 kernel_size: 5", (3, 5, 12, 11)),  # its twin (K = 25)
+] + [(t, text, shape) for t in ("Convolution", "Deconvolution") for text, shape in [
+    ("num_output: 6 kernel_size: 3 stride: 2 pad: 1 group: 2", (2, 6, 9, 8)),  # groups of 3 channels, K = 27
+    ("num_output: 7 kernel_size: 1", (3, 20, 6, 5)),                      # 1x1: the blob read in place
+    ("num_output: 10 kernel_size: 1 group: 2", (2, 8, 3, 7)),             # 1x1 groups
+]])
+def test_conv_exact_forward_by_the_kernel_is_the_float64_paths(type_name, text, shape):
+    """Forward (Convolution) and bottom diff (Deconvolution's exact forward, with and without the weight
+    diff) through kernels.exact_gemm: the same bits as the float64 lowering and GEMM, with small blocks
+    (several images, bands of rows) and whole-batch blocks; the kernel is really called."""
+    if not conv_cpu.EXACT_GEMM:
+        pytest.skip("kernels.exact_gemm is not vectorized on this CPU: conv_cpu keeps the float64 path")
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=shape).astype(np.float32)
+    calls = []
+    runs = {}
+    for kernel in (False, True):
+        for small in (False, True):
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(conv_cpu, "EXACT_GEMM", kernel)
+                if small:
+                    mp.setattr(conv_cpu, "COL_BLOCK_BYTES", 600)
+                    mp.setattr(conv_cpu, "MIN_BLOCK_COLS", 8)
+                    mp.setattr(conv_cpu, "ONE_BY_ONE_VIEW_COLS", 64)
+                real = conv_cpu._eg.gemm
+                mp.setattr(conv_cpu._eg, "gemm", lambda *a: (calls.append(kernel), real(*a)))
+                context.set_random_seed(3)
+                layer = make_layer(type_name, f"convolution_param {{ {text} {FILL} }}")
+                bottom, top = blobs_from_arrays([x], np.float32), empty_tops(1, np.float32)
+                layer.SetUp(bottom, top)
+                assert layer.exact_forward(np.float32) and layer.plan(np, np.float32) in ("1x1", "blocked")
+                layer.Forward(bottom, top)
+                top[0].diff[...] = np.random.default_rng(8).normal(size=top[0].shape).astype(np.float32)
+                out = [top[0].data.copy()]
+                if type_name == "Deconvolution":
+                    for weights in (True, False):
+                        layer.set_param_propagate_down(0, weights)
+                        layer.Backward(top, [True], bottom)
+                        out.append(bottom[0].diff.copy())
+                runs[kernel, small] = out
+    assert True in calls and False not in calls
+    for small in (False, True):
+        for new, old in zip(runs[True, small], runs[False, small]):
+            np.testing.assert_array_equal(new, old)

@@ -34,8 +34,11 @@ The two pools run one after the other, never nested, so the cores are never
 oversubscribed; each hand-over between them costs, which is why blocks are not smaller.
 
 Numerics: a float32 forward whose dot products are at most conv_base.EXACT_FORWARD_MAX_K
-long is taken in float64 and rounded once (the column block is lowered straight into float64);
-the direct kernel always sums in float64.
+long is taken in float64 and rounded once; the direct kernel always sums in float64. Where the CPU
+has AVX2 and FMA (EXACT_GEMM) the exact forward is kernels.exact_gemm: float64 tiles widened from
+the float32 data as they are loaded, the bias, the rounding and the activation in the tile's store
+(a 1x1 layer's blob read in place, any other's float32 column block); elsewhere the column block is
+lowered straight into float64, multiplied by a float64 GEMM and stored rounded (rows_to_batch_f32).
 """
 from __future__ import annotations
 
@@ -52,6 +55,14 @@ try:
     from caffe.layers.kernels import conv_direct_avx2 as _cd
 except ImportError:  # pragma: no cover - a source tree without the build
     _cd = None
+try:
+    from caffe.layers.kernels import exact_gemm as _eg
+except ImportError:  # pragma: no cover - a source tree without the build
+    _eg = None
+
+# The exact short-K forward by kernels.exact_gemm (module doc) where it is vectorized; False, or
+# CAFFE_CONV_EXACT_GEMM=0 in the environment: the float64 lowering and GEMM (benchmarks A/B the two).
+EXACT_GEMM = os.environ.get("CAFFE_CONV_EXACT_GEMM", "1") != "0" and _eg is not None and _eg.supported()
 
 # A block's column buffer holds about this many bytes, but at least MIN_BLOCK_COLS columns. Measured on
 # the 2-core development machine (512 KiB L2 per core, 32 MiB L3): one thread's sgemm gains nothing from
@@ -80,8 +91,8 @@ _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def tunables():
-    """The block-size settings (a cache key: tests and benchmarks change them)."""
-    return (COL_BLOCK_BYTES, MIN_BLOCK_COLS, ONE_BY_ONE_VIEW_COLS, ONE_BY_ONE_COLS, ONE_BY_ONE_BYTES)
+    """The block-size settings and the exact forward's path (a cache key: tests and benchmarks change them)."""
+    return (COL_BLOCK_BYTES, MIN_BLOCK_COLS, ONE_BY_ONE_VIEW_COLS, ONE_BY_ONE_COLS, ONE_BY_ONE_BYTES, EXACT_GEMM)
 
 
 def available() -> bool:
@@ -127,7 +138,9 @@ class Blocks:
         self.P = self.OH * self.OW
         self.rows = layer.kernel_dim * layer.group  # column-buffer rows (= C_im for 1x1)
         self.exact = exact
-        self.cdtype = np.dtype(np.float64) if exact else np.dtype(dtype)
+        # the exact forward by kernels.exact_gemm: float32 column blocks (the kernel widens them itself)
+        self.kernel = exact and EXACT_GEMM and np.dtype(dtype) == np.float32
+        self.cdtype = np.dtype(np.float64) if exact and not self.kernel else np.dtype(dtype)
         self.blocks = plan_blocks(num, self.OH, self.OW, self.rows, self.cdtype.itemsize,
                                   not self.one_by_one)
 
@@ -172,11 +185,38 @@ def _gemm_out(layer, b: Blocks, w3, col, out, bias, n0, n1, oh0, oh1):
     store(res.reshape(-1), out[n0:n1].reshape(-1), bias, nb, Co, b.P, p0, Pb)
 
 
+def _exact_out(layer, b: Blocks, weight, col, out, bias, n0, n1, oh0, oh1, act=None):
+    """_gemm_out's block by kernels.exact_gemm: col is the float32 block (rows, nb * Pb); the float64
+    sums, the bias, the rounding and the activation in one pass."""
+    nb, p0, Pb = n1 - n0, oh0 * b.OW, (oh1 - oh0) * b.OW
+    Co = out.shape[1]
+    code, lo, hi = act if act is not None else (0, 0.0, 0.0)
+    _eg.gemm(weight.reshape(-1), col.reshape(-1), out[n0:n1].reshape(-1), bias, layer.group, Co // layer.group,
+             layer.kernel_dim, nb, Pb, nb * Pb, Pb, b.P, Co * b.P, p0, code, lo, hi)
+
+
+def _exact_forward(layer, b: Blocks, im, out, weight, bias, act=None):
+    """blocked_forward's exact forward by kernels.exact_gemm: a 1x1 layer's blob in place, every image in
+    one call; the others block by block from float32 column blocks."""
+    if b.one_by_one:
+        N, Co = out.shape[0], out.shape[1]
+        code, lo, hi = act if act is not None else (0, 0.0, 0.0)
+        _eg.gemm(weight.reshape(-1), im.reshape(-1), out.reshape(-1), bias, layer.group, Co // layer.group,
+                 layer.kernel_dim, N, b.P, b.P, b.rows * b.P, b.P, Co * b.P, 0, code, lo, hi)
+        return
+    for n0, n1, oh0, oh1 in b.blocks:
+        col = _lowered(layer, b, im, n0, n1, oh0, oh1, np.float32)
+        _exact_out(layer, b, weight, col, out, bias, n0, n1, oh0, oh1, act)
+
+
 def blocked_forward(layer, im, out, weight, bias, keep=None):
     """out (N, C_col, P) = conv(im) + bias, block by block (im: (N, C_im, *S_im), both contiguous).
     With `keep` (a buffer name) and the batch in one lowered block, the block stays in the layer's
     buffer of that name and is returned, for the backward's weight gradient (the batched path's rule)."""
     b = layer.cpu_blocks(im.shape[0], out.dtype, exact=_exact(layer, out.dtype))
+    if b.kernel:
+        _exact_forward(layer, b, im, out, weight, bias)
+        return None
     g, kd = layer.group, layer.kernel_dim
     w3 = weight.reshape(g, -1, kd).astype(b.cdtype, copy=False)
     bias = None if bias is None else bias.astype(b.cdtype, copy=False)
@@ -216,7 +256,7 @@ def blocked_backward(layer, dout, weight, im=None, weight_diff=None, im_diff=Non
             bsum += np.matmul(rows, layer.ones(np, nb * Pb, rows.dtype),
                               out=layer.buffer(np, "bgrad", (Co,), rows.dtype))
         col = None
-        if weight_diff is not None or (fwd_out is not None and not exact_fwd):
+        if weight_diff is not None or (fwd_out is not None and (not exact_fwd or bf.kernel)):
             one = len(b.blocks) == 1 and kept is not None and kept.dtype == dout.dtype
             col = kept if one else _lowered(layer, b, im, n0, n1, oh0, oh1, dout.dtype)
         if weight_diff is not None:
@@ -224,7 +264,9 @@ def blocked_backward(layer, dout, weight, im=None, weight_diff=None, im_diff=Non
             for gi in range(g):
                 np.matmul(rows[gi * og:(gi + 1) * og], col[gi * kd:(gi + 1) * kd].T, out=tmp)
                 wd3[gi] += tmp
-        if fwd_out is not None:
+        if fwd_out is not None and bf.kernel:  # the exact forward from the float32 block lowered above
+            _exact_out(layer, b, weight, col, fwd_out, None, n0, n1, oh0, oh1)
+        elif fwd_out is not None:
             colf = _lowered(layer, bf, im, n0, n1, oh0, oh1, bf.cdtype, "col64") if exact_fwd else col
             _gemm_out(layer, bf, w3f, colf, fwd_out, None, n0, n1, oh0, oh1)
         if im_diff is not None:
