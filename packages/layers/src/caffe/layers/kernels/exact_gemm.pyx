@@ -32,7 +32,7 @@ Layouts (element offsets; every stride in elements, non-negative):
 
 How: the filters are widened to float64 once per call, packed in blocks of 4 output channels ([g][block][k][4],
 zero rows past og). Each OpenMP task (image, group, range of NC columns) widens its K x NC column range
-into a float64 panel of 12-column tiles ([tile][k][12], zeros past the last column), which stays in L1,
+into a float64 panel of 12-column tiles ([tile][k][12], zeros past the last column), which stays in L2,
 then runs a 4 x 12 register tile (12 accumulators of 4 doubles, 3 panel loads and 4 broadcasts feeding 12
 FMAs per k) for every channel block over the panel's tiles, and stores each tile rounded (plus the bias and
 the activation) straight into out. The sum's order is k = 0, 1, ... from +0, then + bias: the products
@@ -263,9 +263,11 @@ cdef extern from *:
     int EG_MR, EG_NR
 
 
-# Columns per task (a multiple of 12): its float64 panel, kd x NC doubles (24 KB at kd = 32), stays in L1
-# while every channel block runs over it.
-NC = 96
+# Columns per task (a multiple of 12): its float64 panel, kd x NC doubles (96 KB at kd = 32), stays in L2
+# while every channel block runs over it. Measured on one thread at the shapes of bench/ab_exact_gemm.py:
+# 288-768 columns 5-30% faster than 96 (an L1-sized panel; LeNet conv1's 20 channels gain most), even
+# among themselves.
+NC = 384
 
 cpdef enum Act:  # the same codes as kernels.lowering's
     ACT_NONE = 0
