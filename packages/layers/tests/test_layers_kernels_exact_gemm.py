@@ -208,3 +208,20 @@ def test_conv_exact_forward_by_the_kernel_is_the_float64_paths(type_name, text, 
     for small in (False, True):
         for new, old in zip(runs[True, small], runs[False, small]):
             np.testing.assert_array_equal(new, old)
+
+
+@pytest.mark.parametrize("act", [(1, 0.0, 0.0), (1, 0.25, 0.0), (2, -1.0, 1.0), (0, 0.0, 0.0)])
+def test_exact_gemm_activation_on_nan_and_signed_zero(act):
+    """NaN sums: ReLU with slope 0 gives 0 (the ReLU layer's kernel), otherwise NaN stays NaN; a sum of
+    -0 products is +0 (the sum starts from +0, as the float64 GEMM's does). The codes are lowering's."""
+    from caffe.layers.kernels import lowering
+    assert [int(v) for v in (eg.Act.ACT_NONE, eg.Act.ACT_RELU, eg.Act.ACT_CLIP)] == \
+        [int(v) for v in (lowering.Act.ACT_NONE, lowering.Act.ACT_RELU, lowering.Act.ACT_CLIP)]
+    w = np.array([1.0, -1.0], F32)
+    col = np.array([np.nan, -0.0, -2.0, 1.0, 0.5, 0.0, 0.0, 1.0, 0.0, 1.0], F32)  # (2 rows, 5 columns)
+    sums = np.array([np.nan, 0.0, -3.0, 1.0, -0.5], F32)
+    for simd in (True, False):
+        out = np.empty(5, F32)
+        eg.gemm(w, col, out, None, 1, 1, 2, 1, 5, 5, 0, 5, 5, 0, *act, simd)
+        np.testing.assert_array_equal(out, act_ref(sums, *act))
+        assert not np.signbit(out[1])

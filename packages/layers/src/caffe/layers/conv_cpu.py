@@ -88,6 +88,7 @@ ONE_BY_ONE_BYTES = 8 << 20
 DIRECT_MAX_PAIRS = 8
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_NO_ACT = (0, 0.0, 0.0)  # kernels.lowering.ACT_NONE
 
 
 def tunables():
@@ -165,24 +166,32 @@ def _lowered(layer, b: Blocks, im, n0, n1, oh0, oh1, dtype, name="col"):
     return col
 
 
-def _gemm_out(layer, b: Blocks, w3, col, out, bias, n0, n1, oh0, oh1):
-    """out's block (images n0..n1-1, positions of rows oh0..oh1-1) = W_g @ col_g per group (+ bias)."""
+def _gemm_out(layer, b: Blocks, w3, col, out, bias, n0, n1, oh0, oh1, act=None):
+    """out's block (images n0..n1-1, positions of rows oh0..oh1-1) = act(W_g @ col_g per group (+ bias)).
+    The bias and the activation go in the pass that stores the block, while it is in cache."""
     g, kd = layer.group, layer.kernel_dim
     Co = out.shape[1]
     og = Co // g
     nb, p0, Pb = n1 - n0, oh0 * b.OW, (oh1 - oh0) * b.OW
+    code, lo, hi = act if act is not None else _NO_ACT
     if nb == 1 and col.dtype == out.dtype:  # straight into the blob (NumPy's matmul takes its row stride)
         dst = out[n0][:, p0:p0 + Pb]
         for gi in range(g):
             np.matmul(w3[gi], col[gi * kd:(gi + 1) * kd], out=dst[gi * og:(gi + 1) * og])
-        if bias is not None:
-            dst += bias.reshape(Co, 1)
+        _k.bias_act(out[n0].reshape(-1), bias, 1, Co, b.P, p0, Pb, code, lo, hi)
         return
     res = layer.buffer(np, "gemm", (Co, nb * Pb), col.dtype)
     for gi in range(g):
         np.matmul(w3[gi], col[gi * kd:(gi + 1) * kd], out=res[gi * og:(gi + 1) * og])
     store = _k.rows_to_batch if res.dtype == out.dtype else _k.rows_to_batch_f32  # one rounding
-    store(res.reshape(-1), out[n0:n1].reshape(-1), bias, nb, Co, b.P, p0, Pb)
+    store(res.reshape(-1), out[n0:n1].reshape(-1), bias, nb, Co, b.P, p0, Pb, code, lo, hi)
+
+
+def _epilogue(out, act) -> None:
+    """out (N, C, P) = act(out) in one pass (the plans whose kernels add the bias themselves)."""
+    if act is not None:
+        N, C, P = out.shape
+        _k.bias_act(out.reshape(-1), None, N, C, P, 0, P, *act)
 
 
 def _exact_out(layer, b: Blocks, weight, col, out, bias, n0, n1, oh0, oh1, act=None):
@@ -190,7 +199,7 @@ def _exact_out(layer, b: Blocks, weight, col, out, bias, n0, n1, oh0, oh1, act=N
     sums, the bias, the rounding and the activation in one pass."""
     nb, p0, Pb = n1 - n0, oh0 * b.OW, (oh1 - oh0) * b.OW
     Co = out.shape[1]
-    code, lo, hi = act if act is not None else (0, 0.0, 0.0)
+    code, lo, hi = act if act is not None else _NO_ACT
     _eg.gemm(weight.reshape(-1), col.reshape(-1), out[n0:n1].reshape(-1), bias, layer.group, Co // layer.group,
              layer.kernel_dim, nb, Pb, nb * Pb, Pb, b.P, Co * b.P, p0, code, lo, hi)
 
@@ -200,7 +209,7 @@ def _exact_forward(layer, b: Blocks, im, out, weight, bias, act=None):
     one call; the others block by block from float32 column blocks."""
     if b.one_by_one:
         N, Co = out.shape[0], out.shape[1]
-        code, lo, hi = act if act is not None else (0, 0.0, 0.0)
+        code, lo, hi = act if act is not None else _NO_ACT
         _eg.gemm(weight.reshape(-1), im.reshape(-1), out.reshape(-1), bias, layer.group, Co // layer.group,
                  layer.kernel_dim, N, b.P, b.P, b.rows * b.P, b.P, Co * b.P, 0, code, lo, hi)
         return
@@ -209,13 +218,13 @@ def _exact_forward(layer, b: Blocks, im, out, weight, bias, act=None):
         _exact_out(layer, b, weight, col, out, bias, n0, n1, oh0, oh1, act)
 
 
-def blocked_forward(layer, im, out, weight, bias, keep=None):
-    """out (N, C_col, P) = conv(im) + bias, block by block (im: (N, C_im, *S_im), both contiguous).
+def blocked_forward(layer, im, out, weight, bias, keep=None, act=None):
+    """out (N, C_col, P) = act(conv(im) + bias), block by block (im: (N, C_im, *S_im), both contiguous).
     With `keep` (a buffer name) and the batch in one lowered block, the block stays in the layer's
     buffer of that name and is returned, for the backward's weight gradient (the batched path's rule)."""
     b = layer.cpu_blocks(im.shape[0], out.dtype, exact=_exact(layer, out.dtype))
     if b.kernel:
-        _exact_forward(layer, b, im, out, weight, bias)
+        _exact_forward(layer, b, im, out, weight, bias, act)
         return None
     g, kd = layer.group, layer.kernel_dim
     w3 = weight.reshape(g, -1, kd).astype(b.cdtype, copy=False)
@@ -224,7 +233,7 @@ def blocked_forward(layer, im, out, weight, bias, keep=None):
     col = None
     for n0, n1, oh0, oh1 in b.blocks:
         col = _lowered(layer, b, im, n0, n1, oh0, oh1, b.cdtype, keep or "col")
-        _gemm_out(layer, b, w3, col, out, bias, n0, n1, oh0, oh1)
+        _gemm_out(layer, b, w3, col, out, bias, n0, n1, oh0, oh1, act)
     return col if keep is not None else None
 
 
@@ -320,8 +329,9 @@ def _direct_args(layer, N):
             dh, dw, OH, OW)
 
 
-def direct_forward(layer, im, out, weight, bias):
+def direct_forward(layer, im, out, weight, bias, act=None):
     _dw.forward(im.reshape(-1), weight.reshape(-1), bias, out.reshape(-1), *_direct_args(layer, im.shape[0]))
+    _epilogue(out, act)
 
 
 def direct_backward(layer, dout, weight, im=None, weight_diff=None, im_diff=None, bias_diff=None,
@@ -455,12 +465,13 @@ def _packed(layer, weight, flip):
     return packed
 
 
-def dense_forward(layer, im, out, weight, bias):
+def dense_forward(layer, im, out, weight, bias, act=None):
     if "fwd" not in dense_products(layer, out.dtype):
-        blocked_forward(layer, im, out, weight, bias)
+        blocked_forward(layer, im, out, weight, bias, act=act)
         return
     _cd.forward(im.reshape(-1), _packed(layer, weight, False), bias, out.reshape(-1),
                 *_dense_args(layer, im.shape[0]))
+    _epilogue(out, act)
 
 
 def dense_backward(layer, dout, weight, im=None, weight_diff=None, im_diff=None, bias_diff=None,
