@@ -31,13 +31,14 @@ Layouts (element offsets; every stride in elements, non-negative):
   w (G og, kd) row-major float32; bias (G og) float32 or None.
 
 How: the filters are widened to float64 once per call, packed in blocks of 4 output channels ([g][block][k][4],
-zero rows past og). Each OpenMP task (image, group, range of NC columns) widens its K x NC column range
-into a float64 panel of 12-column tiles ([tile][k][12], zeros past the last column), which stays in L2,
-then runs a 4 x 12 register tile (12 accumulators of 4 doubles, 3 panel loads and 4 broadcasts feeding 12
-FMAs per k) for every channel block over the panel's tiles, and stores each tile rounded (plus the bias and
-the activation) straight into out. The sum's order is k = 0, 1, ... from +0, then + bias: the products
-are exact, so FMA and a separate multiply and add give the same bits, and the scalar path (a CPU without
-AVX2/FMA, or simd=False) sums in the same order with the same results.
+zero rows past og). Each OpenMP task (image, group, range of NC columns) runs a 4 x 12 register tile (12
+accumulators of 4 doubles) for every channel block over the range's 12-column tiles: per k, 3 loads of 4
+float32 columns widened to float64 as they are loaded, 4 broadcasts, 12 FMAs. The column block is read in
+place (copying it into a float64 panel first measured up to 30% slower); a range's last partial tile goes
+through a zero-padded float64 panel. Each tile is stored rounded (plus the bias and the activation)
+straight into out. The sum's order is k = 0, 1, ... from +0, then + bias: the products are exact, so FMA
+and a separate multiply and add give the same bits, and the scalar path (a CPU without AVX2/FMA, or
+simd=False) sums in the same order with the same results.
 """
 from cython.parallel cimport parallel, prange
 from libc.stdlib cimport malloc, free
@@ -132,22 +133,6 @@ cdef extern from *:
     }
 
     #if EG_X86
-    static EG_TARGET void eg_panel_avx2(const float* col, ptrdiff_t ld, ptrdiff_t kd, ptrdiff_t n,
-                                        double* panel) {
-        ptrdiff_t t, k, full = n / EG_NR;
-        for (t = 0; t < full; t++) {
-            const float* src = col + t * EG_NR;
-            double* dst = panel + t * kd * EG_NR;
-            for (k = 0; k < kd; k++, src += ld, dst += EG_NR) {
-                _mm256_storeu_pd(dst, _mm256_cvtps_pd(_mm_loadu_ps(src)));
-                _mm256_storeu_pd(dst + 4, _mm256_cvtps_pd(_mm_loadu_ps(src + 4)));
-                _mm256_storeu_pd(dst + 8, _mm256_cvtps_pd(_mm_loadu_ps(src + 8)));
-            }
-        }
-        if (full * EG_NR < n)
-            eg_panel_scalar(col + full * EG_NR, ld, kd, n - full * EG_NR, panel + full * kd * EG_NR);
-    }
-
     static inline __attribute__((always_inline)) EG_TARGET __m128 eg_act4(__m128 y, int act, __m128 va,
                                                                            __m128 vb, int a_zero) {
         if (act == 1) {
@@ -207,6 +192,33 @@ cdef extern from *:
         if (mr > 2) eg_store_row(c20, c21, c22, bias[2], has_bias, out + 2 * ld, nr, act, va, vb, a_zero);
         if (mr > 3) eg_store_row(c30, c31, c32, bias[3], has_bias, out + 3 * ld, nr, act, va, vb, a_zero);
     }
+
+    /* the same tile reading the float32 columns in place (row stride ld), widened as they are loaded */
+    static EG_TARGET void eg_tile_avx2_f32(const double* wb, const float* col, ptrdiff_t ld, ptrdiff_t kd,
+                                           const double* bias, int has_bias, float* out, ptrdiff_t old, int mr,
+                                           int act, float a, float b) {
+        __m256d c00 = _mm256_setzero_pd(), c01 = c00, c02 = c00, c10 = c00, c11 = c00, c12 = c00;
+        __m256d c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00;
+        __m128 va = _mm_set1_ps(a), vb = _mm_set1_ps(b);
+        int a_zero = a == 0;
+        ptrdiff_t k;
+        for (k = 0; k < kd; k++, wb += EG_MR, col += ld) {
+            __m256d x0 = _mm256_cvtps_pd(_mm_loadu_ps(col)), x1 = _mm256_cvtps_pd(_mm_loadu_ps(col + 4));
+            __m256d x2 = _mm256_cvtps_pd(_mm_loadu_ps(col + 8));
+            __m256d w = _mm256_broadcast_sd(wb);
+            c00 = _mm256_fmadd_pd(w, x0, c00); c01 = _mm256_fmadd_pd(w, x1, c01); c02 = _mm256_fmadd_pd(w, x2, c02);
+            w = _mm256_broadcast_sd(wb + 1);
+            c10 = _mm256_fmadd_pd(w, x0, c10); c11 = _mm256_fmadd_pd(w, x1, c11); c12 = _mm256_fmadd_pd(w, x2, c12);
+            w = _mm256_broadcast_sd(wb + 2);
+            c20 = _mm256_fmadd_pd(w, x0, c20); c21 = _mm256_fmadd_pd(w, x1, c21); c22 = _mm256_fmadd_pd(w, x2, c22);
+            w = _mm256_broadcast_sd(wb + 3);
+            c30 = _mm256_fmadd_pd(w, x0, c30); c31 = _mm256_fmadd_pd(w, x1, c31); c32 = _mm256_fmadd_pd(w, x2, c32);
+        }
+        eg_store_row(c00, c01, c02, bias[0], has_bias, out, EG_NR, act, va, vb, a_zero);
+        if (mr > 1) eg_store_row(c10, c11, c12, bias[1], has_bias, out + old, EG_NR, act, va, vb, a_zero);
+        if (mr > 2) eg_store_row(c20, c21, c22, bias[2], has_bias, out + 2 * old, EG_NR, act, va, vb, a_zero);
+        if (mr > 3) eg_store_row(c30, c31, c32, bias[3], has_bias, out + 3 * old, EG_NR, act, va, vb, a_zero);
+    }
     #endif
 
     /* task t: image i, group g, columns [c * nc, min((c + 1) * nc, ncols)) */
@@ -219,16 +231,20 @@ cdef extern from *:
         int has_bias = e->bias != NULL;
     #if EG_X86
         if (e->simd) {
-            eg_panel_avx2(col, e->col_ld, kd, n, panel);
+            ptrdiff_t full = n / EG_NR;
+            if (full < nt)  /* the partial last tile through the panel */
+                eg_panel_scalar(col + full * EG_NR, e->col_ld, kd, n - full * EG_NR, panel);
             for (mb = 0; mb < e->nmb; mb++) {
                 const double* wb = e->wp + (g * e->nmb + mb) * kd * EG_MR;
                 const double* bb = e->bp + (g * e->nmb + mb) * EG_MR;
                 int mr = e->og - mb * EG_MR < EG_MR ? (int)(e->og - mb * EG_MR) : EG_MR;
-                for (tt = 0; tt < nt; tt++) {
-                    int nr = n - tt * EG_NR < EG_NR ? (int)(n - tt * EG_NR) : EG_NR;
-                    eg_tile_avx2(wb, panel + tt * kd * EG_NR, kd, bb, has_bias,
-                                 out + mb * EG_MR * e->out_ld + tt * EG_NR, e->out_ld, mr, nr, e->act, e->a, e->b);
-                }
+                float* ob = out + mb * EG_MR * e->out_ld;
+                for (tt = 0; tt < full; tt++)
+                    eg_tile_avx2_f32(wb, col + tt * EG_NR, e->col_ld, kd, bb, has_bias, ob + tt * EG_NR, e->out_ld,
+                                     mr, e->act, e->a, e->b);
+                if (full < nt)
+                    eg_tile_avx2(wb, panel, kd, bb, has_bias, ob + full * EG_NR, e->out_ld, mr,
+                                 (int)(n - full * EG_NR), e->act, e->a, e->b);
             }
             return;
         }
@@ -263,10 +279,10 @@ cdef extern from *:
     int EG_MR, EG_NR
 
 
-# Columns per task (a multiple of 12): its float64 panel, kd x NC doubles (96 KB at kd = 32), stays in L2
-# while every channel block runs over it. Measured on one thread at the shapes of bench/ab_exact_gemm.py:
-# 288-768 columns 5-30% faster than 96 (an L1-sized panel; LeNet conv1's 20 channels gain most), even
-# among themselves.
+# Columns per task (a multiple of 12): its float32 column range (kd x NC floats, 48 KB at kd = 32) stays in
+# L2 while every channel block runs over it. Measured on one thread at the shapes of bench/ab_exact_gemm.py:
+# 96 to 1,536 columns within the noise of each other (96 up to 20% slower on a few); the scalar path's
+# float64 panel holds kd x NC doubles.
 NC = 384
 
 cpdef enum Act:  # the same codes as kernels.lowering's
