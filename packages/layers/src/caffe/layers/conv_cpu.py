@@ -423,10 +423,6 @@ def dense_products(layer, dtype=np.float32):
 # Not on pad-0 layers: LeNet conv2's would gain as much (0.67x), but its sums, rounded differently from
 # Caffe's sgemm, move the LeNet 100-iteration trace out of its fidelity bounds (ip1's weights 7.5% from
 # Caffe's at iteration 100, the bound 5%: test_solver_lenet), and the issue keeps Caffe's numerics there.
-# The weight diff's kernel: "oc" (backward_weight_oc: vectorized over output channels, the bias diff in the
-# same pass) or "x" (backward_weight: over output x, rows padded to the image width); benchmarks A/B them.
-DENSE_WGT = "oc"
-
 DENSE_MAX_OG = 64
 DENSE_MAX_KD = 1024
 
@@ -482,12 +478,9 @@ def dense_backward(layer, dout, weight, im=None, weight_diff=None, im_diff=None,
     args = _dense_args(layer, dout.shape[0])
     rest = {}
     if weight_diff is not None and "wgt" in products:
-        if DENSE_WGT == "oc":  # the bias diff's sums in the same pass over dout
-            _cd.backward_weight_oc(im.reshape(-1), dout.reshape(-1), weight_diff.reshape(-1), *args,
-                                   bias_diff=bias_diff)
-        else:
-            _add_bias_diff(layer, dout, bias_diff)
-            _cd.backward_weight(im.reshape(-1), dout.reshape(-1), weight_diff.reshape(-1), *args)
+        # the bias diff's sums in the same pass over dout
+        _cd.backward_weight_oc(im.reshape(-1), dout.reshape(-1), weight_diff.reshape(-1), *args,
+                               bias_diff=bias_diff)
     else:
         _add_bias_diff(layer, dout, bias_diff)
         if weight_diff is not None:
