@@ -225,3 +225,31 @@ def test_exact_gemm_activation_on_nan_and_signed_zero(act):
         eg.gemm(w, col, out, None, 1, 1, 2, 1, 5, 5, 0, 5, 5, 0, *act, simd)
         np.testing.assert_array_equal(out, act_ref(sums, *act))
         assert not np.signbit(out[1])
+
+
+def test_exact_forward_keeps_its_float32_block_for_the_weight_diff():
+    """A training step of a LeNet conv1-like layer (one lowered block): the kernel path's float32 column
+    block serves the backward's weight diff (one lowering per step, the float64 path needs two), with the
+    same forward and diffs as the float64 path."""
+    if not conv_cpu.EXACT_GEMM:
+        pytest.skip("kernels.exact_gemm is not vectorized on this CPU: conv_cpu keeps the float64 path")
+    x = np.random.default_rng(3).normal(size=(4, 1, 12, 12)).astype(np.float32)
+    dy = np.random.default_rng(4).normal(size=(4, 5, 8, 8)).astype(np.float32)
+    results, lowerings = {}, {}
+    for kernel in (True, False):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(conv_cpu, "EXACT_GEMM", kernel)
+            real, count = conv_cpu._lowered, []
+            mp.setattr(conv_cpu, "_lowered", lambda *a, **k: (count.append(1), real(*a, **k))[1])
+            context.set_random_seed(3)
+            layer = make_layer("Convolution", f"convolution_param {{ num_output: 5 kernel_size: 5 {FILL} }}")
+            bottom, top = blobs_from_arrays([x], np.float32), empty_tops(1, np.float32)
+            layer.SetUp(bottom, top)
+            layer.Forward(bottom, top)
+            top[0].diff[...] = dy
+            layer.Backward(top, [False], bottom)
+            results[kernel] = (top[0].data.copy(), layer.blobs[0].diff.copy(), layer.blobs[1].diff.copy())
+            lowerings[kernel] = len(count)
+    assert lowerings == {True: 1, False: 2}
+    for new, old in zip(results[True], results[False]):
+        np.testing.assert_array_equal(new, old)

@@ -204,18 +204,21 @@ def _exact_out(layer, b: Blocks, weight, col, out, bias, n0, n1, oh0, oh1, act=N
              layer.kernel_dim, nb, Pb, nb * Pb, Pb, b.P, Co * b.P, p0, code, lo, hi)
 
 
-def _exact_forward(layer, b: Blocks, im, out, weight, bias, act=None):
+def _exact_forward(layer, b: Blocks, im, out, weight, bias, act=None, keep=None):
     """blocked_forward's exact forward by kernels.exact_gemm: a 1x1 layer's blob in place, every image in
-    one call; the others block by block from float32 column blocks."""
+    one call; the others block by block from float32 column blocks (with `keep`, the one block is lowered
+    into that buffer and returned: blocked_forward's keep)."""
     if b.one_by_one:
         N, Co = out.shape[0], out.shape[1]
         code, lo, hi = act if act is not None else _NO_ACT
         _eg.gemm(weight.reshape(-1), im.reshape(-1), out.reshape(-1), bias, layer.group, Co // layer.group,
                  layer.kernel_dim, N, b.P, b.P, b.rows * b.P, b.P, Co * b.P, 0, code, lo, hi)
-        return
+        return None
+    col = None
     for n0, n1, oh0, oh1 in b.blocks:
-        col = _lowered(layer, b, im, n0, n1, oh0, oh1, np.float32)
+        col = _lowered(layer, b, im, n0, n1, oh0, oh1, np.float32, keep or "col")
         _exact_out(layer, b, weight, col, out, bias, n0, n1, oh0, oh1, act)
+    return col if keep is not None else None
 
 
 def blocked_forward(layer, im, out, weight, bias, keep=None, act=None):
@@ -223,9 +226,9 @@ def blocked_forward(layer, im, out, weight, bias, keep=None, act=None):
     With `keep` (a buffer name) and the batch in one lowered block, the block stays in the layer's
     buffer of that name and is returned, for the backward's weight gradient (the batched path's rule)."""
     b = layer.cpu_blocks(im.shape[0], out.dtype, exact=_exact(layer, out.dtype))
-    if b.kernel:
-        _exact_forward(layer, b, im, out, weight, bias, act)
-        return None
+    if b.kernel:  # its float32 block can be kept as any float32 one
+        keep = keep if len(b.blocks) == 1 and not b.one_by_one else None
+        return _exact_forward(layer, b, im, out, weight, bias, act, keep)
     g, kd = layer.group, layer.kernel_dim
     w3 = weight.reshape(g, -1, kd).astype(b.cdtype, copy=False)
     bias = None if bias is None else bias.astype(b.cdtype, copy=False)
