@@ -129,6 +129,18 @@ def in_process(net_param, repeats: int, warmup: int) -> tuple[float, object]:
     return statistics.median(times), net
 
 
+def dummy_data_ms(net, repeats: int) -> float:
+    """Median ms of the DummyData layer's forward alone (its gaussian refill)."""
+    i = [layer.type for layer in net.layers].index("DummyData")
+    layer, bottom, top = net.layers[i], net.bottom_vecs[i], net.top_vecs[i]
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        layer.Forward(bottom, top)
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
 def torch_twin_ms(net, net_param, runner, tmp: Path):
     """(median ms of the PyTorch twin's forward + backward, max relative error of the check)."""
     import caffe
@@ -191,6 +203,10 @@ def main() -> int:
             tcol = f"{t_ms:9.2f} {ms / t_ms:10.2f} {err:9.1e}" if t_ms else f"{'-':>9s} {'-':>10s} {'-':>9s}"
             print(f"{name:14s} {dshape[0]:6d} {cli} {ms:10.2f} {gflop:11.3f} {gflop / (ms / 1e3):8.1f} "
                   f"{tcol} {target or '-':>9} {caffe_ms:>9s} {os.getloadavg()[0]:5.1f}", flush=True)
+            data_ms = dummy_data_ms(net, args.repeats)
+            print(f"    of which DummyData's refill (new gaussian data every iteration, as Caffe's DummyData; the "
+                  f"twin reads one fixed tensor): {data_ms:.2f} ms" + (f"; without it ours / PyTorch "
+                  f"{(ms - data_ms) / t_ms:.2f}" if t_ms else ""), flush=True)
             if args.layers:
                 for lname, f, b in sorted(layers, key=lambda x: -(x[1] + x[2]))[:6]:
                     print(f"    {lname:12s} forward {f:8.2f} ms  backward {b:8.2f} ms")

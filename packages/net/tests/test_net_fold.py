@@ -113,8 +113,11 @@ def assert_same_forward(folded, plain, final):
 @given(st.data())
 def test_folded_forward_matches_unfolded_on_random_chains(data):
     kind = data.draw(st.sampled_from(["Convolution", "InnerProduct"]), "kind")
-    bn = data.draw(st.booleans(), "bn")
-    scale = data.draw(st.booleans(), "scale") if bn else True
+    act = data.draw(st.sampled_from([None, "ReLU", "LeakyReLU", "Clip"]), "act")
+    # a Convolution and its activation alone (no BatchNorm, no Scale) fold too: the activation in its store
+    act_only = kind == "Convolution" and act is not None and data.draw(st.booleans(), "act_only")
+    bn = not act_only and data.draw(st.booleans(), "bn")
+    scale = not act_only and (data.draw(st.booleans(), "scale") if bn else True)
     c_in = data.draw(st.integers(1, 6), "c_in")
     group = data.draw(st.sampled_from([g for g in (1, 2, 3) if c_in % g == 0]), "group")
     c_out = group * data.draw(st.integers(1, 4), "c_out/group")
@@ -123,7 +126,7 @@ def test_folded_forward_matches_unfolded_on_random_chains(data):
               bn_inplace=data.draw(st.booleans(), "bn_inplace"),
               scale_bias=data.draw(st.booleans(), "scale_bias"),
               scale_inplace=data.draw(st.booleans(), "scale_inplace"),
-              act=data.draw(st.sampled_from([None, "ReLU", "LeakyReLU", "Clip"]), "act"),
+              act=act,
               act_inplace=data.draw(st.booleans(), "act_inplace"), tail=data.draw(st.booleans(), "tail"),
               transpose=kind == "InnerProduct" and data.draw(st.booleans(), "transpose"))
     if kind == "Convolution":
@@ -342,3 +345,25 @@ def test_debug_info_runs_unfolded():
     folded, plain = pair(text)
     folded.Forward()
     assert not folded.fold_units[0].ran_folded
+
+
+@pytest.mark.parametrize("act", ["ReLU", "LeakyReLU", "Clip"])
+@pytest.mark.parametrize("act_inplace", [True, False])
+def test_a_convolution_and_its_activation_alone_fold(act, act_inplace):
+    """Convolution -> ReLU/Clip with no BatchNorm or Scale (SqueezeNet, GoogLeNet): one unit, the producer
+    itself with the activation as its epilogue: the same bits as the two layers, the producer plain after
+    it, a pre-activation top (not in place) computed on demand, no folded weights."""
+    text, final = chain_text(bn=False, scale=False, act=act, act_inplace=act_inplace, c_in=3, c_out=5)
+    folded, plain = pair(text, dtype=np.float32)
+    unit = folded.fold_units[0]
+    assert unit.names == ["prod", "act"] and unit.act_only
+    for _ in range(2):
+        folded.Forward()
+        plain.Forward()
+        assert unit.ran_folded and unit.clone is None
+        assert folded.layers[folded.layer_names.index("prod")].epilogue is None
+        np.testing.assert_array_equal(folded.blobs["out"].data, plain.blobs["out"].data)
+        np.testing.assert_array_equal(folded.blobs[final].data, plain.blobs[final].data)
+        if not act_inplace:  # the convolution's own top: the values before the activation
+            np.testing.assert_array_equal(folded.blobs["prod"].data, plain.blobs["prod"].data)
+    assert folded.memory_report()["folded_param_bytes"] == 0

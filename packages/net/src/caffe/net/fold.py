@@ -4,10 +4,14 @@ In a TEST-phase net, a chain of consecutive layers
 
     Convolution | InnerProduct  ->  [BatchNorm (global stats)]  ->  [Scale]  ->  [ReLU | Clip]
 
-(at least a BatchNorm or a Scale; each layer reading the previous one's top) computes an affine map per
-output channel after the GEMM, so it runs as ONE layer: a clone of the Convolution/InnerProduct whose weights
-are W * k and bias (b - mean) * k + beta (k = gamma / sqrt(var + eps)), followed by the activation in place
-on its output. The BatchNorm and Scale passes over the whole tensor (and their temporaries) disappear.
+(at least a BatchNorm or a Scale, or a Convolution and its activation alone; each layer reading the previous
+one's top) computes an affine map per output channel after the GEMM, so it runs as ONE layer: a clone of the Convolution/InnerProduct whose weights
+are W * k and bias (b - mean) * k + beta (k = gamma / sqrt(var + eps)), followed by the activation: a
+Convolution applies it in the pass that adds the bias, block by block while the block is in cache
+(conv_base's epilogue); after an InnerProduct it is a pass of its own. The BatchNorm, Scale and ReLU passes
+over the whole tensor (and their temporaries) disappear. A Convolution followed by only a ReLU or Clip
+(SqueezeNet, GoogLeNet, CaffeNet) has no weights to fold: the Convolution itself runs with the activation
+as its epilogue for that call.
 
 Transparent:
 - the original layers, their parameter blobs (`net.params`, `ToProto`, `Save`) and blob names are untouched;
@@ -103,6 +107,9 @@ class FoldUnit:
         self.bn = by_type.get("BatchNorm")
         self.scale = by_type.get("Scale")
         self.act = next((layer for layer in self.layers[1:] if layer.type in ACTIVATIONS), None)
+        # Convolution -> ReLU/Clip only: the producer itself runs, with the activation as its epilogue for
+        # the call (no clone: its weights are the producer's own)
+        self.act_only = self.bn is None and self.scale is None
         self.bottom = self.bottoms[0]
         self.final = self.tops[-1][0]
         # Tops other than the final one, with the position of the layer that writes them last.
@@ -146,7 +153,25 @@ class FoldUnit:
             filler.type = "constant"
         clone = create_layer(p)
         clone.SetUp(self.bottom, [self.final])
+        if self.act is not None and hasattr(clone, "epilogue"):  # a Convolution: the activation in its store
+            clone.epilogue = self._act_code()
         return clone
+
+    def _run_act_only(self, bottom, top):
+        producer = self.producer
+        producer.epilogue = self._act_code()
+        try:
+            producer.Forward(bottom, top)
+        finally:
+            producer.epilogue = None  # run one by one (a pending top, fold off) it is the plain layer
+
+    def _act_code(self):
+        """The activation as (code, a, b) of conv_base's epilogue."""
+        from caffe.layers import conv_base
+        if self.act.type == "ReLU":
+            return (conv_base.ACT_RELU, float(self.act.layer_param.relu_param.negative_slope), 0.0)
+        p = self.act.layer_param.clip_param
+        return (conv_base.ACT_CLIP, float(p.min), float(p.max))
 
     def _param_blobs(self):
         for layer in (self.producer, self.bn, self.scale):
@@ -218,17 +243,21 @@ class FoldUnit:
 
     # -- running ------------------------------------------------------------------------------------------
     def forward(self) -> float:
-        if self.clone is None:
-            self.clone = self._make_clone()
-        if not self._fresh():
-            self._compute()
-            self._state = self._record()
+        if self.act_only:
+            run = self._run_act_only
+        else:
+            if self.clone is None:
+                self.clone = self._make_clone()
+            if not self._fresh():
+                self._compute()
+                self._state = self._record()
+            run = self.clone.Forward
         for blob, _ in self.pending:
             blob._set_lazy(None)  # recomputed below (and only on demand)
         try:
-            self.clone.Forward(self.bottom, [self.final])
-            act = self.act
-            if act is not None:
+            run(self.bottom, [self.final])
+            act = self.act if not self.act_only and getattr(self.clone, "epilogue", None) is None else None
+            if act is not None:  # an InnerProduct: a pass of its own
                 y = self.final.mutable_cpu_data()
                 if act.type == "ReLU":
                     slope = act.layer_param.relu_param.negative_slope
@@ -379,7 +408,10 @@ def find_chains(net) -> list[list[int]]:
                 last = max(p for p, b in enumerate(tops) if b == blob_id)
                 chain = chain[: last + 1]
                 break
-        if any(net.layers[k].type in ("BatchNorm", "Scale") for k in chain[1:]):
+        affine = any(net.layers[k].type in ("BatchNorm", "Scale") for k in chain[1:])
+        # a Convolution and its activation alone: no weights to fold, the activation in the store
+        act_only = len(chain) == 2 and net.layers[i].type == "Convolution" and net.layers[chain[1]].type in ACTIVATIONS
+        if affine or act_only:
             chains.append(chain)
             i = chain[-1] + 1
         else:
