@@ -130,14 +130,17 @@ def test_conv_backward_with_only_the_bias_diff_asked(cpu_paths, monkeypatch):
 
 
 @pytest.mark.parametrize("forward_cpu", [True, False])
-def test_conv_backward_after_the_plan_changed_lowers_again(forward_cpu, monkeypatch):
+@pytest.mark.parametrize("limit, chunk", [(64, 1), (200, 2)])
+def test_conv_backward_after_the_plan_changed_lowers_again(forward_cpu, limit, chunk, monkeypatch):
     """CPU_PATHS switched between Forward and Backward (the benchmarks' switch): the column block the
-    forward's plan kept is not the other plan's (here the batched path works in chunks of one image, the
-    blocked plan's one block holds both), so the backward lowers again; the diffs are the batched path's
-    alone (session 8: conv_backward's `kept_plan == plan` used the other plan's block)."""
+    forward's plan kept is not the other plan's (here the batched path works in chunks of one or two of
+    the three images, the blocked plan's one block holds all), so the backward lowers again; the diffs are
+    the batched path's alone (session 8: conv_backward's `kept_plan == plan` used the other plan's block;
+    reshape's chunk of 2.0 images, from `/` for `*` or `//`, and the batched forward keeping its last
+    chunk's columns for every chunk)."""
     from caffe.layers import conv_base
-    monkeypatch.setattr(conv_base, "COL_BUFFER_LIMIT", 64)  # the batched path: one image a chunk
-    x = np.random.default_rng(6).normal(size=(2, 2, 5, 4))
+    monkeypatch.setattr(conv_base, "COL_BUFFER_LIMIT", limit)  # 96 column-buffer elements an image
+    x = np.random.default_rng(6).normal(size=(3, 2, 5, 4))
     dy = None
     diffs = []
     for switch in (True, False):
@@ -145,7 +148,7 @@ def test_conv_backward_after_the_plan_changed_lowers_again(forward_cpu, monkeypa
         layer = make_layer("Convolution", f"convolution_param {{ num_output: 3 kernel_size: 2 {_FILL} }}")
         monkeypatch.setattr(conv_base, "CPU_PATHS", forward_cpu if switch else False)
         bottom, top = run_forward(layer, [x])
-        assert layer.chunk == 1
+        assert type(layer.chunk) is int and layer.chunk == chunk
         if dy is None:
             dy = np.random.default_rng(7).normal(size=top[0].shape)
         top[0].diff[...] = dy
@@ -186,3 +189,35 @@ def test_conv_with_two_bottoms_keeps_each_bottoms_own_columns(dtype, kernel, mon
     tol = 1e-5 if dtype == np.float32 else 1e-12
     for g, w in zip(*got):
         np.testing.assert_allclose(g, w, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("cpu_paths", [True, False])
+def test_two_conv_layers_keep_their_own_columns(cpu_paths, monkeypatch):
+    """The column block a layer keeps from Forward for Backward is its own (the scratch buffers shared by
+    every layer are not): a second layer of the same geometry run in between leaves the first layer's
+    diffs as they are alone (session 8: BaseConvolutionLayer.buffer storing kept blocks in the shared
+    workspace)."""
+    from caffe.layers import conv_base
+    monkeypatch.setattr(conv_base, "CPU_PATHS", cpu_paths)
+    rng = np.random.default_rng(11)
+    xa, xb = rng.normal(size=(2, 3, 5, 4)), rng.normal(size=(2, 3, 5, 4))
+    dya, dyb = rng.normal(size=(2, 4, 5, 4)), rng.normal(size=(2, 4, 5, 4))
+
+    def layer_run(x, seed):
+        context_seed(seed)
+        layer = make_layer("Convolution", f"convolution_param {{ num_output: 4 kernel_size: 3 pad: 1 {_FILL} }}")
+        bottom, top = run_forward(layer, [x])
+        return layer, bottom, top
+
+    def backward(run, dy):
+        layer, bottom, top = run
+        top[0].diff[...] = dy
+        layer.Backward(top, [True], bottom)
+        return [bottom[0].diff.copy()] + [b.diff.copy() for b in layer.blobs]
+
+    alone = backward(layer_run(xa, 12), dya)
+    a = layer_run(xa, 12)
+    b = layer_run(xb, 13)
+    backward(b, dyb)
+    for got, want in zip(backward(a, dya), alone):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
