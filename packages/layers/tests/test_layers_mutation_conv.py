@@ -221,3 +221,24 @@ def test_two_conv_layers_keep_their_own_columns(cpu_paths, monkeypatch):
     backward(b, dyb)
     for got, want in zip(backward(a, dya), alone):
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_float32_forward_of_exactly_exact_forward_max_k_terms_is_correctly_rounded():
+    """The exact short-K forward's boundary: kernel_dim == EXACT_FORWARD_MAX_K (2 channels x 4 x 4 = 32) is
+    still taken in float64 and rounded once (session 8: `<` for `<=` in exact_forward)."""
+    from caffe.blob import context
+    from caffe.layers import conv_base
+    from caffe.layers.testing import blobs_from_arrays, empty_tops
+    x = np.random.default_rng(14).normal(size=(2, 2, 7, 6)).astype(np.float32)
+    outs = []
+    for dtype in (np.float32, np.float64):
+        context.set_random_seed(15)
+        layer = make_layer("Convolution", f"convolution_param {{ num_output: 3 kernel_size: 4 {_FILL} }}")
+        bottom, top = blobs_from_arrays([x], dtype), empty_tops(1, dtype)
+        layer.SetUp(bottom, top)
+        assert layer.kernel_dim == conv_base.EXACT_FORWARD_MAX_K
+        for b in layer.blobs:
+            b.data[...] = b.data.astype(np.float32)
+        layer.Forward(bottom, top)
+        outs.append(top[0].data.copy())
+    np.testing.assert_array_equal(outs[0], outs[1].astype(np.float32))
