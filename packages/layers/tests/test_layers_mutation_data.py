@@ -1725,3 +1725,77 @@ def test_lmdb_errors_pass_other_exceptions_through():
     with pytest.raises(KeyError):
         with dbmod._lmdb_errors("some.lmdb", "reading"):
             raise KeyError("x")
+
+
+# -- session 8: the survivors of layers-14's resume (db's DBWriter and open_db, base_data's prefetch setup,
+# DataTransformer's construction) --------------------------------------------------------------------------
+
+def test_array_to_datum_refuses_other_than_three_axes():
+    with pytest.raises(DataError, match=r"^array_to_datum: expected a \(C, H, W\) array, got shape \(2, 3\)$"):
+        array_to_datum(np.zeros((2, 3), np.uint8))
+
+
+def test_open_db_errors_name_the_kind_asked(tmp_path):
+    """open_db's errors say which kind of database was asked for (LevelDB is the default of data_param)."""
+    from caffe.layers import db
+    with pytest.raises(db.DBError, match=r"^no LevelDB database path given$"):
+        db.open_db("", "leveldb")
+    with pytest.raises(db.DBError, match=r"^no LMDB database path given$"):
+        db.open_db("", "lmdb")
+    with pytest.raises(db.DBError, match=r"^LevelDB database '.*nowhere' does not exist$"):
+        db.open_db(str(tmp_path / "nowhere"), "leveldb")
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(db.DBError, match=r"^LevelDB database '.*f' is not a folder \(Caffe's databases are "
+                                         r"folders\)$"):
+        db.open_db(str(tmp_path / "f"), "leveldb")
+
+
+def test_leveldb_reader_closes_twice_and_a_second_open_is_named(tmp_path):
+    """LevelDB allows one open handle per database: a second reader's error names the database; closing a
+    reader twice (close, then the `with`'s exit) is quiet, as is closing one that never opened."""
+    pytest.importorskip("plyvel", reason="LevelDB needs the optional plyvel package")
+    from caffe.layers import db
+    path = str(tmp_path / "ldb")
+    db.write_db(path, [("a", b"1"), ("b", b"2")], "leveldb")
+    with db.open_db(path, "leveldb") as d:
+        assert list(d.items()) == [(b"a", b"1"), (b"b", b"2")]
+        with pytest.raises(db.DBError, match=rf"^cannot open LevelDB database '{path}': .*lock"):
+            db.open_db(path, "leveldb")
+        d.close()
+    d.close()
+    db.DB(path, "leveldb").close()  # never opened (its open failed): nothing to close
+    with db.open_db(path, "leveldb") as again:  # the handle was released: it opens again
+        assert again.count() is None and not again.is_empty()
+
+
+def test_db_writer_close_twice_returns_the_path(tmp_path):
+    """close() is idempotent: inside a `with`, a close before the exit leaves the database in place."""
+    from caffe.layers import db
+    path = str(tmp_path / "w_db")
+    with db.DBWriter(path) as w:
+        w.put("k", b"v")
+        assert w.close() == path
+        assert w.close() == path
+    with db.open_db(path) as d:
+        assert list(d.items()) == [(b"k", b"v")]
+    assert os.listdir(tmp_path) == ["w_db"]
+
+
+def test_write_db_commits_every_batch_records(tmp_path, monkeypatch):
+    """write_db commits every `batch` records (Caffe's convert_imageset: 1000 by default), bounding what a
+    writer holds in memory."""
+    from caffe.layers import db
+    sizes = []
+    real = db.DBWriter.commit
+
+    def commit(self):
+        if self._pending:
+            sizes.append(len(self._pending))
+        real(self)
+    monkeypatch.setattr(db.DBWriter, "commit", commit)
+    recs = [(f"{i:08d}", b"v") for i in range(2001)]
+    assert db.write_db(str(tmp_path / "a"), recs) == 2001
+    assert sizes == [1000, 1000, 1]
+    sizes.clear()
+    assert db.write_db(str(tmp_path / "b"), recs[:25], batch=10) == 25
+    assert sizes == [10, 10, 5]
