@@ -1799,3 +1799,17 @@ def test_write_db_commits_every_batch_records(tmp_path, monkeypatch):
     sizes.clear()
     assert db.write_db(str(tmp_path / "b"), recs[:25], batch=10) == 25
     assert sizes == [10, 10, 5]
+
+
+def test_a_dead_writers_leftover_that_cannot_be_removed_does_not_stop_the_next_writer(tmp_path):
+    """The clean-up of dead writers' partial folders is best effort: a leftover it cannot remove (here a file
+    with a partial folder's name) is left, and the new database is written."""
+    import subprocess
+    import sys
+    from caffe.layers import db
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    (tmp_path / f".t_db.partial-{dead}-0123abcd").write_text("not a folder")
+    db.write_db(str(tmp_path / "t_db"), [(b"k", b"v")])
+    with db.open_db(str(tmp_path / "t_db")) as d:
+        assert list(d.items()) == [(b"k", b"v")]
