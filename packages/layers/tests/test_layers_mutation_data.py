@@ -1813,3 +1813,35 @@ def test_a_dead_writers_leftover_that_cannot_be_removed_does_not_stop_the_next_w
     db.write_db(str(tmp_path / "t_db"), [(b"k", b"v")])
     with db.open_db(str(tmp_path / "t_db")) as d:
         assert list(d.items()) == [(b"k", b"v")]
+
+
+def test_db_writer_batch_bounds_and_its_partial_folder_beside_the_target(tmp_path, monkeypatch):
+    """DBWriter commits every `batch` records (1000 by default, at least 1); it writes into a hidden folder
+    beside the target named as the next writer's clean-up recognises it (`.<name>.partial-<pid>-<8 hex>`);
+    an empty path is refused."""
+    import re
+    from caffe.layers import db
+    sizes = []
+    real = db.DBWriter.commit
+
+    def commit(self):
+        if self._pending:
+            sizes.append(len(self._pending))
+        real(self)
+    monkeypatch.setattr(db.DBWriter, "commit", commit)
+    w = db.DBWriter(str(tmp_path / "w_db"))
+    assert [p.name for p in tmp_path.iterdir()] == [os.path.basename(w.tmp_path)]
+    assert re.fullmatch(rf"\.w_db\.partial-{os.getpid()}-[0-9a-f]{{8}}", os.path.basename(w.tmp_path))
+    assert db._PARTIAL_RE.match(os.path.basename(w.tmp_path)).group("base") == "w_db"
+    for i in range(1001):
+        w.put(f"{i:08d}", b"v")
+    w.close()
+    assert sizes == [1000, 1]
+    for batch, want in ((1, [1, 1, 1]), (0, [1, 1, 1]), (2, [2, 1])):
+        sizes.clear()
+        with db.DBWriter(str(tmp_path / f"b{batch}"), batch=batch) as w:
+            for i in range(3):
+                w.put(f"{i}", b"v")
+        assert sizes == want, batch
+    with pytest.raises(db.DBError, match=r"^no output database path given$"):
+        db.DBWriter("")
