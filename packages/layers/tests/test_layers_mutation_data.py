@@ -1845,3 +1845,37 @@ def test_db_writer_batch_bounds_and_its_partial_folder_beside_the_target(tmp_pat
         assert sizes == want, batch
     with pytest.raises(db.DBError, match=r"^no output database path given$"):
         db.DBWriter("")
+
+
+def test_backend_name_refuses_other_numbers():
+    from caffe.layers import db
+    with pytest.raises(db.DBError, match=r"^unknown database backend 2: expected LMDB \(1\) or LEVELDB \(0\)$"):
+        db.backend_name(2)
+
+
+def test_an_abandoned_or_failed_writer_leaves_no_partial_folder(tmp_path, monkeypatch):
+    """A writer dropped without close() removes its partial folder (no database appears); one whose setup
+    failed removes it at once, even while the caller holds the exception (and with it the writer); one that
+    failed before making it has nothing to remove and says nothing on the way out."""
+    import gc
+    import sys
+    from caffe.layers import db
+    w = db.DBWriter(str(tmp_path / "a_db"))
+    w.put("k", b"v")
+    del w
+    gc.collect()
+    assert os.listdir(tmp_path) == []
+    monkeypatch.setitem(sys.modules, "plyvel", None)
+    try:
+        db.DBWriter(str(tmp_path / "l_db"), "leveldb")
+    except db.DBError as exc:
+        held = exc  # its traceback keeps the half-made writer alive
+    assert held.__traceback__ is not None and os.listdir(tmp_path) == []
+    del held
+    (tmp_path / "exists").mkdir()
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    with pytest.raises(db.DBError, match="already exists"):
+        db.DBWriter(str(tmp_path / "exists"))
+    gc.collect()
+    assert unraisable == []
