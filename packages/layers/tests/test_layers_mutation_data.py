@@ -1879,3 +1879,36 @@ def test_an_abandoned_or_failed_writer_leaves_no_partial_folder(tmp_path, monkey
         db.DBWriter(str(tmp_path / "exists"))
     gc.collect()
     assert unraisable == []
+
+
+@pytest.mark.parametrize("mirror, phase, crop, draws", [(True, 1, 0, True), (False, 0, 2, True), (False, 0, 1, True),
+                                                         (False, 1, 2, False), (False, 0, 0, False)])
+def test_transformer_init_rand_draws_a_seed_only_when_it_draws(mirror, phase, crop, draws):
+    """Caffe's InitRand: the transformer takes a seed from the runtime generator only when it draws itself
+    (mirror, or a TRAIN-phase crop, of any size); otherwise the runtime stream is left as it was (the other
+    layers' draws stay where they were)."""
+    from caffe.layers.data_transformer import DataTransformer
+    from caffe.proto import caffe_pb2
+    tf = DataTransformer(caffe_pb2.TransformationParameter(mirror=mirror, crop_size=crop), phase)
+    context.set_random_seed(7)
+    state = context.rng().bit_generator.state
+    tf.init_rand()
+    assert (context.rng().bit_generator.state != state) is draws
+    assert (tf._rng is not None) is draws
+
+
+def test_transformer_defaults_to_train_and_refuses_mean_file_with_mean_value(tmp_path):
+    """A DataTransformer made without a phase is a TRAIN one (crops drawn at random, as Caffe's default
+    phase); a mean_file and mean_values together are refused, naming the transformer."""
+    from caffe.layers.data_transformer import DataTransformer
+    from caffe.proto import caffe_pb2
+    tf = DataTransformer(caffe_pb2.TransformationParameter(crop_size=2))
+    context.set_random_seed(1)
+    img = np.arange(36, dtype=np.uint8).reshape(1, 6, 6)
+    out = np.empty((16, 1, 2, 2), np.float32)
+    tf.transform_batch([img] * 16, out)
+    assert len({o.tobytes() for o in out}) > 1  # offsets drawn, not the centre every time
+    p = caffe_pb2.TransformationParameter(mean_file=_mean_proto(tmp_path, [1, 1, 6, 6]), mean_value=[1.0])
+    with pytest.raises(DataError, match=r"^Layer 'd' \(Data\): cannot specify transform_param mean_file and "
+                                        r"mean_value at the same time$"):
+        DataTransformer(p, 1, name="Layer 'd' (Data)")
