@@ -1912,3 +1912,35 @@ def test_transformer_defaults_to_train_and_refuses_mean_file_with_mean_value(tmp
     with pytest.raises(DataError, match=r"^Layer 'd' \(Data\): cannot specify transform_param mean_file and "
                                         r"mean_value at the same time$"):
         DataTransformer(p, 1, name="Layer 'd' (Data)")
+
+
+@pytest.mark.parametrize("param, count", [("", 4), ("data_param { }", 4), ("data_param { prefetch: 2 }", 2),
+                                          ("data_param { prefetch: 1 }", 1), ("data_param { prefetch: 0 }", 1)])
+def test_prefetching_layers_load_data_param_prefetch_batches_ahead(param, count):
+    """Caffe's data_param.prefetch (default 4; a layer without data_param, as ImageData, uses the default):
+    the thread fills that many batches ahead, at least one."""
+    import time
+    from caffe.layers.base_data import BasePrefetchingDataLayer
+    from caffe.layers.testing import layer_param
+
+    class Ones(BasePrefetchingDataLayer):
+        def data_layer_setup(self, bottom, top):
+            top[0].reshape([2, 3])
+
+        def load_batch(self, batch):
+            batch.data[...] = 1.0
+
+    layer = Ones(layer_param("Ones", param, name="ones"))
+    top = [Blob()]
+    try:
+        layer.SetUp([], top)
+        assert layer.prefetch_count() == count and len(layer._batches) == count
+        for _ in range(1000):
+            if layer._full.qsize() == count:
+                break
+            time.sleep(0.01)
+        assert layer._full.qsize() == count
+        layer.Forward([], top)
+        assert top[0].shape == (2, 3) and np.all(top[0].data == 1.0)
+    finally:
+        layer.close()
