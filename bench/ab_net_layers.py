@@ -1,12 +1,12 @@
 """Whole-net fwd+bwd and per-layer times under two convolution plan settings, interleaved in one process.
 
-Usage:  python bench/ab_net_layers.py [--net cifar10_quick] [--repeats 15] [--modes main,oc] [--cpu-time]
+Usage:  python bench/ab_net_layers.py [--net cifar10_quick] [--repeats 15] [--modes auto,off] [--cpu-time]
 
 The net (bench_nets' DummyData version, TRAIN phase) runs ForwardBackward, then each layer's Forward and
 (where needed) Backward timed alone, once per repetition under each setting, alternating which goes first.
-Settings: "main": the dense plan as main had it before backward_weight_oc (the x-vectorized weight diff,
-taken only where output rows are at least 16 wide: CIFAR10-quick conv3's weight diff blocked); "oc": the
-default (conv_cpu.DENSE_WGT = "oc", conv_cpu.dense_rule); "off": no dense plan (CAFFE_CONV_DENSE=0).
+Settings: "auto": the default (conv_cpu.dense_rule); "off": no dense plan (CAFFE_CONV_DENSE=0); "blockedwgt":
+the dense plan with every weight diff blocked (the rule before session 7's backward_weight_oc took
+CIFAR10-quick conv3's; the x-vectorized kernel main had then is gone).
 Prints the ForwardBackward medians (and minima) and per-layer medians, largest first.
 """
 from __future__ import annotations
@@ -30,25 +30,20 @@ from bench_nets import NETS, dummy_data_net  # noqa: E402
 _RULE = conv_cpu.dense_rule
 
 
-def _main_rule(layer):
-    """main's rule before backward_weight_oc: the weight diff dense only on rows at least 16 wide."""
-    out = _RULE(layer)
-    if layer.geom.col_shape[1] < 16:
-        out = tuple(p for p in out if p != "wgt")
-    return out
+def _no_dense_wgt(layer):
+    return tuple(p for p in _RULE(layer) if p != "wgt")
 
 
 def set_mode(mode):
     conv_cpu.DENSE = "off" if mode == "off" else "auto"
-    conv_cpu.DENSE_WGT = "x" if mode == "main" else "oc"
-    conv_cpu.dense_rule = _main_rule if mode == "main" else _RULE
+    conv_cpu.dense_rule = _no_dense_wgt if mode == "blockedwgt" else _RULE
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--net", default="cifar10_quick", choices=sorted(NETS))
     ap.add_argument("--repeats", type=int, default=15)
-    ap.add_argument("--modes", default="main,oc")
+    ap.add_argument("--modes", default="auto,off")
     ap.add_argument("--cpu-time", action="store_true")
     args = ap.parse_args(argv)
     modes = args.modes.split(",")

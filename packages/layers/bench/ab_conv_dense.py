@@ -65,10 +65,8 @@ def _products(layer, bottom, top, prop):
 
 
 def _set_mode(mode):
-    """"off", "on", "auto", or "<plan>:<weight-diff kernel>" (e.g. "on:x", "on:oc": conv_cpu.DENSE_WGT)."""
-    dense, _, wgt = mode.partition(":")
-    conv_cpu.DENSE = dense
-    conv_cpu.DENSE_WGT = wgt or "oc"
+    """"off", "on" or "auto" (conv_cpu.DENSE)."""
+    conv_cpu.DENSE = mode
 
 
 def run(families, repeats, warmup, clock, modes=("off", "on")):
@@ -120,8 +118,7 @@ def main(argv=None):
     ap.add_argument("--only", default="", help="families: cifar,lenet,caffenet,resnet,googlenet")
     ap.add_argument("--cpu-time", action="store_true")
     ap.add_argument("--modes", default="off,on",
-                    help="the two plans compared (\"off\" and \"on\" columns): off, on, auto, or on:x / on:oc "
-                         "(the weight diff's kernel, conv_cpu.DENSE_WGT)")
+                    help="the two plans compared (\"off\" and \"on\" columns): off, on or auto")
     args = ap.parse_args(argv)
     context.set_mode_cpu()
     print(f"# {time.strftime('%Y-%m-%d %H:%M:%S')}  load avg {os.getloadavg()[0]:.2f}  dense kernels "

@@ -131,6 +131,30 @@ def test_direct_backward_matches_the_reference(case):
     np.testing.assert_allclose(dw, start + ref, rtol=tol, atol=tol * 10)
 
 
+@given(case=direct_cases(), bias=st.booleans())
+def test_direct_kernels_avx2_build_gives_the_same_bits(case, bias):
+    """depthwise_avx2 (the build conv_cpu uses where the CPU has AVX2) is the same source without FMA or
+    contraction: forward, backward_data and backward_weight equal the baseline build bit for bit."""
+    from caffe.layers import _cpu
+    if not _cpu.cpu_has_avx2():
+        pytest.skip("this CPU cannot run the AVX2 build")
+    import importlib
+    avx2 = importlib.import_module("caffe.layers.kernels.depthwise_avx2")
+    x, w, b, dy, args = _arrays(case)
+    outs = []
+    for mod in (depthwise, avx2):
+        y = np.full(dy.shape, np.nan, case["dtype"])
+        mod.forward(x.ravel(), w.ravel(), b if bias else None, y.ravel(), *args)
+        dx = np.full(x.shape, np.nan, case["dtype"])
+        mod.backward_data(dy.ravel(), w.ravel(), dx.ravel(), *args)
+        dw = np.ones(w.shape, case["dtype"])
+        mod.backward_weight(x.ravel(), dy.ravel(), dw.ravel(), *args)
+        outs.append((y, dx, dw))
+    for a, b_ in zip(*outs):
+        np.testing.assert_array_equal(a, b_)
+    assert conv_cpu._dw is avx2 or not _cpu.USE_AVX2
+
+
 def test_direct_kernel_refuses_bad_buffers_and_geometry():
     x, w, y = np.zeros(2 * 4 * 5 * 5), np.zeros(4 * 9), np.zeros(2 * 4 * 5 * 5)
     args = (2, 4, 5, 5, 4, 4, 3, 3, 1, 1, 1, 1, 1, 1, 5, 5)

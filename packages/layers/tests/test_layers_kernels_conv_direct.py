@@ -126,20 +126,6 @@ def test_bottom_diff_is_the_flipped_forward(g):
     assert_close(dx, ref_data(dy, w, H, W, ph, pw, G), ref_data(np.abs(dy), np.abs(w), H, W, ph, pw, G))
 
 
-@given(g=geometries(), chunk=st.sampled_from([1, 4 << 20]))
-def test_weight_diff_accumulates(g, chunk):
-    """dw += the correlation (Caffe accumulates parameter gradients), over chunks of images too."""
-    x, w, b, dy, args = _arrays(g)
-    kh, kw, ph, pw, G = g["kh"], g["kw"], g["ph"], g["pw"], g["G"]
-    start = np.random.default_rng(g["seed"] + 1).normal(size=w.shape).astype(np.float32)
-    dw = start.copy()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cd, "CHUNK_BYTES", chunk)  # 1: one image per chunk, each chunk added to dw
-        cd.backward_weight(x.reshape(-1), dy.reshape(-1), dw.reshape(-1), *args)
-    ref = start + ref_weight(x, dy, kh, kw, ph, pw, G)
-    assert_close(dw, ref, np.abs(start) + ref_weight(np.abs(x), np.abs(dy), kh, kw, ph, pw, G))
-
-
 @given(g=geometries(), tasks=st.sampled_from([1, 7]), band=st.sampled_from([1, 16 << 10]), bias=st.booleans(),
        group_bytes=st.sampled_from([1, 4 << 20]))
 def test_weight_diff_oc_accumulates(g, tasks, band, bias, group_bytes):
@@ -210,8 +196,6 @@ def test_bad_calls_raise_clear_errors():
     with pytest.raises(ValueError, match="bias buffer too small"):
         cd.forward(x.reshape(-1), p, b[:-1], y, *args)
     with pytest.raises(ValueError, match="weight diff buffer too small"):
-        cd.backward_weight(x.reshape(-1), dy.reshape(-1), np.zeros(w.size - 1, np.float32), *args)
-    with pytest.raises(ValueError, match="weight diff buffer too small"):
         cd.backward_weight_oc(x.reshape(-1), dy.reshape(-1), np.zeros(w.size - 1, np.float32), *args)
     with pytest.raises(ValueError, match="bias diff buffer too small"):
         cd.backward_weight_oc(x.reshape(-1), dy.reshape(-1), np.zeros(w.size, np.float32), *args,
@@ -228,12 +212,10 @@ def test_bad_calls_raise_clear_errors():
 
 def _layer_products(text, shape, dense, deconv=False, seed=3):
     """top, bottom diff and parameter diffs of one Forward + two Backwards (parameter diffs accumulate),
-    with conv_cpu.DENSE = dense ("batched": the generic path; "on:x": the x-vectorized weight diff)."""
-    dense, _, wgt = dense.partition(":")
+    with conv_cpu.DENSE = dense ("batched": the generic path)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(conv_base, "CPU_PATHS", dense != "batched")
         mp.setattr(conv_cpu, "DENSE", "off" if dense == "batched" else dense)
-        mp.setattr(conv_cpu, "DENSE_WGT", wgt or "oc")
         context.set_random_seed(seed)
         layer = make_layer("Deconvolution" if deconv else "Convolution", f"convolution_param {{ {text} {FILL} }}")
         rng = np.random.default_rng(seed)
@@ -257,7 +239,7 @@ def _layer_products(text, shape, dense, deconv=False, seed=3):
     ("num_output: 10 kernel_size: 4", (2, 3, 6, 9)),                           # pad 0
 ])
 @pytest.mark.parametrize("deconv", [False, True])
-@pytest.mark.parametrize("mode", ["on", "on:x", "auto"])
+@pytest.mark.parametrize("mode", ["on", "auto"])
 def test_dense_plan_matches_the_batched_path(text, shape, deconv, mode):
     plan, got = _layer_products(text, shape, mode, deconv)
     _, ref = _layer_products(text, shape, "batched", deconv)
@@ -295,5 +277,5 @@ def test_weight_diff_over_many_images():
     g = dict(N=19, G=1, cg=2, og=5, kh=3, kw=3, ph=1, pw=0, H=5, W=9, seed=7)
     x, w, b, dy, args = _arrays(g)
     dw = np.zeros(w.shape, np.float32)
-    cd.backward_weight(x.reshape(-1), dy.reshape(-1), dw.reshape(-1), *args)
+    cd.backward_weight_oc(x.reshape(-1), dy.reshape(-1), dw.reshape(-1), *args)
     assert_close(dw, ref_weight(x, dy, 3, 3, 1, 0, 1), ref_weight(np.abs(x), np.abs(dy), 3, 3, 1, 0, 1))

@@ -41,6 +41,18 @@ def test_softmax_loss_kernels_match_numpy(shape, dtype, seed, data, norm, ignore
                 n_top=2 if two_tops else 1, propagate_down=[True, False])
 
 
+@pytest.mark.parametrize("shape", [(2, 64, 2048 + 37), (1, 3, 2 * 43690 + 5)])
+def test_several_pieces_per_row(shape):
+    """Positions past one work item's piece (kernels.softmax PIECE / C; the last piece partial): forward,
+    backward and the loss's per-piece sums as the NumPy paths compute them."""
+    x, dy = arrays(5, shape) * 8, arrays(6, shape)
+    ref = check_paths("Softmax", "", [x], [dy], np.float32, mixed=False)
+    np.testing.assert_allclose(ref["top"][0].sum(axis=1), 1, rtol=1e-5)
+    labels = np.random.default_rng(7).integers(0, shape[1], (shape[0], shape[2])).astype(np.float64)
+    check_paths("SoftmaxWithLoss", "loss_param { ignore_label: 1 } loss_weight: 1", [x, labels], [np.array(1.3)],
+                np.float32, mixed=False, propagate_down=[True, False])
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("inner", [1, 3])
 def test_softmax_loss_forward_kernel_clamps_and_keeps_nan(dtype, inner):

@@ -63,7 +63,25 @@ COL_BUFFER_LIMIT = 1 << 21
 # Forward GEMMs whose dot products are at most this long accumulate in float64 (see gemm_forward).
 EXACT_FORWARD_MAX_K = 32
 
+# The forward epilogue's activations (BaseConvolutionLayer.epilogue; the codes of kernels.lowering's Act).
+ACT_NONE, ACT_RELU, ACT_CLIP = 0, 1, 2
+
 _WORKSPACE = threading.local()
+
+
+def apply_epilogue(xp, out, act) -> None:
+    """out = act(out) in place, as the ReLU / Clip layer's generic forward computes it (the batched path;
+    the CPU plans fuse it into their stores: conv_cpu)."""
+    code, a, b = act
+    if code == ACT_RELU:
+        if a == 0:
+            xp.maximum(out, 0, out=out)
+        else:
+            xp.multiply(out, xp.where(out > 0, 1.0, a).astype(out.dtype, copy=False), out=out)
+    elif code == ACT_CLIP:
+        xp.clip(out, a, b, out=out)
+    elif code != ACT_NONE:
+        raise ValueError(f"unknown activation code {code}")
 
 
 def _shared_workspace() -> dict:
@@ -327,6 +345,11 @@ class BaseConvolutionLayer(Layer):
         self._buffers = {}
         self._kept_col = {}
         self._blocks = {}
+        # An activation applied to the forward's output in the same pass as the bias (inference folding's
+        # Convolution + ReLU/Clip, set on its clone): None, or (code, a, b) with the codes of
+        # kernels.lowering (ACT_RELU: negative slope a; ACT_CLIP: [a, b]). Forward only: a layer with an
+        # epilogue has no backward (folding never runs in a net that takes gradients).
+        self.epilogue = None
         self._shape_key = None
         self._top_shape = None
 
@@ -408,20 +431,26 @@ class BaseConvolutionLayer(Layer):
         """out (N, C_col, P) = the convolution of im (N, C_im, *S_im) + bias. `keep`: a key under which
         the batched path keeps its column buffer for conv_backward (one-chunk batches only)."""
         plan = self.plan(xp, out.dtype)
+        act = self.epilogue
         if plan != "batched":
             key = (keep, xp.__name__)
             self._kept_col.pop(key, None)
             if plan == "direct":
-                conv_cpu.direct_forward(self, im, out, weight, bias)
+                conv_cpu.direct_forward(self, im, out, weight, bias, act)
                 return
             if plan == "dense":
-                conv_cpu.dense_forward(self, im, out, weight, bias)
+                conv_cpu.dense_forward(self, im, out, weight, bias, act)
                 return
             col = conv_cpu.blocked_forward(self, im, out, weight, bias,
-                                           keep=("col", keep) if keep is not None else None)
+                                           keep=("col", keep) if keep is not None else None, act=act)
             if col is not None:
                 self._kept_col[key] = (plan, col)
             return
+        self._conv_forward_batched(xp, plan, im, out, weight, bias, keep)
+        if act is not None:  # the batched path's GEMMs write the blob: the activation after them
+            apply_epilogue(xp, out, act)
+
+    def _conv_forward_batched(self, xp, plan, im, out, weight, bias, keep):
         single = self.chunk >= self.num
         col = None
         if xp is not np and self.exact_forward(out.dtype):

@@ -34,8 +34,11 @@ The two pools run one after the other, never nested, so the cores are never
 oversubscribed; each hand-over between them costs, which is why blocks are not smaller.
 
 Numerics: a float32 forward whose dot products are at most conv_base.EXACT_FORWARD_MAX_K
-long is taken in float64 and rounded once (the column block is lowered straight into float64);
-the direct kernel always sums in float64.
+long is taken in float64 and rounded once; the direct kernel always sums in float64. Where the CPU
+has AVX2 and FMA (EXACT_GEMM) the exact forward is kernels.exact_gemm: float64 tiles widened from
+the float32 data as they are loaded, the bias, the rounding and the activation in the tile's store
+(a 1x1 layer's blob read in place, any other's float32 column block); elsewhere the column block is
+lowered straight into float64, multiplied by a float64 GEMM and stored rounded (rows_to_batch_f32).
 """
 from __future__ import annotations
 
@@ -43,15 +46,27 @@ import os
 
 import numpy as np
 
+from caffe.layers import _cpu
+
 try:  # the compiled CPU kernels (built by the package's hatch hook)
-    from caffe.layers.kernels import depthwise as _dw
     from caffe.layers.kernels import lowering as _k
 except ImportError:  # pragma: no cover - a source tree without the build
-    _dw = _k = None
+    _k = None
+# depthwise_avx2 where the CPU has AVX2 (4 doubles a vector instead of SSE2's 2; the same bits: no FMA):
+# 0.72-0.76x the time of the baseline build at MobileNet's stride-1 shapes
+_dw = _cpu._load("depthwise")
 try:
     from caffe.layers.kernels import conv_direct_avx2 as _cd
 except ImportError:  # pragma: no cover - a source tree without the build
     _cd = None
+try:
+    from caffe.layers.kernels import exact_gemm as _eg
+except ImportError:  # pragma: no cover - a source tree without the build
+    _eg = None
+
+# The exact short-K forward by kernels.exact_gemm (module doc) where it is vectorized; False, or
+# CAFFE_CONV_EXACT_GEMM=0 in the environment: the float64 lowering and GEMM (benchmarks A/B the two).
+EXACT_GEMM = os.environ.get("CAFFE_CONV_EXACT_GEMM", "1") != "0" and _eg is not None and _eg.supported()
 
 # A block's column buffer holds about this many bytes, but at least MIN_BLOCK_COLS columns. Measured on
 # the 2-core development machine (512 KiB L2 per core, 32 MiB L3): one thread's sgemm gains nothing from
@@ -77,11 +92,12 @@ ONE_BY_ONE_BYTES = 8 << 20
 DIRECT_MAX_PAIRS = 8
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_NO_ACT = (0, 0.0, 0.0)  # kernels.lowering.ACT_NONE
 
 
 def tunables():
-    """The block-size settings (a cache key: tests and benchmarks change them)."""
-    return (COL_BLOCK_BYTES, MIN_BLOCK_COLS, ONE_BY_ONE_VIEW_COLS, ONE_BY_ONE_COLS, ONE_BY_ONE_BYTES)
+    """The block-size settings and the exact forward's path (a cache key: tests and benchmarks change them)."""
+    return (COL_BLOCK_BYTES, MIN_BLOCK_COLS, ONE_BY_ONE_VIEW_COLS, ONE_BY_ONE_COLS, ONE_BY_ONE_BYTES, EXACT_GEMM)
 
 
 def available() -> bool:
@@ -127,7 +143,9 @@ class Blocks:
         self.P = self.OH * self.OW
         self.rows = layer.kernel_dim * layer.group  # column-buffer rows (= C_im for 1x1)
         self.exact = exact
-        self.cdtype = np.dtype(np.float64) if exact else np.dtype(dtype)
+        # the exact forward by kernels.exact_gemm: float32 column blocks (the kernel widens them itself)
+        self.kernel = exact and EXACT_GEMM and np.dtype(dtype) == np.float32
+        self.cdtype = np.dtype(np.float64) if exact and not self.kernel else np.dtype(dtype)
         self.blocks = plan_blocks(num, self.OH, self.OW, self.rows, self.cdtype.itemsize,
                                   not self.one_by_one)
 
@@ -152,31 +170,69 @@ def _lowered(layer, b: Blocks, im, n0, n1, oh0, oh1, dtype, name="col"):
     return col
 
 
-def _gemm_out(layer, b: Blocks, w3, col, out, bias, n0, n1, oh0, oh1):
-    """out's block (images n0..n1-1, positions of rows oh0..oh1-1) = W_g @ col_g per group (+ bias)."""
+def _gemm_out(layer, b: Blocks, w3, col, out, bias, n0, n1, oh0, oh1, act=None):
+    """out's block (images n0..n1-1, positions of rows oh0..oh1-1) = act(W_g @ col_g per group (+ bias)).
+    The bias and the activation go in the pass that stores the block, while it is in cache."""
     g, kd = layer.group, layer.kernel_dim
     Co = out.shape[1]
     og = Co // g
     nb, p0, Pb = n1 - n0, oh0 * b.OW, (oh1 - oh0) * b.OW
+    code, lo, hi = act if act is not None else _NO_ACT
     if nb == 1 and col.dtype == out.dtype:  # straight into the blob (NumPy's matmul takes its row stride)
         dst = out[n0][:, p0:p0 + Pb]
         for gi in range(g):
             np.matmul(w3[gi], col[gi * kd:(gi + 1) * kd], out=dst[gi * og:(gi + 1) * og])
-        if bias is not None:
-            dst += bias.reshape(Co, 1)
+        _k.bias_act(out[n0].reshape(-1), bias, 1, Co, b.P, p0, Pb, code, lo, hi)
         return
     res = layer.buffer(np, "gemm", (Co, nb * Pb), col.dtype)
     for gi in range(g):
         np.matmul(w3[gi], col[gi * kd:(gi + 1) * kd], out=res[gi * og:(gi + 1) * og])
     store = _k.rows_to_batch if res.dtype == out.dtype else _k.rows_to_batch_f32  # one rounding
-    store(res.reshape(-1), out[n0:n1].reshape(-1), bias, nb, Co, b.P, p0, Pb)
+    store(res.reshape(-1), out[n0:n1].reshape(-1), bias, nb, Co, b.P, p0, Pb, code, lo, hi)
 
 
-def blocked_forward(layer, im, out, weight, bias, keep=None):
-    """out (N, C_col, P) = conv(im) + bias, block by block (im: (N, C_im, *S_im), both contiguous).
+def _epilogue(out, act) -> None:
+    """out (N, C, P) = act(out) in one pass (the plans whose kernels add the bias themselves)."""
+    if act is not None:
+        N, C, P = out.shape
+        _k.bias_act(out.reshape(-1), None, N, C, P, 0, P, *act)
+
+
+def _exact_out(layer, b: Blocks, weight, col, out, bias, n0, n1, oh0, oh1, act=None):
+    """_gemm_out's block by kernels.exact_gemm: col is the float32 block (rows, nb * Pb); the float64
+    sums, the bias, the rounding and the activation in one pass."""
+    nb, p0, Pb = n1 - n0, oh0 * b.OW, (oh1 - oh0) * b.OW
+    Co = out.shape[1]
+    code, lo, hi = act if act is not None else _NO_ACT
+    _eg.gemm(weight.reshape(-1), col.reshape(-1), out[n0:n1].reshape(-1), bias, layer.group, Co // layer.group,
+             layer.kernel_dim, nb, Pb, nb * Pb, Pb, b.P, Co * b.P, p0, code, lo, hi)
+
+
+def _exact_forward(layer, b: Blocks, im, out, weight, bias, act=None, keep=None):
+    """blocked_forward's exact forward by kernels.exact_gemm: a 1x1 layer's blob in place, every image in
+    one call; the others block by block from float32 column blocks (with `keep`, the one block is lowered
+    into that buffer and returned: blocked_forward's keep)."""
+    if b.one_by_one:
+        N, Co = out.shape[0], out.shape[1]
+        code, lo, hi = act if act is not None else _NO_ACT
+        _eg.gemm(weight.reshape(-1), im.reshape(-1), out.reshape(-1), bias, layer.group, Co // layer.group,
+                 layer.kernel_dim, N, b.P, b.P, b.rows * b.P, b.P, Co * b.P, 0, code, lo, hi)
+        return None
+    col = None
+    for n0, n1, oh0, oh1 in b.blocks:
+        col = _lowered(layer, b, im, n0, n1, oh0, oh1, np.float32, keep or "col")
+        _exact_out(layer, b, weight, col, out, bias, n0, n1, oh0, oh1, act)
+    return col if keep is not None else None
+
+
+def blocked_forward(layer, im, out, weight, bias, keep=None, act=None):
+    """out (N, C_col, P) = act(conv(im) + bias), block by block (im: (N, C_im, *S_im), both contiguous).
     With `keep` (a buffer name) and the batch in one lowered block, the block stays in the layer's
     buffer of that name and is returned, for the backward's weight gradient (the batched path's rule)."""
     b = layer.cpu_blocks(im.shape[0], out.dtype, exact=_exact(layer, out.dtype))
+    if b.kernel:  # its float32 block can be kept as any float32 one
+        keep = keep if len(b.blocks) == 1 and not b.one_by_one else None
+        return _exact_forward(layer, b, im, out, weight, bias, act, keep)
     g, kd = layer.group, layer.kernel_dim
     w3 = weight.reshape(g, -1, kd).astype(b.cdtype, copy=False)
     bias = None if bias is None else bias.astype(b.cdtype, copy=False)
@@ -184,7 +240,7 @@ def blocked_forward(layer, im, out, weight, bias, keep=None):
     col = None
     for n0, n1, oh0, oh1 in b.blocks:
         col = _lowered(layer, b, im, n0, n1, oh0, oh1, b.cdtype, keep or "col")
-        _gemm_out(layer, b, w3, col, out, bias, n0, n1, oh0, oh1)
+        _gemm_out(layer, b, w3, col, out, bias, n0, n1, oh0, oh1, act)
     return col if keep is not None else None
 
 
@@ -216,7 +272,7 @@ def blocked_backward(layer, dout, weight, im=None, weight_diff=None, im_diff=Non
             bsum += np.matmul(rows, layer.ones(np, nb * Pb, rows.dtype),
                               out=layer.buffer(np, "bgrad", (Co,), rows.dtype))
         col = None
-        if weight_diff is not None or (fwd_out is not None and not exact_fwd):
+        if weight_diff is not None or (fwd_out is not None and (not exact_fwd or bf.kernel)):
             one = len(b.blocks) == 1 and kept is not None and kept.dtype == dout.dtype
             col = kept if one else _lowered(layer, b, im, n0, n1, oh0, oh1, dout.dtype)
         if weight_diff is not None:
@@ -224,7 +280,9 @@ def blocked_backward(layer, dout, weight, im=None, weight_diff=None, im_diff=Non
             for gi in range(g):
                 np.matmul(rows[gi * og:(gi + 1) * og], col[gi * kd:(gi + 1) * kd].T, out=tmp)
                 wd3[gi] += tmp
-        if fwd_out is not None:
+        if fwd_out is not None and bf.kernel:  # the exact forward from the float32 block lowered above
+            _exact_out(layer, b, weight, col, fwd_out, None, n0, n1, oh0, oh1)
+        elif fwd_out is not None:
             colf = _lowered(layer, bf, im, n0, n1, oh0, oh1, bf.cdtype, "col64") if exact_fwd else col
             _gemm_out(layer, bf, w3f, colf, fwd_out, None, n0, n1, oh0, oh1)
         if im_diff is not None:
@@ -278,8 +336,9 @@ def _direct_args(layer, N):
             dh, dw, OH, OW)
 
 
-def direct_forward(layer, im, out, weight, bias):
+def direct_forward(layer, im, out, weight, bias, act=None):
     _dw.forward(im.reshape(-1), weight.reshape(-1), bias, out.reshape(-1), *_direct_args(layer, im.shape[0]))
+    _epilogue(out, act)
 
 
 def direct_backward(layer, dout, weight, im=None, weight_diff=None, im_diff=None, bias_diff=None,
@@ -371,10 +430,6 @@ def dense_products(layer, dtype=np.float32):
 # Not on pad-0 layers: LeNet conv2's would gain as much (0.67x), but its sums, rounded differently from
 # Caffe's sgemm, move the LeNet 100-iteration trace out of its fidelity bounds (ip1's weights 7.5% from
 # Caffe's at iteration 100, the bound 5%: test_solver_lenet), and the issue keeps Caffe's numerics there.
-# The weight diff's kernel: "oc" (backward_weight_oc: vectorized over output channels, the bias diff in the
-# same pass) or "x" (backward_weight: over output x, rows padded to the image width); benchmarks A/B them.
-DENSE_WGT = "oc"
-
 DENSE_MAX_OG = 64
 DENSE_MAX_KD = 1024
 
@@ -413,12 +468,13 @@ def _packed(layer, weight, flip):
     return packed
 
 
-def dense_forward(layer, im, out, weight, bias):
+def dense_forward(layer, im, out, weight, bias, act=None):
     if "fwd" not in dense_products(layer, out.dtype):
-        blocked_forward(layer, im, out, weight, bias)
+        blocked_forward(layer, im, out, weight, bias, act=act)
         return
     _cd.forward(im.reshape(-1), _packed(layer, weight, False), bias, out.reshape(-1),
                 *_dense_args(layer, im.shape[0]))
+    _epilogue(out, act)
 
 
 def dense_backward(layer, dout, weight, im=None, weight_diff=None, im_diff=None, bias_diff=None,
@@ -429,12 +485,9 @@ def dense_backward(layer, dout, weight, im=None, weight_diff=None, im_diff=None,
     args = _dense_args(layer, dout.shape[0])
     rest = {}
     if weight_diff is not None and "wgt" in products:
-        if DENSE_WGT == "oc":  # the bias diff's sums in the same pass over dout
-            _cd.backward_weight_oc(im.reshape(-1), dout.reshape(-1), weight_diff.reshape(-1), *args,
-                                   bias_diff=bias_diff)
-        else:
-            _add_bias_diff(layer, dout, bias_diff)
-            _cd.backward_weight(im.reshape(-1), dout.reshape(-1), weight_diff.reshape(-1), *args)
+        # the bias diff's sums in the same pass over dout
+        _cd.backward_weight_oc(im.reshape(-1), dout.reshape(-1), weight_diff.reshape(-1), *args,
+                               bias_diff=bias_diff)
     else:
         _add_bias_diff(layer, dout, bias_diff)
         if weight_diff is not None:

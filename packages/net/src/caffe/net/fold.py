@@ -6,8 +6,10 @@ In a TEST-phase net, a chain of consecutive layers
 
 (at least a BatchNorm or a Scale; each layer reading the previous one's top) computes an affine map per
 output channel after the GEMM, so it runs as ONE layer: a clone of the Convolution/InnerProduct whose weights
-are W * k and bias (b - mean) * k + beta (k = gamma / sqrt(var + eps)), followed by the activation in place
-on its output. The BatchNorm and Scale passes over the whole tensor (and their temporaries) disappear.
+are W * k and bias (b - mean) * k + beta (k = gamma / sqrt(var + eps)), followed by the activation: a
+Convolution applies it in the pass that adds the bias, block by block while the block is in cache
+(conv_base's epilogue); after an InnerProduct it is a pass of its own. The BatchNorm, Scale and ReLU passes
+over the whole tensor (and their temporaries) disappear.
 
 Transparent:
 - the original layers, their parameter blobs (`net.params`, `ToProto`, `Save`) and blob names are untouched;
@@ -146,7 +148,17 @@ class FoldUnit:
             filler.type = "constant"
         clone = create_layer(p)
         clone.SetUp(self.bottom, [self.final])
+        if self.act is not None and hasattr(clone, "epilogue"):  # a Convolution: the activation in its store
+            clone.epilogue = self._act_code()
         return clone
+
+    def _act_code(self):
+        """The activation as (code, a, b) of conv_base's epilogue."""
+        from caffe.layers import conv_base
+        if self.act.type == "ReLU":
+            return (conv_base.ACT_RELU, float(self.act.layer_param.relu_param.negative_slope), 0.0)
+        p = self.act.layer_param.clip_param
+        return (conv_base.ACT_CLIP, float(p.min), float(p.max))
 
     def _param_blobs(self):
         for layer in (self.producer, self.bn, self.scale):
@@ -227,8 +239,8 @@ class FoldUnit:
             blob._set_lazy(None)  # recomputed below (and only on demand)
         try:
             self.clone.Forward(self.bottom, [self.final])
-            act = self.act
-            if act is not None:
+            act = self.act if getattr(self.clone, "epilogue", None) is None else None
+            if act is not None:  # an InnerProduct: a pass of its own
                 y = self.final.mutable_cpu_data()
                 if act.type == "ReLU":
                     slope = act.layer_param.relu_param.negative_slope

@@ -4,6 +4,8 @@
              output rows) and the batch <-> GEMM-rows layout changes
   depthwise  direct grouped 2-D convolution, forward and both backward passes, for
              depthwise / small-group layers (MobileNet)
+  exact_gemm the exact short-K convolution forward: float64 sums of float32 products, rounded
+             once, from float32 data (AVX2 + FMA; conv_cpu.EXACT_GEMM)
   pooling    2-D MAX / AVE pooling forward and backward
   elementwise    the neuron layers, Eltwise, Dropout (its SplitMix64 mask), Split's sum, Concat/Slice copies
   channelwise    per-channel operands on (outer, dim, inner): Scale(+Bias), Bias, PReLU, BatchNorm global stats

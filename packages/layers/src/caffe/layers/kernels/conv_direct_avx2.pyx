@@ -7,7 +7,7 @@ Shapes (g = group, cg = C / g input and og = Co / g output channels per group):
   x (N, C, H, W)   w (Co, cg, kh, kw)   y (N, Co, OH, OW),  OH = H + 2 ph - kh + 1,  OW = W + 2 pw - kw + 1
 
   forward          y[n, o, oy, ox] = b[o] + sum_{c, i, j} w[o, c, i, j] xpad[n, c, oy + i, ox + j]
-  backward_weight  dw[o, c, i, j] += sum_{n, oy, ox} dy[n, o, oy, ox] xpad[n, c, oy + i, ox + j]
+  backward_weight_oc  dw[o, c, i, j] += sum_{n, oy, ox} dy[n, o, oy, ox] xpad[n, c, oy + i, ox + j]
 
 The bottom diff at stride 1 is a forward of dy with the filters flipped and transposed
 (pack_weights(flip=True)) and padding kh - 1 - ph, kw - 1 - pw.
@@ -20,12 +20,8 @@ rows of 8 or 13 outputs still fill it) times a block of 4 output channels: 12 ac
 (c, i, j) 3 input loads and 4 broadcasts feed 12 FMAs. The last vector of a row is stored masked
 when OW is not a multiple of 8.
 
-backward_weight: the batch is copied in chunks of about CHUNK_BYTES into flat planes: image rows
-W + 2 pw wide, and dy rows as wide (zero past OW), so the sum over positions is one run and tap
-(i, j) reads the image at the constant offset i (W + 2 pw) + j. A task (group, block of R output
-channels, input channel c) keeps R x T accumulator vectors (a run of T of the kh kw taps) in
-registers over up to 8 images, each step loading R vectors of dy and T shifted image vectors for
-R * T FMAs. Sums are float32 over those images, then float64 (added to dw, rounded once).
+backward_weight_oc: see the comment above it (vectorized over 8 output channels; the bias diff in the
+same pass).
 
 On a CPU without AVX2 and FMA (supported() is False) or a compiler other than x86-64 GCC/Clang
 the kernels are plain C loops with the same results up to rounding; conv_cpu chooses this plan
@@ -51,7 +47,6 @@ cdef extern from *:
     typedef struct {
         ptrdiff_t N, C, H, W, Co, G, cg, og, kh, kw, ph, pw, OH, OW;
         ptrdiff_t Hp, Wp, OWv, nb;   /* padded plane Hp x Wp; vectors per output row; 4-channel blocks per group */
-        ptrdiff_t PS, QS, nq;        /* backward_weight's flat planes: image and dy plane strides, vectors */
     } cd_geom;
 
     static int cd_supported(void) {
@@ -72,14 +67,11 @@ cdef extern from *:
         d->Hp = H + 2 * ph;
         d->Wp = 8 * d->OWv + kw - 1;
         d->nb = (d->og + 3) / 4;
-        d->nq = (d->OH * (W + 2 * pw) + 7) / 8;
-        d->QS = 8 * d->nq;
-        d->PS = d->Hp * (W + 2 * pw) + kw + 8;
     }
 
     /* nc channels of image x (nc, H, W) into zeroed planes `plane` floats apart, of rows `row` wide, at
-       (ph, pw): the forward's (Hp x Wp planes, rows padded to whole vectors) and the weight gradient's
-       flat planes (rows W + 2 pw wide, a zeroed tail: cd_pad_flat) */
+       (ph, pw): the forward's (Hp x Wp planes, rows padded to whole vectors) and backward_weight_oc's
+       (rows W + 2 pw wide) */
     static void cd_pad_planes(const cd_geom* d, const float* x, float* pad, ptrdiff_t nc, ptrdiff_t plane,
                               ptrdiff_t row) {
         ptrdiff_t c, h;
@@ -227,122 +219,6 @@ cdef extern from *:
         }
     }
 
-    /* -- weight gradient: on flat planes -- */
-    /* The images as planes of rows Wf = W + 2 pw wide (zeroed tail: PS floats apart), dy as rows of the same
-       width (columns >= OW zero: QS floats apart), so the sum over positions is one run of nq vectors q
-       and tap (i, j) reads the image run at the constant offset i Wf + j. */
-    static void cd_pad_flat(const cd_geom* d, const float* x, float* pad, ptrdiff_t nc) {
-        cd_pad_planes(d, x, pad, nc, d->PS, d->W + 2 * d->pw);
-    }
-
-    static void cd_dy_flat(const cd_geom* d, const float* dy, float* dst, ptrdiff_t nc) {
-        ptrdiff_t c, h, Wf = d->W + 2 * d->pw;
-        memset(dst, 0, (size_t)(nc * d->QS) * sizeof(float));
-        for (c = 0; c < nc; c++)
-            for (h = 0; h < d->OH; h++)
-                memcpy(dst + c * d->QS + h * Wf, dy + (c * d->OH + h) * d->OW, (size_t)d->OW * sizeof(float));
-    }
-
-    #if CD_X86
-    /* acc (R * T vectors in accm) += R dy planes x the image plane at T tap offsets, over nimg images */
-    static inline __attribute__((always_inline)) CD_TARGET void cd_wgt_tile(
-            const int R, const int T, const cd_geom* d, const float* xs, const float* dyb, const ptrdiff_t* off,
-            float* accm, ptrdiff_t nimg, ptrdiff_t xstep, ptrdiff_t dystep) {
-        __m256 acc[4][6], dv[4];
-        ptrdiff_t q, n, nq = d->nq, QS = d->QS;
-        int r, t;
-        _Pragma("GCC unroll 8") for (r = 0; r < R; r++)
-            _Pragma("GCC unroll 8") for (t = 0; t < T; t++) acc[r][t] = _mm256_loadu_ps(accm + (r * T + t) * 8);
-        for (n = 0; n < nimg; n++, xs += xstep, dyb += dystep)
-            for (q = 0; q < nq * 8; q += 8) {
-                _Pragma("GCC unroll 8") for (r = 0; r < R; r++) {
-                    dv[r] = _mm256_loadu_ps(dyb + r * QS + q);
-                    __asm__("" : "+x"(dv[r]));
-                }
-                _Pragma("GCC unroll 8") for (t = 0; t < T; t++) {
-                    __m256 v = _mm256_loadu_ps(xs + q + off[t]);
-                    __asm__("" : "+x"(v));  /* one load feeding R FMAs, not R loads folded into them */
-                    _Pragma("GCC unroll 8") for (r = 0; r < R; r++)
-                        acc[r][t] = _mm256_fmadd_ps(dv[r], v, acc[r][t]);
-                }
-            }
-        _Pragma("GCC unroll 8") for (r = 0; r < R; r++)
-            _Pragma("GCC unroll 8") for (t = 0; t < T; t++) _mm256_storeu_ps(accm + (r * T + t) * 8, acc[r][t]);
-    }
-
-    #define CD_WGT_CASE(R, T) case (R) * 8 + (T): \
-        cd_wgt_tile(R, T, d, xs, dyb, off, accm, nimg, xstep, dystep); break;
-
-    static CD_TARGET void cd_wgt_dispatch(int R, int T, const cd_geom* d, const float* xs, const float* dyb,
-                                          const ptrdiff_t* off, float* accm, ptrdiff_t nimg, ptrdiff_t xstep,
-                                          ptrdiff_t dystep) {
-        switch (R * 8 + T) {
-            CD_WGT_CASE(1, 1) CD_WGT_CASE(1, 2) CD_WGT_CASE(1, 3) CD_WGT_CASE(1, 4) CD_WGT_CASE(1, 5) CD_WGT_CASE(1, 6)
-            CD_WGT_CASE(2, 1) CD_WGT_CASE(2, 2) CD_WGT_CASE(2, 3) CD_WGT_CASE(2, 4) CD_WGT_CASE(2, 5) CD_WGT_CASE(2, 6)
-            CD_WGT_CASE(3, 1) CD_WGT_CASE(3, 2) CD_WGT_CASE(3, 3) CD_WGT_CASE(3, 4)
-        }
-    }
-    #else
-    static void cd_wgt_dispatch(int R, int T, const cd_geom* d, const float* xs, const float* dyb,
-                                const ptrdiff_t* off, float* accm, ptrdiff_t nimg, ptrdiff_t xstep, ptrdiff_t dystep) {
-        ptrdiff_t q, n;
-        int r, t;
-        for (n = 0; n < nimg; n++)
-            for (r = 0; r < R; r++)
-                for (t = 0; t < T; t++)
-                    for (q = 0; q < d->nq * 8; q++)
-                        accm[(r * T + t) * 8] += dyb[n * dystep + r * d->QS + q] * xs[n * xstep + q + off[t]];
-    }
-    #endif
-
-    /* The taps per run (T, of the kh kw flattened taps) and channels per block (R) of the tiles: R T <= 12. */
-    static void cd_wgt_shape(ptrdiff_t kh, ptrdiff_t kw, int* R, int* T) {
-        ptrdiff_t K = kh * kw, runs = (K + 5) / 6;
-        *T = (int)((K + runs - 1) / runs);
-        *R = *T <= 4 ? 3 : 2;
-    }
-
-    /* task (g, channel block b of R, input channel c) over images n0..n1-1 (xpad, dypad: their flat planes,
-       all channels); accm: scratch for kh kw R vectors of floats, then as many of doubles. The float
-       accumulators sum over at most WGT_IMAGES images at a time, their lanes are then added in float64. */
-    #define CD_WGT_IMAGES 8
-    static void cd_wgt_task(const cd_geom* d, const float* xpad, const float* dypad, float* dw, float* accm,
-                            ptrdiff_t n0, ptrdiff_t n1, ptrdiff_t g, ptrdiff_t b, ptrdiff_t c) {
-        int R, T, t;
-        ptrdiff_t k0, l, m0, K = d->kh * d->kw, Wf = d->W + 2 * d->pw, off[6];
-        cd_wgt_shape(d->kh, d->kw, &R, &T);
-        ptrdiff_t o0 = b * R;
-        if (d->og - o0 < R) R = (int)(d->og - o0);
-        double* accd = (double*)(accm + K * 4 * 8);  /* after room for the widest block (R <= 3 < 4) */
-        memset(accd, 0, (size_t)(K * R * 8) * sizeof(double));
-        for (m0 = n0; m0 < n1; m0 += CD_WGT_IMAGES) {
-            ptrdiff_t m1 = m0 + CD_WGT_IMAGES < n1 ? m0 + CD_WGT_IMAGES : n1;
-            const float* xs = xpad + ((m0 - n0) * d->C + g * d->cg + c) * d->PS;
-            const float* dyb = dypad + ((m0 - n0) * d->Co + g * d->og + o0) * d->QS;
-            ptrdiff_t i = 0, j = 0;
-            memset(accm, 0, (size_t)(K * R * 8) * sizeof(float));
-            for (k0 = 0; k0 < K; k0 += T) {  /* each run of taps keeps its accumulators in registers */
-                int Tn = (int)(K - k0 < T ? K - k0 : T);
-                for (t = 0; t < Tn; t++) {
-                    off[t] = i * Wf + j;
-                    if (++j == d->kw) { j = 0; i++; }
-                }
-                cd_wgt_dispatch(R, Tn, d, xs, dyb, off, accm + k0 * R * 8, m1 - m0, d->C * d->PS, d->Co * d->QS);
-            }
-            for (l = 0; l < K * R * 8; l++) accd[l] += accm[l];
-        }
-        for (k0 = 0; k0 < K; k0 += T) {
-            int Tn = (int)(K - k0 < T ? K - k0 : T), r, q;
-            const double* a = accd + k0 * R * 8;
-            for (r = 0; r < R; r++)
-                for (t = 0; t < Tn; t++) {
-                    double sum = 0.0;
-                    for (q = 0; q < 8; q++) sum += a[(r * Tn + t) * 8 + q];
-                    float* o = dw + ((g * d->og + o0 + r) * d->cg + c) * K + k0 + t;
-                    *o = (float)((double)*o + sum);
-                }
-        }
-    }
 
     /* -- weight gradient vectorized over output channels ("oc": any row width fills the lanes) -- */
     /* dy of each (image, group) transposed to [position][og8] (og8: og rounded up to 8, zeros past og), the
@@ -534,7 +410,7 @@ cdef extern from *:
     }
     """
     ctypedef struct cd_geom:
-        Py_ssize_t N, C, H, W, Co, G, cg, og, kh, kw, ph, pw, OH, OW, Hp, Wp, OWv, nb, PS, QS, nq
+        Py_ssize_t N, C, H, W, Co, G, cg, og, kh, kw, ph, pw, OH, OW, Hp, Wp, OWv, nb
     int cd_supported() nogil
     Py_ssize_t cd_run_bytes
     void cd_init(cd_geom* d, Py_ssize_t N, Py_ssize_t C, Py_ssize_t H, Py_ssize_t W, Py_ssize_t Co,
@@ -544,11 +420,6 @@ cdef extern from *:
                  Py_ssize_t kw, int flip) nogil
     void cd_fwd_task(const cd_geom* d, const float* x, const float* wp, const float* bias, float* y,
                      float* pad, Py_ssize_t n, Py_ssize_t g, Py_ssize_t b0, Py_ssize_t b1) nogil
-    void cd_pad_flat(const cd_geom* d, const float* x, float* pad, Py_ssize_t nc) nogil
-    void cd_dy_flat(const cd_geom* d, const float* dy, float* dst, Py_ssize_t nc) nogil
-    void cd_wgt_shape(Py_ssize_t kh, Py_ssize_t kw, int* R, int* T) nogil
-    void cd_wgt_task(const cd_geom* d, const float* xpad, const float* dypad, float* dw, float* accm,
-                     Py_ssize_t n0, Py_ssize_t n1, Py_ssize_t g, Py_ssize_t b, Py_ssize_t c) nogil
     ctypedef struct cd_wotile:
         Py_ssize_t g, o0, R, T, k0
     Py_ssize_t cd_wo_band_bytes
@@ -560,10 +431,6 @@ cdef extern from *:
                     Py_ssize_t n1, Py_ssize_t t0, Py_ssize_t t1, float* xw, float* dyt, float* part, double* accd,
                     double* bsum) nogil
     void cd_wo_store(const cd_geom* d, const cd_wotile* tl, Py_ssize_t ntl, const double* accd, float* dw) nogil
-
-
-# The weight gradient pads this many bytes of images at a time (at least one image): L2/L3-sized.
-CHUNK_BYTES = 4 << 20
 
 
 def set_run_bytes(Py_ssize_t nbytes):
@@ -645,53 +512,6 @@ def forward(const float[::1] x, const float[::1] packed, const float[::1] bias, 
             free(pad)
 
 
-def backward_weight(const float[::1] x, const float[::1] dy, float[::1] dw,
-                    Py_ssize_t N, Py_ssize_t C, Py_ssize_t H, Py_ssize_t W, Py_ssize_t Co, Py_ssize_t G,
-                    Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t ph, Py_ssize_t pw, Py_ssize_t OH, Py_ssize_t OW):
-    """dw (Co, cg, kh, kw) += the correlation of dy (N, Co, OH, OW) with x (N, C, H, W) (Caffe accumulates)."""
-    cdef cd_geom d = _geometry(N, C, H, W, Co, G, kh, kw, ph, pw, OH, OW)
-    if x.shape[0] < N * C * H * W or dy.shape[0] < N * Co * OH * OW:
-        raise ValueError("conv_direct: image or diff buffer too small")
-    if dw.shape[0] < Co * d.cg * kh * kw:
-        raise ValueError("conv_direct: weight diff buffer too small")
-    cdef int R, T
-    cd_wgt_shape(kh, kw, &R, &T)
-    cdef Py_ssize_t nbw = (d.og + R - 1) // R, ntask = G * nbw * d.cg
-    cdef Py_ssize_t img = C * d.PS + Co * d.QS, chunk = max(1, min(N, CHUNK_BYTES // (4 * img)))
-    cdef Py_ssize_t n0, n1, t, i, g, b, c
-    cdef int nt = _threads(N * Co * OH * OW * d.cg * kh * kw)
-    cdef float* xpad = <float*>malloc(chunk * img * sizeof(float))
-    cdef float* dypad = xpad + chunk * C * d.PS
-    cdef float* accm
-    if xpad == NULL:
-        raise MemoryError()
-    cdef const float* xs = &x[0]
-    cdef const float* dys = &dy[0]
-    cdef float* dws = &dw[0]
-    try:
-        for n0 in range(0, N, chunk):
-            n1 = min(N, n0 + chunk)
-            with nogil, parallel(num_threads=nt):
-                for i in prange(n1 - n0, schedule="static"):
-                    cd_pad_flat(&d, xs + (n0 + i) * C * H * W, xpad + i * C * d.PS, C)
-                    cd_dy_flat(&d, dys + (n0 + i) * Co * OH * OW, dypad + i * Co * d.QS, Co)
-            with nogil, parallel(num_threads=nt):
-                accm = <float*>malloc(kh * kw * 4 * 8 * (sizeof(float) + sizeof(double)))
-                if accm == NULL:
-                    with gil:
-                        raise MemoryError()
-                else:
-                    for t in prange(ntask, schedule="dynamic"):
-                        g = t // (nbw * d.cg)
-                        b = (t // d.cg) % nbw
-                        c = t % d.cg
-                        cd_wgt_task(&d, xpad, dypad, dws, accm, n0, n1, g, b, c)
-                    free(accm)
-    finally:
-        free(xpad)
-
-
-
 # backward_weight_oc's tasks: (group of images, run of tiles) pairs, about WO_TASKS_PER_THREAD a thread.
 # The images go in min(N, WO_IMAGE_GROUPS) groups whatever the thread count (each group's sums are added
 # in order, so results do not depend on the threads); runs of tiles are split when groups are too few
@@ -711,8 +531,8 @@ def backward_weight_oc(const float[::1] x, const float[::1] dy, float[::1] dw,
                        Py_ssize_t N, Py_ssize_t C, Py_ssize_t H, Py_ssize_t W, Py_ssize_t Co, Py_ssize_t G,
                        Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t ph, Py_ssize_t pw, Py_ssize_t OH, Py_ssize_t OW,
                        float[::1] bias_diff=None):
-    """backward_weight vectorized over output channels instead of output x (rows of any width fill the
-    lanes): dw (Co, cg, kh, kw) += the correlation of dy (N, Co, OH, OW) with x (N, C, H, W), and
+    """The weight diff, vectorized over output channels (rows of any width fill the lanes; an earlier kernel
+    vectorized over output x lost lanes on rows narrower than the vectors): dw (Co, cg, kh, kw) += the correlation of dy (N, Co, OH, OW) with x (N, C, H, W), and
     bias_diff (Co) += the sums of dy unless None. Sums are float32 over at most about 1,024 positions,
     then float64 (rounded once into dw, bias_diff); the same for any thread count and schedule."""
     cdef cd_geom d = _geometry(N, C, H, W, Co, G, kh, kw, ph, pw, OH, OW)

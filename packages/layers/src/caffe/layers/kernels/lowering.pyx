@@ -20,6 +20,12 @@ makes mixing dtypes an error rather than a silent reinterpretation; the only
 mixes are the explicitly named conversions of the exact short-K forward
 (im2col_2d_f64, batch_to_rows_f64: float32 -> float64; rows_to_batch_f32: float64
 sums rounded once into float32).
+
+The stores that add the bias (rows_to_batch, bias_act) also apply an activation in the same pass, for
+inference folding's Convolution + ReLU/Clip (conv_base.BaseConvolutionLayer.epilogue): ACT_NONE; ACT_RELU,
+y > 0 ? y : y * a (ReLU with negative_slope a); ACT_CLIP, y clamped to [a, b] (Clip): the same bits as
+those layers' kernels (elementwise.pyx), applied after the rounding to the output's type, as the
+separate layer would see it.
 """
 from cython.parallel cimport prange
 include "_threads.pxi"
@@ -31,6 +37,24 @@ ctypedef fused real:
 ctypedef fused real_out:  # a second type where float32 <-> float64 conversion is allowed
     float
     double
+
+cpdef enum Act:
+    ACT_NONE = 0
+    ACT_RELU = 1
+    ACT_CLIP = 2
+
+
+cdef inline real_out _act(real_out y, int act, real_out a, real_out b) noexcept nogil:
+    if act == ACT_RELU:  # as the ReLU layer's kernel (elementwise.pyx): the same bits, NaN included
+        if y > 0:
+            return y
+        return 0 if a == 0 else y * a
+    if act == ACT_CLIP:  # Caffe's max(min_val, min(x, max_val)); NaN stays NaN
+        if y < a:
+            return a
+        if y > b:
+            return b
+    return y
 
 
 cdef inline void _col_range(Py_ssize_t w0, Py_ssize_t W, Py_ssize_t stride, Py_ssize_t OW,
@@ -283,22 +307,26 @@ def col2im_2d(const real[::1] col, real[::1] im, Py_ssize_t nb, Py_ssize_t C,
 # P (positions per image in the blob), p0 and Pb (default: all P).
 
 def rows_to_batch(const real[::1] rows, real[::1] out, const real[::1] bias, Py_ssize_t nb,
-                  Py_ssize_t C, Py_ssize_t P, Py_ssize_t p0=0, Py_ssize_t Pb=-1):
-    """out[n, c, p0 + p] = rows[c, n * Pb + p] (+ bias[c] when bias is not None)."""
-    _rows_to_batch(rows, out, bias, nb, C, P, p0, Pb)
+                  Py_ssize_t C, Py_ssize_t P, Py_ssize_t p0=0, Py_ssize_t Pb=-1, int act=ACT_NONE,
+                  double a=0, double b=0):
+    """out[n, c, p0 + p] = act(rows[c, n * Pb + p] (+ bias[c] when bias is not None))."""
+    _rows_to_batch(rows, out, bias, nb, C, P, p0, Pb, act, a, b)
 
 
 def rows_to_batch_f32(const double[::1] rows, float[::1] out, const double[::1] bias, Py_ssize_t nb,
-                      Py_ssize_t C, Py_ssize_t P, Py_ssize_t p0=0, Py_ssize_t Pb=-1):
+                      Py_ssize_t C, Py_ssize_t P, Py_ssize_t p0=0, Py_ssize_t Pb=-1, int act=ACT_NONE,
+                      double a=0, double b=0):
     """rows_to_batch of float64 rows (and bias) into a float32 out, each sum rounded once (the exact
-    short-K forward)."""
-    _rows_to_batch(rows, out, bias, nb, C, P, p0, Pb)
+    short-K forward), then act."""
+    _rows_to_batch(rows, out, bias, nb, C, P, p0, Pb, act, a, b)
 
 
 cdef _rows_to_batch(const real[::1] rows, real_out[::1] out, const real[::1] bias, Py_ssize_t nb,
-                    Py_ssize_t C, Py_ssize_t P, Py_ssize_t p0, Py_ssize_t Pb):
+                    Py_ssize_t C, Py_ssize_t P, Py_ssize_t p0, Py_ssize_t Pb, int act, double a, double b):
     cdef Py_ssize_t t, n, c
     cdef bint has_bias = bias is not None
+    _check_act(act)
+    cdef real_out ra = <real_out>a, rb = <real_out>b
     if Pb < 0:
         Pb = P - p0
     if not (0 <= p0 and p0 + Pb <= P):
@@ -309,13 +337,13 @@ cdef _rows_to_batch(const real[::1] rows, real_out[::1] out, const real[::1] bia
         raise ValueError("rows_to_batch: buffer too small")
     cdef const real* src = &rows[0]
     cdef real_out* dst = &out[0]
-    cdef const real* b = &bias[0] if has_bias else NULL
+    cdef const real* bs = &bias[0] if has_bias else NULL
     cdef int nt = _threads(nb * C * Pb)
     with nogil:
         for t in prange(nb * C, schedule="static", num_threads=nt):
             n = t // C
             c = t - n * C
-            _copy_run(src + (c * nb + n) * Pb, dst + t * P + p0, Pb, b[c] if has_bias else 0)
+            _copy_run(src + (c * nb + n) * Pb, dst + t * P + p0, Pb, bs[c] if has_bias else 0, act, ra, rb)
 
 
 def batch_to_rows(const real[::1] batch, real[::1] rows, Py_ssize_t nb, Py_ssize_t C, Py_ssize_t P,
@@ -348,14 +376,50 @@ cdef _batch_to_rows(const real[::1] batch, real_out[::1] rows, Py_ssize_t nb, Py
         for t in prange(nb * C, schedule="static", num_threads=nt):
             c = t // nb
             n = t - c * nb
-            _copy_run(src + (n * C + c) * P + p0, dst + t * Pb, Pb, 0)
+            _copy_run(src + (n * C + c) * P + p0, dst + t * Pb, Pb, 0, ACT_NONE, 0, 0)
 
 
-cdef inline void _copy_run(const real* src, real_out* dst, Py_ssize_t P, real add) noexcept nogil:
+cdef inline void _copy_run(const real* src, real_out* dst, Py_ssize_t P, real add, int act, real_out a,
+                           real_out b) noexcept nogil:
     cdef Py_ssize_t p
-    if add == 0:
-        for p in range(P):
-            dst[p] = <real_out>src[p]
+    if act == ACT_NONE:
+        if add == 0:
+            for p in range(P):
+                dst[p] = <real_out>src[p]
+        else:
+            for p in range(P):
+                dst[p] = <real_out>(src[p] + add)
     else:
         for p in range(P):
-            dst[p] = <real_out>(src[p] + add)
+            dst[p] = _act(<real_out>(src[p] + add), act, a, b)
+
+
+cdef _check_act(int act):
+    if act != ACT_NONE and act != ACT_RELU and act != ACT_CLIP:
+        raise ValueError(f"unknown activation code {act}")
+
+
+def bias_act(real[::1] out, const real[::1] bias, Py_ssize_t nb, Py_ssize_t C, Py_ssize_t P,
+             Py_ssize_t p0=0, Py_ssize_t Pb=-1, int act=ACT_NONE, double a=0, double b=0):
+    """out[n, c, p0 + p] = act(out[n, c, p0 + p] + bias[c]) in place (no bias when None): the epilogue of
+    a GEMM written straight into the blob, or of a whole layer's output (direct and dense plans)."""
+    cdef Py_ssize_t t, c, p, off
+    cdef bint has_bias = bias is not None
+    _check_act(act)
+    if Pb < 0:
+        Pb = P - p0
+    if not (0 <= p0 and p0 + Pb <= P):
+        raise ValueError("bias_act: bad position block")
+    if nb * C * Pb == 0 or (not has_bias and act == ACT_NONE):
+        return
+    if out.shape[0] < nb * C * P or (has_bias and bias.shape[0] < C):
+        raise ValueError("bias_act: buffer too small")
+    cdef real* y = &out[0]
+    cdef const real* bs = &bias[0] if has_bias else NULL
+    cdef real ra = <real>a, rb = <real>b
+    cdef int nt = _threads(nb * C * Pb)
+    with nogil:
+        for t in prange(nb * C, schedule="static", num_threads=nt):
+            c = t % C
+            off = t * P + p0
+            _copy_run(y + off, y + off, Pb, bs[c] if has_bias else 0, act, ra, rb)

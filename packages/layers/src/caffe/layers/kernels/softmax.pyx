@@ -7,8 +7,8 @@ SoftmaxWithLoss's gradient; OpenMP-parallel over work items (o, piece of inner).
 For each position: the max over c is subtracted before exp (never overflows), the sum over c
 is taken in double (over blocks of SUM_BLOCK channels summed in x's precision), y = e / sum.
 Backward: dx = (dy - sum_c dy * y) * y with the sum taken the same way.
-A piece holds at most PIECE / C positions' C values (in cache between the kernel's passes),
-so main memory is read and written once.
+A piece holds at most PIECE / C positions' C values (in cache, L2 or L3, between the kernel's passes), so
+main memory is read and written once.
 """
 from cython.parallel cimport prange
 from libc.stdint cimport int64_t, uint8_t
@@ -81,7 +81,12 @@ def exp_nonpositive(const real[::1] x, real[::1] y):
         y[i] = _sexp(x[i])
 
 cdef enum:
-    PIECE = 32768  # elements (positions x channels) per work item: 128 KB of float32 stay in L2
+    # elements (positions x channels) per work item. 131072 (512 KB of float32 x; its y beside it in L2 and
+    # L3), not 32768 (128 KB): with 256 channels the shorter pieces read each channel row in runs of 512
+    # bytes, and two threads then ran slower than one (13.0 against 9.0 ms at 8x256x56x56); these took
+    # 0.60-0.80x the time forward and 0.76x backward (session 8, bench in bench/README.md). 524288 measured
+    # the same within noise.
+    PIECE = 131072
     # Channels summed in x's precision before the partial sums go into the double totals (over
     # positions: the sums of exp and of dy * y). Converting every float32 term to double cost a
     # sixth of the forward; a float32 partial of 16 terms is within ~1e-6 of exact (relative to the
