@@ -98,6 +98,7 @@ def test_dense_plan_runs_the_dense_kernels_for_its_products_and_the_blocked_plan
     ("num_output: 72 kernel_size: 3 pad: 1", (1, 8, 8, 8), ("data",)),            # 72 > DENSE_MAX_OG: no forward
     ("num_output: 137 kernel_h: 3 kernel_w: 5 pad_h: 1 pad_w: 2", (1, 8, 8, 8), ()),  # 137 * 15 > 2 * MAX_KD
     ("num_output: 250 kernel_size: 3 pad: 1", (1, 8, 8, 8), ()),                  # 250 * 9 > 2 * DENSE_MAX_KD
+    ("num_output: 8 kernel_h: 3 kernel_w: 5 pad: 1", (1, 8, 8, 8), ("fwd",)),   # "same" on one axis only
 ])
 def test_dense_rule_boundaries(text, shape, products):
     from caffe.layers import conv_cpu
@@ -105,3 +106,138 @@ def test_dense_rule_boundaries(text, shape, products):
     layer = make_layer("Convolution", f"convolution_param {{ {text} }}")
     layer.SetUp(blobs_from_arrays([np.zeros(shape)], np.float32), empty_tops(1, np.float32))
     assert conv_cpu.dense_products(layer, np.float32) == products
+
+
+# -- layers-7, session 8: conv_base.conv_backward on the batched (GPU) path ----------------------------
+
+@pytest.mark.parametrize("cpu_paths", [True, False])
+def test_conv_backward_with_only_the_bias_diff_asked(cpu_paths, monkeypatch):
+    """param_propagate_down (False, True), no bottom diff: the bias diff alone (+= the top diff's sums), on
+    the CPU plans and the batched path (session 8: conv_backward's `bias_diff is None` lowered no rows)."""
+    from caffe.layers import conv_base
+    monkeypatch.setattr(conv_base, "CPU_PATHS", cpu_paths)
+    layer = make_layer("Convolution", f"convolution_param {{ num_output: 3 kernel_size: 2 {_FILL} }}")
+    bottom, top = run_forward(layer, [np.random.default_rng(4).normal(size=(2, 2, 4, 3))])
+    top[0].diff[...] = dy = np.random.default_rng(5).normal(size=top[0].shape)
+    for b in bottom + layer.blobs:
+        b.diff[...] = 7.0
+    layer.set_param_propagate_down(0, False)
+    layer.set_param_propagate_down(1, True)
+    layer.Backward(top, [False], bottom)
+    np.testing.assert_allclose(layer.blobs[1].diff, 7.0 + dy.sum(axis=(0, 2, 3)), rtol=1e-12)
+    assert (layer.blobs[0].diff == 7.0).all() and (bottom[0].diff == 7.0).all()
+
+
+@pytest.mark.parametrize("forward_cpu", [True, False])
+@pytest.mark.parametrize("limit, chunk", [(64, 1), (200, 2)])
+def test_conv_backward_after_the_plan_changed_lowers_again(forward_cpu, limit, chunk, monkeypatch):
+    """CPU_PATHS switched between Forward and Backward (the benchmarks' switch): the column block the
+    forward's plan kept is not the other plan's (here the batched path works in chunks of one or two of
+    the three images, the blocked plan's one block holds all), so the backward lowers again; the diffs are
+    the batched path's alone (session 8: conv_backward's `kept_plan == plan` used the other plan's block;
+    reshape's chunk of 2.0 images, from `/` for `*` or `//`, and the batched forward keeping its last
+    chunk's columns for every chunk)."""
+    from caffe.layers import conv_base
+    monkeypatch.setattr(conv_base, "COL_BUFFER_LIMIT", limit)  # 96 column-buffer elements an image
+    x = np.random.default_rng(6).normal(size=(3, 2, 5, 4))
+    dy = None
+    diffs = []
+    for switch in (True, False):
+        context_seed(8)
+        layer = make_layer("Convolution", f"convolution_param {{ num_output: 3 kernel_size: 2 {_FILL} }}")
+        monkeypatch.setattr(conv_base, "CPU_PATHS", forward_cpu if switch else False)
+        bottom, top = run_forward(layer, [x])
+        assert type(layer.chunk) is int and layer.chunk == chunk
+        if dy is None:
+            dy = np.random.default_rng(7).normal(size=top[0].shape)
+        top[0].diff[...] = dy
+        monkeypatch.setattr(conv_base, "CPU_PATHS", not forward_cpu if switch else False)
+        layer.Backward(top, [True], bottom)
+        diffs.append([bottom[0].diff.copy()] + [b.diff.copy() for b in layer.blobs])
+    for got, want in zip(*diffs):
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+def context_seed(seed):
+    from caffe.blob import context
+    context.set_random_seed(seed)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kernel", ["kernel_size: 1", "kernel_size: 3 pad: 1"])
+def test_conv_with_two_bottoms_keeps_each_bottoms_own_columns(dtype, kernel, monkeypatch):
+    """Column blocks lowered into the shared scratch buffers (a 1x1 layer's images copied side by side, the
+    batched path's unkept chunks) are overwritten by the next bottom's forward: only a layer's own kept
+    buffer is kept for the backward; each pair's weight diff is its own bottom's, on the CPU plans and the
+    batched (GPU) path alike (session 8: blocked_forward returning the shared buffer as the kept block,
+    conv_forward lowering the kept chunk into the shared one)."""
+    from caffe.layers import conv_base
+    rng = np.random.default_rng(9)
+    xs = [rng.normal(size=(3, 4, 2, 3)) for _ in range(2)]
+    dys = [rng.normal(size=(3, 5, 2, 3)) for _ in range(2)]
+    got = []
+    for cpu_paths in (True, False):
+        monkeypatch.setattr(conv_base, "CPU_PATHS", cpu_paths)
+        context_seed(10)
+        layer = make_layer("Convolution", f"convolution_param {{ num_output: 5 {kernel} {_FILL} }}")
+        bottom, top = run_forward(layer, xs, n_top=2, dtype=dtype)
+        for t, d in zip(top, dys):
+            t.diff[...] = d
+        layer.Backward(top, [True, True], bottom)
+        got.append([b.diff.copy() for b in bottom + layer.blobs])
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    for g, w in zip(*got):
+        np.testing.assert_allclose(g, w, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("cpu_paths", [True, False])
+def test_two_conv_layers_keep_their_own_columns(cpu_paths, monkeypatch):
+    """The column block a layer keeps from Forward for Backward is its own (the scratch buffers shared by
+    every layer are not): a second layer of the same geometry run in between leaves the first layer's
+    diffs as they are alone (session 8: BaseConvolutionLayer.buffer storing kept blocks in the shared
+    workspace)."""
+    from caffe.layers import conv_base
+    monkeypatch.setattr(conv_base, "CPU_PATHS", cpu_paths)
+    rng = np.random.default_rng(11)
+    xa, xb = rng.normal(size=(2, 3, 5, 4)), rng.normal(size=(2, 3, 5, 4))
+    dya, dyb = rng.normal(size=(2, 4, 5, 4)), rng.normal(size=(2, 4, 5, 4))
+
+    def layer_run(x, seed):
+        context_seed(seed)
+        layer = make_layer("Convolution", f"convolution_param {{ num_output: 4 kernel_size: 3 pad: 1 {_FILL} }}")
+        bottom, top = run_forward(layer, [x])
+        return layer, bottom, top
+
+    def backward(run, dy):
+        layer, bottom, top = run
+        top[0].diff[...] = dy
+        layer.Backward(top, [True], bottom)
+        return [bottom[0].diff.copy()] + [b.diff.copy() for b in layer.blobs]
+
+    alone = backward(layer_run(xa, 12), dya)
+    a = layer_run(xa, 12)
+    b = layer_run(xb, 13)
+    backward(b, dyb)
+    for got, want in zip(backward(a, dya), alone):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_float32_forward_of_exactly_exact_forward_max_k_terms_is_correctly_rounded():
+    """The exact short-K forward's boundary: kernel_dim == EXACT_FORWARD_MAX_K (2 channels x 4 x 4 = 32) is
+    still taken in float64 and rounded once (session 8: `<` for `<=` in exact_forward)."""
+    from caffe.blob import context
+    from caffe.layers import conv_base
+    from caffe.layers.testing import blobs_from_arrays, empty_tops
+    x = np.random.default_rng(14).normal(size=(2, 2, 7, 6)).astype(np.float32)
+    outs = []
+    for dtype in (np.float32, np.float64):
+        context.set_random_seed(15)
+        layer = make_layer("Convolution", f"convolution_param {{ num_output: 3 kernel_size: 4 {_FILL} }}")
+        bottom, top = blobs_from_arrays([x], dtype), empty_tops(1, dtype)
+        layer.SetUp(bottom, top)
+        assert layer.kernel_dim == conv_base.EXACT_FORWARD_MAX_K
+        for b in layer.blobs:
+            b.data[...] = b.data.astype(np.float32)
+        layer.Forward(bottom, top)
+        outs.append(top[0].data.copy())
+    np.testing.assert_array_equal(outs[0], outs[1].astype(np.float32))

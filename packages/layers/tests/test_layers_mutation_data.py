@@ -1725,3 +1725,222 @@ def test_lmdb_errors_pass_other_exceptions_through():
     with pytest.raises(KeyError):
         with dbmod._lmdb_errors("some.lmdb", "reading"):
             raise KeyError("x")
+
+
+# -- session 8: the survivors of layers-14's resume (db's DBWriter and open_db, base_data's prefetch setup,
+# DataTransformer's construction) --------------------------------------------------------------------------
+
+def test_array_to_datum_refuses_other_than_three_axes():
+    with pytest.raises(DataError, match=r"^array_to_datum: expected a \(C, H, W\) array, got shape \(2, 3\)$"):
+        array_to_datum(np.zeros((2, 3), np.uint8))
+
+
+def test_open_db_errors_name_the_kind_asked(tmp_path):
+    """open_db's errors say which kind of database was asked for (LevelDB is the default of data_param)."""
+    from caffe.layers import db
+    with pytest.raises(db.DBError, match=r"^no LevelDB database path given$"):
+        db.open_db("", "leveldb")
+    with pytest.raises(db.DBError, match=r"^no LMDB database path given$"):
+        db.open_db("", "lmdb")
+    with pytest.raises(db.DBError, match=r"^LevelDB database '.*nowhere' does not exist$"):
+        db.open_db(str(tmp_path / "nowhere"), "leveldb")
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(db.DBError, match=r"^LevelDB database '.*f' is not a folder \(Caffe's databases are "
+                                         r"folders\)$"):
+        db.open_db(str(tmp_path / "f"), "leveldb")
+
+
+def test_leveldb_reader_closes_twice_and_a_second_open_is_named(tmp_path):
+    """LevelDB allows one open handle per database: a second reader's error names the database; closing a
+    reader twice (close, then the `with`'s exit) is quiet, as is closing one that never opened."""
+    pytest.importorskip("plyvel", reason="LevelDB needs the optional plyvel package")
+    from caffe.layers import db
+    path = str(tmp_path / "ldb")
+    db.write_db(path, [("a", b"1"), ("b", b"2")], "leveldb")
+    with db.open_db(path, "leveldb") as d:
+        assert list(d.items()) == [(b"a", b"1"), (b"b", b"2")]
+        with pytest.raises(db.DBError, match=rf"^cannot open LevelDB database '{path}': .*lock"):
+            db.open_db(path, "leveldb")
+        d.close()
+    d.close()
+    db.DB(path, "leveldb").close()  # never opened (its open failed): nothing to close
+    with db.open_db(path, "leveldb") as again:  # the handle was released: it opens again
+        assert again.count() is None and not again.is_empty()
+
+
+def test_db_writer_close_twice_returns_the_path(tmp_path):
+    """close() is idempotent: inside a `with`, a close before the exit leaves the database in place."""
+    from caffe.layers import db
+    path = str(tmp_path / "w_db")
+    with db.DBWriter(path) as w:
+        w.put("k", b"v")
+        assert w.close() == path
+        assert w.close() == path
+    with db.open_db(path) as d:
+        assert list(d.items()) == [(b"k", b"v")]
+    assert os.listdir(tmp_path) == ["w_db"]
+
+
+def test_write_db_commits_every_batch_records(tmp_path, monkeypatch):
+    """write_db commits every `batch` records (Caffe's convert_imageset: 1000 by default), bounding what a
+    writer holds in memory."""
+    from caffe.layers import db
+    sizes = []
+    real = db.DBWriter.commit
+
+    def commit(self):
+        if self._pending:
+            sizes.append(len(self._pending))
+        real(self)
+    monkeypatch.setattr(db.DBWriter, "commit", commit)
+    recs = [(f"{i:08d}", b"v") for i in range(2001)]
+    assert db.write_db(str(tmp_path / "a"), recs) == 2001
+    assert sizes == [1000, 1000, 1]
+    sizes.clear()
+    assert db.write_db(str(tmp_path / "b"), recs[:25], batch=10) == 25
+    assert sizes == [10, 10, 5]
+
+
+def test_a_dead_writers_leftover_that_cannot_be_removed_does_not_stop_the_next_writer(tmp_path):
+    """The clean-up of dead writers' partial folders is best effort: a leftover it cannot remove (here a file
+    with a partial folder's name) is left, and the new database is written."""
+    import subprocess
+    import sys
+    from caffe.layers import db
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    (tmp_path / f".t_db.partial-{dead}-0123abcd").write_text("not a folder")
+    db.write_db(str(tmp_path / "t_db"), [(b"k", b"v")])
+    with db.open_db(str(tmp_path / "t_db")) as d:
+        assert list(d.items()) == [(b"k", b"v")]
+
+
+def test_db_writer_batch_bounds_and_its_partial_folder_beside_the_target(tmp_path, monkeypatch):
+    """DBWriter commits every `batch` records (1000 by default, at least 1); it writes into a hidden folder
+    beside the target named as the next writer's clean-up recognises it (`.<name>.partial-<pid>-<8 hex>`);
+    an empty path is refused."""
+    import re
+    from caffe.layers import db
+    sizes = []
+    real = db.DBWriter.commit
+
+    def commit(self):
+        if self._pending:
+            sizes.append(len(self._pending))
+        real(self)
+    monkeypatch.setattr(db.DBWriter, "commit", commit)
+    w = db.DBWriter(str(tmp_path / "w_db"))
+    assert [p.name for p in tmp_path.iterdir()] == [os.path.basename(w.tmp_path)]
+    assert re.fullmatch(rf"\.w_db\.partial-{os.getpid()}-[0-9a-f]{{8}}", os.path.basename(w.tmp_path))
+    assert db._PARTIAL_RE.match(os.path.basename(w.tmp_path)).group("base") == "w_db"
+    for i in range(1001):
+        w.put(f"{i:08d}", b"v")
+    w.close()
+    assert sizes == [1000, 1]
+    for batch, want in ((1, [1, 1, 1]), (0, [1, 1, 1]), (2, [2, 1])):
+        sizes.clear()
+        with db.DBWriter(str(tmp_path / f"b{batch}"), batch=batch) as w:
+            for i in range(3):
+                w.put(f"{i}", b"v")
+        assert sizes == want, batch
+    with pytest.raises(db.DBError, match=r"^no output database path given$"):
+        db.DBWriter("")
+
+
+def test_backend_name_refuses_other_numbers():
+    from caffe.layers import db
+    with pytest.raises(db.DBError, match=r"^unknown database backend 2: expected LMDB \(1\) or LEVELDB \(0\)$"):
+        db.backend_name(2)
+
+
+def test_an_abandoned_or_failed_writer_leaves_no_partial_folder(tmp_path, monkeypatch):
+    """A writer dropped without close() removes its partial folder (no database appears); one whose setup
+    failed removes it at once, even while the caller holds the exception (and with it the writer); one that
+    failed before making it has nothing to remove and says nothing on the way out."""
+    import gc
+    import sys
+    from caffe.layers import db
+    w = db.DBWriter(str(tmp_path / "a_db"))
+    w.put("k", b"v")
+    del w
+    gc.collect()
+    assert os.listdir(tmp_path) == []
+    monkeypatch.setitem(sys.modules, "plyvel", None)
+    try:
+        db.DBWriter(str(tmp_path / "l_db"), "leveldb")
+    except db.DBError as exc:
+        held = exc  # its traceback keeps the half-made writer alive
+    assert held.__traceback__ is not None and os.listdir(tmp_path) == []
+    del held
+    (tmp_path / "exists").mkdir()
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    with pytest.raises(db.DBError, match="already exists"):
+        db.DBWriter(str(tmp_path / "exists"))
+    gc.collect()
+    assert unraisable == []
+
+
+@pytest.mark.parametrize("mirror, phase, crop, draws", [(True, 1, 0, True), (False, 0, 2, True), (False, 0, 1, True),
+                                                         (False, 1, 2, False), (False, 0, 0, False)])
+def test_transformer_init_rand_draws_a_seed_only_when_it_draws(mirror, phase, crop, draws):
+    """Caffe's InitRand: the transformer takes a seed from the runtime generator only when it draws itself
+    (mirror, or a TRAIN-phase crop, of any size); otherwise the runtime stream is left as it was (the other
+    layers' draws stay where they were)."""
+    from caffe.layers.data_transformer import DataTransformer
+    from caffe.proto import caffe_pb2
+    tf = DataTransformer(caffe_pb2.TransformationParameter(mirror=mirror, crop_size=crop), phase)
+    context.set_random_seed(7)
+    state = context.rng().bit_generator.state
+    tf.init_rand()
+    assert (context.rng().bit_generator.state != state) is draws
+    assert (tf._rng is not None) is draws
+
+
+def test_transformer_defaults_to_train_and_refuses_mean_file_with_mean_value(tmp_path):
+    """A DataTransformer made without a phase is a TRAIN one (crops drawn at random, as Caffe's default
+    phase); a mean_file and mean_values together are refused, naming the transformer."""
+    from caffe.layers.data_transformer import DataTransformer
+    from caffe.proto import caffe_pb2
+    tf = DataTransformer(caffe_pb2.TransformationParameter(crop_size=2))
+    context.set_random_seed(1)
+    img = np.arange(36, dtype=np.uint8).reshape(1, 6, 6)
+    out = np.empty((16, 1, 2, 2), np.float32)
+    tf.transform_batch([img] * 16, out)
+    assert len({o.tobytes() for o in out}) > 1  # offsets drawn, not the centre every time
+    p = caffe_pb2.TransformationParameter(mean_file=_mean_proto(tmp_path, [1, 1, 6, 6]), mean_value=[1.0])
+    with pytest.raises(DataError, match=r"^Layer 'd' \(Data\): cannot specify transform_param mean_file and "
+                                        r"mean_value at the same time$"):
+        DataTransformer(p, 1, name="Layer 'd' (Data)")
+
+
+@pytest.mark.parametrize("param, count", [("", 4), ("data_param { }", 4), ("data_param { prefetch: 2 }", 2),
+                                          ("data_param { prefetch: 1 }", 1), ("data_param { prefetch: 0 }", 1)])
+def test_prefetching_layers_load_data_param_prefetch_batches_ahead(param, count):
+    """Caffe's data_param.prefetch (default 4; a layer without data_param, as ImageData, uses the default):
+    the thread fills that many batches ahead, at least one."""
+    import time
+    from caffe.layers.base_data import BasePrefetchingDataLayer
+    from caffe.layers.testing import layer_param
+
+    class Ones(BasePrefetchingDataLayer):
+        def data_layer_setup(self, bottom, top):
+            top[0].reshape([2, 3])
+
+        def load_batch(self, batch):
+            batch.data[...] = 1.0
+
+    layer = Ones(layer_param("Ones", param, name="ones"))
+    top = [Blob()]
+    try:
+        layer.SetUp([], top)
+        assert layer.prefetch_count() == count and len(layer._batches) == count
+        for _ in range(1000):
+            if layer._full.qsize() == count:
+                break
+            time.sleep(0.01)
+        assert layer._full.qsize() == count
+        layer.Forward([], top)
+        assert top[0].shape == (2, 3) and np.all(top[0].data == 1.0)
+    finally:
+        layer.close()
