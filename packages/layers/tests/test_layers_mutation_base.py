@@ -952,3 +952,79 @@ def test_label_out_of_range_message_names_the_ignore_label_only_when_there_is_on
         run_forward(make_layer("SoftmaxWithLoss"), [scores, np.array([0.0, 7.0])])
     with pytest.raises(LayerError, match=r"in \[0, 5\) or the ignore_label 255$"):
         run_forward(make_layer("SoftmaxWithLoss", "loss_param { ignore_label: 255 }"), [scores, np.array([7.0, 0.0])])
+
+
+def test_softmax_loss_backward_without_its_forward_is_a_named_error():
+    """SoftmaxWithLoss's Backward reads the normalizer its Forward kept (normalizer_): with no Forward before
+    it, the layer's error naming it (was reached by no test: an AttributeError or another text survived)."""
+    layer = make_layer("SoftmaxWithLoss", "", name="loss")
+    bottom = blobs_from_arrays([np.random.default_rng(1).normal(size=(2, 3)), np.array([1.0, 0.0])], np.float32)
+    top = empty_tops(1, np.float32)
+    layer.SetUp(bottom, top)
+    top[0].diff[...] = 1.0
+    with pytest.raises(LayerError, match=r"'loss' \(SoftmaxWithLoss\): backward needs a forward pass first "
+                                         r"\(no saved normalizer\)$"):
+        layer.Backward(top, [True, False], bottom)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("text", ["", "loss_param { ignore_label: 1 }", "loss_param { normalization: BATCH_SIZE }",
+                                  "loss_param { ignore_label: 0 normalization: FULL }"])
+def test_softmax_loss_without_the_compiled_kernel_matches_it(monkeypatch, text, dtype):
+    """SoftmaxWithLoss's NumPy fallback (no compiled softmax kernel: forward_cpu's and backward_cpu's other
+    branch, reached by no test before) gives the kernel's loss, probabilities and diff."""
+    from caffe.layers import _cpu
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(2, 4, 3))
+    labels = rng.integers(0, 4, size=(2, 3)).astype(np.float64)
+    results = []
+    for kernel in (_cpu.softmax, None):
+        monkeypatch.setattr(_cpu, "softmax", kernel)
+        layer = make_layer("SoftmaxWithLoss", text, name="loss")
+        bottom, top = blobs_from_arrays([x, labels], dtype), empty_tops(2, dtype)
+        layer.SetUp(bottom, top)
+        layer.Forward(bottom, top)
+        top[0].diff[...] = 2.0
+        layer.Backward(top, [True, False], bottom)
+        results.append((top[0].data.copy(), top[1].data.copy(), bottom[0].diff.copy()))
+    assert _cpu.softmax is None and results[0][0] != 0
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    for got, want in zip(results[1], results[0]):
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not context.gpu_available(), reason="needs a usable CUDA GPU (CuPy)")
+def test_softmax_loss_on_the_device_with_one_valid_label_and_a_bad_one():
+    """On the device, VALID divides by the count of non-ignored labels with a floor of 1 (here exactly 1: a
+    floor of 2 halved it), as on the host; a label out of range is the layer's error naming the first one,
+    raised at the next read of a loss (the parity tests had neither)."""
+    from caffe.blob import deferred
+    x = np.random.default_rng(2).normal(size=(3, 4))
+    text = "loss_param { ignore_label: 255 normalization: VALID }"
+    results = []
+    for mode in (context.CPU, context.GPU):
+        context.set_mode(mode)
+        try:
+            layer = make_layer("SoftmaxWithLoss", text, name="loss")
+            bottom, top = run_forward(layer, [x, np.array([2.0, 255.0, 255.0])])
+            top[0].diff[...] = 1.0
+            layer.Backward(top, [True, False], bottom)
+            results.append((float(top[0].data), bottom[0].diff.copy()))
+        finally:
+            context.set_mode_cpu()
+    p = np.exp(x[0]) / np.exp(x[0]).sum()
+    assert results[0][0] == pytest.approx(-np.log(p[2]), rel=1e-9)
+    assert results[1][0] == pytest.approx(results[0][0], rel=1e-9)
+    np.testing.assert_allclose(results[1][1], results[0][1], rtol=1e-9, atol=1e-12)
+    context.set_mode_gpu()
+    try:
+        deferred.discard()
+        run_forward(make_layer("SoftmaxWithLoss", text, name="loss"), [x, np.array([2.0, 7.0, 4.0])])
+        with pytest.raises(LayerError, match=r"'loss' \(SoftmaxWithLoss\): label value 7 is out of range: labels must "
+                                             r"be integers in \[0, 4\) or the ignore_label 255 \(found on the "
+                                             r"device; raised at the next read of a loss\)$"):
+            deferred.flush()
+    finally:
+        deferred.discard()
+        context.set_mode_cpu()
