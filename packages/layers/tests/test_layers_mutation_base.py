@@ -1028,3 +1028,23 @@ def test_softmax_loss_on_the_device_with_one_valid_label_and_a_bad_one():
     finally:
         deferred.discard()
         context.set_mode_cpu()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not context.gpu_available(), reason="needs a usable CUDA GPU (CuPy)")
+def test_softmax_loss_on_the_device_with_a_single_class_and_an_ignored_label():
+    """An ignored position gathers class 0, the only class there is (gathering class 1 ran past the axis)."""
+    x = np.random.default_rng(2).normal(size=(3, 1))
+    results = []
+    for mode in (context.CPU, context.GPU):
+        context.set_mode(mode)
+        try:
+            layer = make_layer("SoftmaxWithLoss", "loss_param { ignore_label: 255 }", name="loss")
+            bottom, top = run_forward(layer, [x, np.array([0.0, 255.0, 0.0])])
+            top[0].diff[...] = 1.0
+            layer.Backward(top, [True, False], bottom)
+            results.append((float(top[0].data), bottom[0].diff.copy()))
+        finally:
+            context.set_mode_cpu()
+    assert results[0][0] == 0.0 and results[1][0] == 0.0  # softmax over one class is 1
+    np.testing.assert_array_equal(results[1][1], results[0][1])
