@@ -1781,10 +1781,8 @@ def test_db_writer_close_twice_returns_the_path(tmp_path):
     assert os.listdir(tmp_path) == ["w_db"]
 
 
-def test_write_db_commits_every_batch_records(tmp_path, monkeypatch):
-    """write_db commits every `batch` records (Caffe's convert_imageset: 1000 by default), bounding what a
-    writer holds in memory."""
-    from caffe.layers import db
+def _commit_sizes(db, monkeypatch):
+    """A list that records the number of records of each DBWriter commit that writes any."""
     sizes = []
     real = db.DBWriter.commit
 
@@ -1793,6 +1791,14 @@ def test_write_db_commits_every_batch_records(tmp_path, monkeypatch):
             sizes.append(len(self._pending))
         real(self)
     monkeypatch.setattr(db.DBWriter, "commit", commit)
+    return sizes
+
+
+def test_write_db_commits_every_batch_records(tmp_path, monkeypatch):
+    """write_db commits every `batch` records (Caffe's convert_imageset: 1000 by default), bounding what a
+    writer holds in memory."""
+    from caffe.layers import db
+    sizes = _commit_sizes(db, monkeypatch)
     recs = [(f"{i:08d}", b"v") for i in range(2001)]
     assert db.write_db(str(tmp_path / "a"), recs) == 2001
     assert sizes == [1000, 1000, 1]
@@ -1821,14 +1827,7 @@ def test_db_writer_batch_bounds_and_its_partial_folder_beside_the_target(tmp_pat
     an empty path is refused."""
     import re
     from caffe.layers import db
-    sizes = []
-    real = db.DBWriter.commit
-
-    def commit(self):
-        if self._pending:
-            sizes.append(len(self._pending))
-        real(self)
-    monkeypatch.setattr(db.DBWriter, "commit", commit)
+    sizes = _commit_sizes(db, monkeypatch)
     w = db.DBWriter(str(tmp_path / "w_db"))
     assert [p.name for p in tmp_path.iterdir()] == [os.path.basename(w.tmp_path)]
     assert re.fullmatch(rf"\.w_db\.partial-{os.getpid()}-[0-9a-f]{{8}}", os.path.basename(w.tmp_path))

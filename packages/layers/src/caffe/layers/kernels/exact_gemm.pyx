@@ -168,56 +168,53 @@ cdef extern from *:
         }
     }
 
+    /* The 4 x 12 tile's state, its step (row k of the filters' 4 channels times 12 widened columns x0..x2)
+       and its store (rows ld floats apart, nr columns), shared by the two tile functions below, which
+       differ only in where the columns come from. */
+    #define EG_TILE_STATE \
+        __m256d c00 = _mm256_setzero_pd(), c01 = c00, c02 = c00, c10 = c00, c11 = c00, c12 = c00; \
+        __m256d c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00; \
+        __m128 va = _mm_set1_ps(a), vb = _mm_set1_ps(b); \
+        int a_zero = a == 0;
+    #define EG_FMA_4X3(wb, x0, x1, x2) { \
+        __m256d w = _mm256_broadcast_sd(wb); \
+        c00 = _mm256_fmadd_pd(w, x0, c00); c01 = _mm256_fmadd_pd(w, x1, c01); c02 = _mm256_fmadd_pd(w, x2, c02); \
+        w = _mm256_broadcast_sd(wb + 1); \
+        c10 = _mm256_fmadd_pd(w, x0, c10); c11 = _mm256_fmadd_pd(w, x1, c11); c12 = _mm256_fmadd_pd(w, x2, c12); \
+        w = _mm256_broadcast_sd(wb + 2); \
+        c20 = _mm256_fmadd_pd(w, x0, c20); c21 = _mm256_fmadd_pd(w, x1, c21); c22 = _mm256_fmadd_pd(w, x2, c22); \
+        w = _mm256_broadcast_sd(wb + 3); \
+        c30 = _mm256_fmadd_pd(w, x0, c30); c31 = _mm256_fmadd_pd(w, x1, c31); c32 = _mm256_fmadd_pd(w, x2, c32); }
+    #define EG_STORE_4(ld, nr) \
+        eg_store_row(c00, c01, c02, bias[0], has_bias, out, nr, act, va, vb, a_zero); \
+        if (mr > 1) eg_store_row(c10, c11, c12, bias[1], has_bias, out + (ld), nr, act, va, vb, a_zero); \
+        if (mr > 2) eg_store_row(c20, c21, c22, bias[2], has_bias, out + 2 * (ld), nr, act, va, vb, a_zero); \
+        if (mr > 3) eg_store_row(c30, c31, c32, bias[3], has_bias, out + 3 * (ld), nr, act, va, vb, a_zero);
+
     static EG_TARGET void eg_tile_avx2(const double* wb, const double* pt, ptrdiff_t kd, const double* bias,
                                        int has_bias, float* out, ptrdiff_t ld, int mr, int nr, int act,
                                        float a, float b) {
-        __m256d c00 = _mm256_setzero_pd(), c01 = c00, c02 = c00, c10 = c00, c11 = c00, c12 = c00;
-        __m256d c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00;
-        __m128 va = _mm_set1_ps(a), vb = _mm_set1_ps(b);
-        int a_zero = a == 0;
+        EG_TILE_STATE
         ptrdiff_t k;
         for (k = 0; k < kd; k++, wb += EG_MR, pt += EG_NR) {
             __m256d x0 = _mm256_loadu_pd(pt), x1 = _mm256_loadu_pd(pt + 4), x2 = _mm256_loadu_pd(pt + 8);
-            __m256d w = _mm256_broadcast_sd(wb);
-            c00 = _mm256_fmadd_pd(w, x0, c00); c01 = _mm256_fmadd_pd(w, x1, c01); c02 = _mm256_fmadd_pd(w, x2, c02);
-            w = _mm256_broadcast_sd(wb + 1);
-            c10 = _mm256_fmadd_pd(w, x0, c10); c11 = _mm256_fmadd_pd(w, x1, c11); c12 = _mm256_fmadd_pd(w, x2, c12);
-            w = _mm256_broadcast_sd(wb + 2);
-            c20 = _mm256_fmadd_pd(w, x0, c20); c21 = _mm256_fmadd_pd(w, x1, c21); c22 = _mm256_fmadd_pd(w, x2, c22);
-            w = _mm256_broadcast_sd(wb + 3);
-            c30 = _mm256_fmadd_pd(w, x0, c30); c31 = _mm256_fmadd_pd(w, x1, c31); c32 = _mm256_fmadd_pd(w, x2, c32);
+            EG_FMA_4X3(wb, x0, x1, x2)
         }
-        eg_store_row(c00, c01, c02, bias[0], has_bias, out, nr, act, va, vb, a_zero);
-        if (mr > 1) eg_store_row(c10, c11, c12, bias[1], has_bias, out + ld, nr, act, va, vb, a_zero);
-        if (mr > 2) eg_store_row(c20, c21, c22, bias[2], has_bias, out + 2 * ld, nr, act, va, vb, a_zero);
-        if (mr > 3) eg_store_row(c30, c31, c32, bias[3], has_bias, out + 3 * ld, nr, act, va, vb, a_zero);
+        EG_STORE_4(ld, nr)
     }
 
     /* the same tile reading the float32 columns in place (row stride ld), widened as they are loaded */
     static EG_TARGET void eg_tile_avx2_f32(const double* wb, const float* col, ptrdiff_t ld, ptrdiff_t kd,
                                            const double* bias, int has_bias, float* out, ptrdiff_t old, int mr,
                                            int act, float a, float b) {
-        __m256d c00 = _mm256_setzero_pd(), c01 = c00, c02 = c00, c10 = c00, c11 = c00, c12 = c00;
-        __m256d c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00;
-        __m128 va = _mm_set1_ps(a), vb = _mm_set1_ps(b);
-        int a_zero = a == 0;
+        EG_TILE_STATE
         ptrdiff_t k;
         for (k = 0; k < kd; k++, wb += EG_MR, col += ld) {
             __m256d x0 = _mm256_cvtps_pd(_mm_loadu_ps(col)), x1 = _mm256_cvtps_pd(_mm_loadu_ps(col + 4));
             __m256d x2 = _mm256_cvtps_pd(_mm_loadu_ps(col + 8));
-            __m256d w = _mm256_broadcast_sd(wb);
-            c00 = _mm256_fmadd_pd(w, x0, c00); c01 = _mm256_fmadd_pd(w, x1, c01); c02 = _mm256_fmadd_pd(w, x2, c02);
-            w = _mm256_broadcast_sd(wb + 1);
-            c10 = _mm256_fmadd_pd(w, x0, c10); c11 = _mm256_fmadd_pd(w, x1, c11); c12 = _mm256_fmadd_pd(w, x2, c12);
-            w = _mm256_broadcast_sd(wb + 2);
-            c20 = _mm256_fmadd_pd(w, x0, c20); c21 = _mm256_fmadd_pd(w, x1, c21); c22 = _mm256_fmadd_pd(w, x2, c22);
-            w = _mm256_broadcast_sd(wb + 3);
-            c30 = _mm256_fmadd_pd(w, x0, c30); c31 = _mm256_fmadd_pd(w, x1, c31); c32 = _mm256_fmadd_pd(w, x2, c32);
+            EG_FMA_4X3(wb, x0, x1, x2)
         }
-        eg_store_row(c00, c01, c02, bias[0], has_bias, out, EG_NR, act, va, vb, a_zero);
-        if (mr > 1) eg_store_row(c10, c11, c12, bias[1], has_bias, out + old, EG_NR, act, va, vb, a_zero);
-        if (mr > 2) eg_store_row(c20, c21, c22, bias[2], has_bias, out + 2 * old, EG_NR, act, va, vb, a_zero);
-        if (mr > 3) eg_store_row(c30, c31, c32, bias[3], has_bias, out + 3 * old, EG_NR, act, va, vb, a_zero);
+        EG_STORE_4(old, EG_NR)
     }
     #endif
 
