@@ -182,7 +182,8 @@ def _gemm_out(layer, b: Blocks, w3, col, out, bias, n0, n1, oh0, oh1, act=None):
         dst = out[n0][:, p0:p0 + Pb]
         for gi in range(g):
             np.matmul(w3[gi], col[gi * kd:(gi + 1) * kd], out=dst[gi * og:(gi + 1) * og])
-        _k.bias_act(out[n0].reshape(-1), bias, 1, Co, b.P, p0, Pb, code, lo, hi)
+        if bias is not None or act is not None:
+            _k.bias_act(out[n0].reshape(-1), bias, 1, Co, b.P, p0, Pb, code, lo, hi)
         return
     res = layer.buffer(np, "gemm", (Co, nb * Pb), col.dtype)
     for gi in range(g):

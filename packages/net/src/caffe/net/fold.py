@@ -5,11 +5,12 @@ In a TEST-phase net, a chain of consecutive layers
     Convolution | InnerProduct  ->  [BatchNorm (global stats)]  ->  [Scale]  ->  [ReLU | Clip]
 
 (at least a BatchNorm or a Scale, or a Convolution and its activation alone; each layer reading the previous
-one's top) computes an affine map per output channel after the GEMM, so it runs as ONE layer: a clone of the Convolution/InnerProduct whose weights
-are W * k and bias (b - mean) * k + beta (k = gamma / sqrt(var + eps)), followed by the activation: a
-Convolution applies it in the pass that adds the bias, block by block while the block is in cache
-(conv_base's epilogue); after an InnerProduct it is a pass of its own. The BatchNorm, Scale and ReLU passes
-over the whole tensor (and their temporaries) disappear. A Convolution followed by only a ReLU or Clip
+one's top) computes an affine map per output channel after the GEMM, so it runs as ONE layer: a clone of the
+Convolution/InnerProduct whose weights are W * k and bias (b - mean) * k + beta (k = gamma / sqrt(var + eps)),
+followed by the activation: a Convolution applies it in the pass that adds the bias, block by block while
+the block is in cache (conv_base's epilogue); after an InnerProduct it is a pass of its own (the same
+conv_base.apply_epilogue). The BatchNorm, Scale and ReLU passes over the whole tensor (and their temporaries)
+disappear. A Convolution followed by only a ReLU or Clip
 (SqueezeNet, GoogLeNet, CaffeNet) has no weights to fold: the Convolution itself runs with the activation
 as its epilogue for that call.
 
@@ -43,6 +44,7 @@ import sys
 import numpy as np
 
 from caffe.blob.syncedmem import HEAD_AT_CPU, SYNCED, SyncedMemory
+from caffe.layers import conv_base
 from caffe.layers.layer import LayerError
 from caffe.layers.registry import create_layer
 from caffe.proto import caffe_pb2
@@ -107,6 +109,7 @@ class FoldUnit:
         self.bn = by_type.get("BatchNorm")
         self.scale = by_type.get("Scale")
         self.act = next((layer for layer in self.layers[1:] if layer.type in ACTIVATIONS), None)
+        self.act_code = None if self.act is None else _act_code(self.act)  # conv_base's epilogue form
         # Convolution -> ReLU/Clip only: the producer itself runs, with the activation as its epilogue for
         # the call (no clone: its weights are the producer's own)
         self.act_only = self.bn is None and self.scale is None
@@ -153,25 +156,17 @@ class FoldUnit:
             filler.type = "constant"
         clone = create_layer(p)
         clone.SetUp(self.bottom, [self.final])
-        if self.act is not None and hasattr(clone, "epilogue"):  # a Convolution: the activation in its store
-            clone.epilogue = self._act_code()
+        if hasattr(clone, "epilogue"):  # a Convolution: the activation (if any) in its store
+            clone.epilogue = self.act_code
         return clone
 
     def _run_act_only(self, bottom, top):
         producer = self.producer
-        producer.epilogue = self._act_code()
+        producer.epilogue = self.act_code
         try:
             producer.Forward(bottom, top)
         finally:
             producer.epilogue = None  # run one by one (a pending top, fold off) it is the plain layer
-
-    def _act_code(self):
-        """The activation as (code, a, b) of conv_base's epilogue."""
-        from caffe.layers import conv_base
-        if self.act.type == "ReLU":
-            return (conv_base.ACT_RELU, float(self.act.layer_param.relu_param.negative_slope), 0.0)
-        p = self.act.layer_param.clip_param
-        return (conv_base.ACT_CLIP, float(p.min), float(p.max))
 
     def _param_blobs(self):
         for layer in (self.producer, self.bn, self.scale):
@@ -256,18 +251,8 @@ class FoldUnit:
             blob._set_lazy(None)  # recomputed below (and only on demand)
         try:
             run(self.bottom, [self.final])
-            act = self.act if not self.act_only and getattr(self.clone, "epilogue", None) is None else None
-            if act is not None:  # an InnerProduct: a pass of its own
-                y = self.final.mutable_cpu_data()
-                if act.type == "ReLU":
-                    slope = act.layer_param.relu_param.negative_slope
-                    if slope == 0:
-                        np.maximum(y, 0, out=y)
-                    else:
-                        np.multiply(y, np.where(y > 0, 1.0, slope).astype(y.dtype, copy=False), out=y)
-                else:
-                    p = act.layer_param.clip_param
-                    np.clip(y, p.min, p.max, out=y)
+            if self.act is not None and not hasattr(self.producer, "epilogue"):  # InnerProduct: a pass of its own
+                conv_base.apply_epilogue(np, self.final.mutable_cpu_data(), self.act_code)
         except LayerError:
             raise
         except Exception as exc:
@@ -321,6 +306,14 @@ class _Materializer:
 
 
 # -- finding the chains ----------------------------------------------------------------------------------
+
+def _act_code(act) -> tuple:
+    """A ReLU or Clip layer as (code, a, b) of conv_base's epilogue (its parameters as the proto holds them)."""
+    if act.type == "ReLU":
+        return (conv_base.ACT_RELU, float(act.layer_param.relu_param.negative_slope), 0.0)
+    p = act.layer_param.clip_param
+    return (conv_base.ACT_CLIP, float(p.min), float(p.max))
+
 
 def _bn_uses_global_stats(layer) -> bool:
     p = layer.layer_param.batch_norm_param
