@@ -993,6 +993,22 @@ def test_softmax_loss_without_the_compiled_kernel_matches_it(monkeypatch, text, 
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
 
 
+def _softmax_loss_on_host_and_device(text, x, labels):
+    """[(loss, bottom diff) in CPU mode, the same in GPU mode] of a SoftmaxWithLoss forward and backward."""
+    results = []
+    for mode in (context.CPU, context.GPU):
+        context.set_mode(mode)
+        try:
+            layer = make_layer("SoftmaxWithLoss", text, name="loss")
+            bottom, top = run_forward(layer, [x, np.array(labels)])
+            top[0].diff[...] = 1.0
+            layer.Backward(top, [True, False], bottom)
+            results.append((float(top[0].data), bottom[0].diff.copy()))
+        finally:
+            context.set_mode_cpu()
+    return results
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not context.gpu_available(), reason="needs a usable CUDA GPU (CuPy)")
 def test_softmax_loss_on_the_device_with_one_valid_label_and_a_bad_one():
@@ -1002,17 +1018,7 @@ def test_softmax_loss_on_the_device_with_one_valid_label_and_a_bad_one():
     from caffe.blob import deferred
     x = np.random.default_rng(2).normal(size=(3, 4))
     text = "loss_param { ignore_label: 255 normalization: VALID }"
-    results = []
-    for mode in (context.CPU, context.GPU):
-        context.set_mode(mode)
-        try:
-            layer = make_layer("SoftmaxWithLoss", text, name="loss")
-            bottom, top = run_forward(layer, [x, np.array([2.0, 255.0, 255.0])])
-            top[0].diff[...] = 1.0
-            layer.Backward(top, [True, False], bottom)
-            results.append((float(top[0].data), bottom[0].diff.copy()))
-        finally:
-            context.set_mode_cpu()
+    results = _softmax_loss_on_host_and_device(text, x, [2.0, 255.0, 255.0])
     p = np.exp(x[0]) / np.exp(x[0]).sum()
     assert results[0][0] == pytest.approx(-np.log(p[2]), rel=1e-9)
     assert results[1][0] == pytest.approx(results[0][0], rel=1e-9)
@@ -1035,16 +1041,6 @@ def test_softmax_loss_on_the_device_with_one_valid_label_and_a_bad_one():
 def test_softmax_loss_on_the_device_with_a_single_class_and_an_ignored_label():
     """An ignored position gathers class 0, the only class there is (gathering class 1 ran past the axis)."""
     x = np.random.default_rng(2).normal(size=(3, 1))
-    results = []
-    for mode in (context.CPU, context.GPU):
-        context.set_mode(mode)
-        try:
-            layer = make_layer("SoftmaxWithLoss", "loss_param { ignore_label: 255 }", name="loss")
-            bottom, top = run_forward(layer, [x, np.array([0.0, 255.0, 0.0])])
-            top[0].diff[...] = 1.0
-            layer.Backward(top, [True, False], bottom)
-            results.append((float(top[0].data), bottom[0].diff.copy()))
-        finally:
-            context.set_mode_cpu()
+    results = _softmax_loss_on_host_and_device("loss_param { ignore_label: 255 }", x, [0.0, 255.0, 0.0])
     assert results[0][0] == 0.0 and results[1][0] == 0.0  # softmax over one class is 1
     np.testing.assert_array_equal(results[1][1], results[0][1])
