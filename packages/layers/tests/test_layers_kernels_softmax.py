@@ -1,4 +1,5 @@
 """kernels.softmax against the layers' NumPy paths: Softmax and SoftmaxWithLoss, any axis."""
+import contextlib
 import os
 import sys
 
@@ -148,3 +149,112 @@ def test_softmax_cpu_path_without_the_kernels(dtype, monkeypatch):
     got = run("Softmax", "", [x], [dy], dtype)
     for key in ref:
         assert_close(got[key], ref[key], dtype, what=f"Softmax {key}")
+
+
+# -- the streaming paths (outputs of >= STREAM_MIN_BYTES: scratch block, non-temporal stores, runs of pieces
+# with the next piece prefetched), switched on for small shapes by the kernels' test hook -----------------
+
+@contextlib.contextmanager
+def stream_from(nbytes):
+    """Both builds' kernels stream outputs of at least nbytes (0: always) inside the block."""
+    from caffe.layers import _cpu
+    mods = {m for m in (softmax, _cpu.softmax) if m is not None}
+    old = {m: m._set_stream_min_bytes(nbytes) for m in mods}
+    try:
+        yield
+    finally:
+        for m, v in old.items():
+            m._set_stream_min_bytes(v)
+
+
+# odd sizes: rows that start off the 32-byte boundary (scalar heads and tails around the vector stores); several
+# pieces per row, partial last pieces, runs of pieces; C past 2 * PIECE / 64 (no scratch: in place)
+STREAM_SHAPES = [(2, 5, 67, 101), (3, 257, 9, 61), (2, 64, 2048 + 37), (1, 4100, 70), (5, 3, 7)]
+
+
+@given(shape=shapes(min_dims=2, big=STREAM_SHAPES), dtype=DTYPES, seed=SEEDS, data=st.data())
+def test_streaming_softmax_matches_numpy_and_the_cached_path(shape, dtype, seed, data):
+    """Forward and backward (also in place: dx = dy) through the streaming code: the NumPy reference within
+    tolerance, and the same bits as the in-cache code on the same inputs."""
+    axis = data.draw(st.integers(-len(shape), len(shape) - 1))
+    x, dy = arrays(seed, shape) * 8, arrays(seed + 1, shape)
+    a = axis % len(shape)
+    outer, c, inner = int(np.prod(shape[:a])), shape[a], int(np.prod(shape[a + 1:]))
+    xf, dyf = x.astype(dtype).ravel(), dy.astype(dtype).ravel()
+    y_s, dx_s, y_c, dx_c = (np.empty_like(xf) for _ in range(4))
+    in_place = dyf.copy()
+    with stream_from(0):
+        check_paths("Softmax", f"softmax_param {{ axis: {axis} }}", [x], [dy], dtype, mixed=False)
+        softmax.softmax_forward(xf, y_s, outer, c, inner)
+        softmax.softmax_backward(y_s, dyf, dx_s, outer, c, inner)
+        softmax.softmax_backward(y_s, in_place, in_place, outer, c, inner)
+    with stream_from(1 << 62):
+        softmax.softmax_forward(xf, y_c, outer, c, inner)
+        softmax.softmax_backward(y_c, dyf, dx_c, outer, c, inner)
+    np.testing.assert_array_equal(y_s, y_c)
+    np.testing.assert_array_equal(dx_s, dx_c)
+    np.testing.assert_array_equal(in_place, dx_c)
+
+
+@given(shape=shapes(min_dims=2, big=STREAM_SHAPES), dtype=DTYPES, seed=SEEDS, data=st.data(),
+       norm=st.sampled_from(["FULL", "VALID", "BATCH_SIZE", "NONE"]), ignore=st.sampled_from([None, 0, 2, -1]))
+def test_streaming_softmax_loss_matches_numpy(shape, dtype, seed, data, norm, ignore):
+    axis = data.draw(st.integers(1, len(shape) - 1))
+    c = shape[axis]
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, c, shape[:axis] + shape[axis + 1:]).astype(np.float64)
+    text = f"softmax_param {{ axis: {axis} }} loss_param {{ normalization: {norm} "
+    if ignore is not None:
+        labels.flat[rng.integers(0, labels.size, max(1, labels.size // 4))] = ignore
+        text += f"ignore_label: {ignore} "
+    with stream_from(0):
+        check_paths("SoftmaxWithLoss", text + "} loss_weight: 1", [arrays(seed, shape) * 5, labels],
+                    [np.array(0.7)], dtype, mixed=False, propagate_down=[True, False])
+
+
+# -- the labels: kernels.softmax.loss_labels against read_labels (the NumPy path's conversion) ----------------
+
+@given(n=st.integers(0, 300), c=st.integers(1, 9), dtype=DTYPES, seed=SEEDS,
+       ignore=st.sampled_from([None, 0, 3, -1, 255]), bad=st.booleans())
+def test_loss_labels_match_read_labels(n, c, dtype, seed, ignore, bad):
+    """Caffe's static_cast<int> (truncation: 2.7 -> 2, -0.5 -> 0), the ignore_label compared after it, the count
+    of valid labels and the first bad one (out of [0, C), NaN, huge) in flat order, as read_labels finds it."""
+    from caffe.layers.softmax_loss import read_labels
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, c, n) + rng.choice([0.0, 0.0, 0.4, 0.99, -0.6], n)
+    if ignore is not None and n:
+        raw[rng.integers(0, n, max(1, n // 5))] = ignore
+    if bad and n:
+        raw[rng.integers(0, n, 3)] = rng.choice([c, c + 0.5, -1.0, -7.0, np.nan, 1e30, -np.inf], 3)
+    raw = raw.astype(dtype)
+    label, valid = np.full(n, 99, np.int64), np.full(n, 7, np.uint8)
+    count, first = softmax.loss_labels(raw, c, ignore is not None, ignore if ignore is not None else 0, label, valid)
+
+    class Blob1:  # what read_labels reads: data_xp
+        def data_xp(self, xp):
+            return raw
+
+    layer = make_layer("SoftmaxWithLoss")
+    with np.errstate(invalid="ignore"):
+        ints = raw.astype(np.int64)
+    ok = ints != ignore if ignore is not None else np.ones(n, bool)
+    bad_mask = ok & ((ints < 0) | (ints >= c))
+    assert first == (int(np.flatnonzero(bad_mask)[0]) if bad_mask.any() else -1)
+    assert count == int(ok.sum())
+    np.testing.assert_array_equal(valid, ok.astype(np.uint8))
+    np.testing.assert_array_equal(label, np.where(ok & ~bad_mask, ints, 0))
+    if not bad_mask.any():
+        with np.errstate(invalid="ignore"):
+            _, v_ref, safe_ref = read_labels(layer, np, Blob1(), (n,), c, ignore)
+        np.testing.assert_array_equal(valid, v_ref.astype(np.uint8))
+        np.testing.assert_array_equal(label, safe_ref)
+
+
+def test_softmax_loss_layer_names_the_first_bad_label():
+    """The CPU path's error (from loss_labels' first bad index) names the same value as the NumPy path's."""
+    x = arrays(1, (2, 3, 4))
+    labels = np.zeros((2, 4))
+    labels[0, 2], labels[1, 1] = 7.5, -2  # flat order: 7.5 first
+    for path in ("cpu", "xp"):
+        with pytest.raises(Exception, match=r"label value 7\.5 is out of range"):
+            run("SoftmaxWithLoss", "", [x, labels], None, np.float32, fwd=path)

@@ -167,28 +167,37 @@ class SoftmaxWithLossLayer(_MultiTopLoss):
             self.prob.mutable_cpu_data()[...] = softmax_xp(np, bottom[0].cpu_data(), self.axis)
             self._loss_from_prob(np, bottom, top)
             return
-        valid, labels, valid_u8 = self._kernel_labels(bottom)
+        labels, valid, count = self._kernel_labels(bottom)
         # the probabilities and the loss in one pass (each piece's loss read while it is in cache)
         x, prob = _cpu.flat(bottom[0].cpu_data()), _cpu.flat(self.prob.mutable_cpu_data())
-        total = _cpu.softmax.softmax_loss_forward(x, prob, labels, valid_u8, self.outer_num, self.num_classes,
+        total = _cpu.softmax.softmax_loss_forward(x, prob, labels, valid, self.outer_num, self.num_classes,
                                                   self.inner_num)
         dtype = self.prob.dtype
-        top[0].mutable_cpu_data()[...] = dtype.type(total) / loss_normalizer(self, np, valid, dtype)
+        top[0].mutable_cpu_data()[...] = dtype.type(total) / loss_normalizer(self, np, None, dtype, count=count)
         if len(top) >= 2:
             top[1].mutable_cpu_data()[...] = self.prob.cpu_data()
 
     def _kernel_labels(self, bottom):
-        """The labels checked (read_labels), as the softmax kernels take them: (valid, int64 labels with 0
-        where ignored, valid as uint8), flat."""
-        _, valid, safe = read_labels(self, np, bottom[1], (self.outer_num, self.inner_num),
-                                     self.num_classes, self.ignore_label)
-        labels = np.ascontiguousarray(safe, np.int64).reshape(-1)
-        return valid, labels, np.ascontiguousarray(valid).reshape(-1).view(np.uint8)
+        """The labels as the softmax kernels take them, converted and checked in one kernel pass (read_labels'
+        rules: Caffe's static_cast<int>, ignore_label, the first bad label the error): (int64 labels with 0
+        where ignored, valid as uint8, the count of valid ones), flat, in buffers kept between calls."""
+        raw = _cpu.flat(bottom[1].cpu_data())
+        if raw.dtype not in _cpu.FLOATS:
+            raw = raw.astype(np.float64)
+        bufs = getattr(self, "_label_buffers", None)
+        if bufs is None or bufs[0].size != raw.size:
+            bufs = self._label_buffers = (np.empty(raw.size, np.int64), np.empty(raw.size, np.uint8))
+        ignore = self.ignore_label
+        count, first_bad = _cpu.softmax.loss_labels(raw, self.num_classes, ignore is not None,
+                                                    ignore if ignore is not None else 0, *bufs)
+        if first_bad >= 0:
+            raise label_error(self, float(raw[first_bad]), self.num_classes, ignore)
+        return bufs[0], bufs[1], count
 
     def backward_cpu(self, top, propagate_down, bottom):
         if not (_cpu.usable(_cpu.softmax, bottom[0], self.prob) and propagate_down[0] and not propagate_down[1]):
             return self.backward_xp(np, top, propagate_down, bottom)
-        _, labels, valid = self._kernel_labels(bottom)
+        labels, valid, _ = self._kernel_labels(bottom)
         norm = saved_normalizer(self, np)
         scale = float(top[0].cpu_diff().reshape(()) / norm)  # in the blob's precision, as the NumPy path
         _cpu.softmax.softmax_loss_backward(_cpu.flat(self.prob.cpu_data()), labels, valid,

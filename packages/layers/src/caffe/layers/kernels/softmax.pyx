@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-# distutils: extra_compile_args = -fno-math-errno -fno-trapping-math
+# distutils: extra_compile_args = -fno-math-errno -fno-trapping-math -funroll-loops
 # distutils: libraries = m
 """Softmax over the channel axis of an (outer, C, inner) array, forward and backward, and
 SoftmaxWithLoss's gradient; OpenMP-parallel over work items (o, piece of inner).
@@ -10,8 +10,8 @@ Backward: dx = (dy - sum_c dy * y) * y with the sum taken the same way.
 A piece holds at most PIECE / C positions' C values (in cache, L2 or L3, between the kernel's passes), so
 main memory is read and written once.
 """
-from cython.parallel cimport prange
-from libc.stdint cimport int64_t, uint8_t
+from cython.parallel cimport parallel, prange
+from libc.stdint cimport INT64_MIN, int64_t, uint8_t
 from libc.stdlib cimport free, malloc
 from libc.float cimport FLT_MIN
 
@@ -64,6 +64,85 @@ cdef extern from *:
     float caffe_softmax_expf(float) nogil
 
 
+# y = e / d over n values (one row of a piece), with non-temporal stores where `stream` and the build has
+# SSE2 / AVX (x86-64 always has SSE2); the division is IEEE's either way, so the same bits. A piece that
+# streamed ends with a store fence, so that its rows are visible to the other threads after the region.
+cdef extern from *:
+    """
+    #include <stddef.h>
+    #include <stdint.h>
+    #include <string.h>
+    #if defined(__SSE2__)
+    #include <immintrin.h>
+    #endif
+    static inline void caffe_softmax_prefetch(const void* p, ptrdiff_t nbytes) {
+    #if defined(__GNUC__)
+        const char* c = (const char*)p;
+        ptrdiff_t b;
+        for (b = 0; b < nbytes; b += 64) __builtin_prefetch(c + b, 0, 2);
+    #endif
+    }
+    static inline void caffe_softmax_store_fence(void) {
+    #if defined(__SSE2__)
+        _mm_sfence();
+    #endif
+    }
+    /* dst = src (n bytes), non-temporal where SSE2 / AVX can (src in cache: a row just computed) */
+    static inline void caffe_softmax_stream_copy(void* dst, const void* src, ptrdiff_t n) {
+        char* d = (char*)dst;
+        const char* s = (const char*)src;
+        ptrdiff_t j = 0;
+    #if defined(__AVX__)
+        for (; j < n && ((uintptr_t)(d + j) & 31); j++) d[j] = s[j];
+        for (; j + 32 <= n; j += 32) _mm256_stream_si256((__m256i*)(d + j), _mm256_loadu_si256((const __m256i*)(s + j)));
+    #elif defined(__SSE2__)
+        for (; j < n && ((uintptr_t)(d + j) & 15); j++) d[j] = s[j];
+        for (; j + 16 <= n; j += 16) _mm_stream_si128((__m128i*)(d + j), _mm_loadu_si128((const __m128i*)(s + j)));
+    #endif
+        if (j < n) memcpy(d + j, s + j, (size_t)(n - j));
+    }
+    static inline void caffe_softmax_div_f(float* y, const float* e, const float* d, ptrdiff_t n, int stream) {
+        ptrdiff_t j = 0;
+    #if defined(__AVX__)
+        if (stream) {
+            for (; j < n && ((uintptr_t)(y + j) & 31); j++) y[j] = e[j] / d[j];
+            for (; j + 8 <= n; j += 8)
+                _mm256_stream_ps(y + j, _mm256_div_ps(_mm256_loadu_ps(e + j), _mm256_loadu_ps(d + j)));
+        }
+    #elif defined(__SSE2__)
+        if (stream) {
+            for (; j < n && ((uintptr_t)(y + j) & 15); j++) y[j] = e[j] / d[j];
+            for (; j + 4 <= n; j += 4)
+                _mm_stream_ps(y + j, _mm_div_ps(_mm_loadu_ps(e + j), _mm_loadu_ps(d + j)));
+        }
+    #endif
+        for (; j < n; j++) y[j] = e[j] / d[j];
+    }
+    static inline void caffe_softmax_div_d(double* y, const double* e, const double* d, ptrdiff_t n, int stream) {
+        ptrdiff_t j = 0;
+    #if defined(__AVX__)
+        if (stream) {
+            for (; j < n && ((uintptr_t)(y + j) & 31); j++) y[j] = e[j] / d[j];
+            for (; j + 4 <= n; j += 4)
+                _mm256_stream_pd(y + j, _mm256_div_pd(_mm256_loadu_pd(e + j), _mm256_loadu_pd(d + j)));
+        }
+    #elif defined(__SSE2__)
+        if (stream) {
+            for (; j < n && ((uintptr_t)(y + j) & 15); j++) y[j] = e[j] / d[j];
+            for (; j + 2 <= n; j += 2)
+                _mm_stream_pd(y + j, _mm_div_pd(_mm_loadu_pd(e + j), _mm_loadu_pd(d + j)));
+        }
+    #endif
+        for (; j < n; j++) y[j] = e[j] / d[j];
+    }
+    """
+    void caffe_softmax_prefetch(const void* p, Py_ssize_t nbytes) nogil
+    void caffe_softmax_store_fence() nogil
+    void caffe_softmax_stream_copy(void* dst, const void* src, Py_ssize_t nbytes) nogil
+    void caffe_softmax_div_f(float* y, const float* e, const float* d, Py_ssize_t n, int stream) nogil
+    void caffe_softmax_div_d(double* y, const double* e, const double* d, Py_ssize_t n, int stream) nogil
+
+
 cdef inline real _sexp(real v) noexcept nogil:
     """exp(v) for v <= 0 (or NaN): the FMA kernel above in float32 where built, libm otherwise."""
     if real is float:
@@ -87,11 +166,34 @@ cdef enum:
     # 0.60-0.80x the time forward and 0.76x backward (session 8, bench in bench/README.md). 524288 measured
     # the same within noise.
     PIECE = 131072
+    # Pieces per work item: a thread takes RUN consecutive pieces and prefetches each next piece's x while the
+    # current one's exp runs (the max pass then reads from cache, not main memory)
+    RUN = 4
+    # Outputs of at least this many bytes are stored past the caches (non-temporal stores from the scratch
+    # block): they do not fit beside the input in the 32 MB L3 anyway, and a normal store first reads each
+    # line of y from main memory (a third stream)
+    STREAM_MIN_BYTES = 12 << 20
     # Channels summed in x's precision before the partial sums go into the double totals (over
     # positions: the sums of exp and of dy * y). Converting every float32 term to double cost a
     # sixth of the forward; a float32 partial of 16 terms is within ~1e-6 of exact (relative to the
     # sum of the terms' magnitudes).
     SUM_BLOCK = 16
+
+
+cdef Py_ssize_t _stream_min_bytes = STREAM_MIN_BYTES
+
+
+def _set_stream_min_bytes(Py_ssize_t nbytes):
+    """For the tests: the output size from which the kernels stream (0: always; the streaming paths on small
+    shapes); returns the previous value."""
+    global _stream_min_bytes
+    old = _stream_min_bytes
+    _stream_min_bytes = nbytes
+    return old
+
+
+cdef inline bint _streams(Py_ssize_t n, Py_ssize_t itemsize) noexcept nogil:
+    return n * itemsize >= _stream_min_bytes
 
 
 def _need(Py_ssize_t have, Py_ssize_t need, str what):
@@ -107,16 +209,17 @@ cdef Py_ssize_t _piece(Py_ssize_t C, Py_ssize_t inner) noexcept nogil:
     return p if p < inner else inner
 
 
-cdef inline double _piece_loss(const real* y, Py_ssize_t inner, Py_ssize_t P, const int64_t* label,
+cdef inline double _piece_loss(const real* e, Py_ssize_t es, const real* d, Py_ssize_t P, const int64_t* label,
                                const uint8_t* valid) noexcept nogil:
-    """-sum over the piece's valid positions j of log(max(y[label[j] * inner + j], FLT_MIN)) (Caffe's
-    std::max: NaN stays NaN), read while the piece's probabilities are still in cache."""
+    """-sum over the piece's valid positions j of log(max(p, FLT_MIN)) (Caffe's std::max: NaN stays NaN),
+    p = e[label[j] * es + j] / d[j]: the probability as the division pass stores it (the same rounding),
+    read while the piece is in cache."""
     cdef Py_ssize_t j
     cdef double total = 0
     cdef real p
     for j in range(P):
         if valid[j]:
-            p = y[label[j] * inner + j]
+            p = e[label[j] * es + j] / d[j]
             p = <real>FLT_MIN if p < FLT_MIN else p
             total -= _log(p)
     return total
@@ -144,20 +247,28 @@ cdef void _fwd_row(const real* x, real* y, Py_ssize_t C) noexcept nogil:
         y[c] = y[c] / s
 
 
-cdef void _fwd_piece(const real* x, real* y, Py_ssize_t C, Py_ssize_t inner, Py_ssize_t P) noexcept nogil:
-    # x / y point at channel 0 of P positions; channel stride inner
-    cdef real* m = <real*> malloc(2 * P * sizeof(real))
-    cdef double* s = <double*> malloc(P * sizeof(double))
+cdef inline double _row_loss(const real* y, int64_t label, uint8_t valid) noexcept nogil:
+    cdef real p
+    if not valid:
+        return 0
+    p = y[label]
+    p = <real>FLT_MIN if p < FLT_MIN else p
+    return -_log(p)
+
+
+cdef double _fwd_piece(const real* x, real* y, Py_ssize_t C, Py_ssize_t inner, Py_ssize_t P, real* e,
+                       Py_ssize_t es, real* m, real* f, double* s, const real* nxt, bint stream,
+                       const int64_t* label, const uint8_t* valid) noexcept nogil:
+    """Softmax of P positions (x / y point at channel 0; channel stride inner). exp(x - max) goes to e (row
+    stride es: a scratch block of C x P in cache, or y itself with es = inner), then y = e / sum (streamed
+    past the caches where `stream`). nxt: the next piece's x, prefetched row by row while this piece's exp
+    runs (compute-bound), so that its max pass reads from cache. m, f: P of x's type, s: P doubles.
+    Returns the piece's loss when label is not NULL (else 0)."""
     cdef Py_ssize_t c, c0, c1, j
     cdef const real* xc
-    cdef real* yc
-    cdef real* f
+    cdef real* ec
     cdef real v
-    if m == NULL or s == NULL:
-        free(m)
-        free(s)
-        return
-    f = m + P
+    cdef double loss = 0
     for j in range(P):
         m[j] = x[j]
         s[j] = 0
@@ -172,43 +283,84 @@ cdef void _fwd_piece(const real* x, real* y, Py_ssize_t C, Py_ssize_t inner, Py_
             f[j] = 0
         for c in range(c0, c1):
             xc = x + c * inner
-            yc = y + c * inner
+            ec = e + c * es
+            if nxt != NULL:
+                caffe_softmax_prefetch(nxt + c * inner, P * sizeof(real))
             for j in range(P):
                 v = _sexp(xc[j] - m[j])
-                yc[j] = v
+                ec[j] = v
                 f[j] += v
         for j in range(P):
             s[j] += f[j]
     for j in range(P):
-        m[j] = <real>s[j]
+        m[j] = <real>s[j]  # the divisor, in x's precision
+    if label != NULL:
+        loss = _piece_loss(e, es, m, P, label, valid)
     for c in range(C):
-        yc = y + c * inner
-        for j in range(P):
-            yc[j] = yc[j] / m[j]
-    free(m)
-    free(s)
+        if real is float:
+            caffe_softmax_div_f(y + c * inner, e + c * es, m, P, stream)
+        else:
+            caffe_softmax_div_d(y + c * inner, e + c * es, m, P, stream)
+    if stream:
+        caffe_softmax_store_fence()
+    return loss
 
 
-cdef void _forward(const real* xp, real* yp, Py_ssize_t outer, Py_ssize_t C, Py_ssize_t inner,
-                   const int64_t* label, const uint8_t* valid, double* part) noexcept nogil:
-    # label / valid (outer, inner) and part (one slot per work item) NULL: the softmax alone
-    cdef Py_ssize_t n = outer * C * inner, t, o, lo, m, P, pieces
-    P = _piece(C, inner)
-    pieces = (inner + P - 1) // P
+cdef int _forward(const real* xp, real* yp, Py_ssize_t outer, Py_ssize_t C, Py_ssize_t inner,
+                  const int64_t* label, const uint8_t* valid, double* part) noexcept nogil:
+    """label / valid (outer, inner) and part (one slot per piece) NULL: the softmax alone. Returns -1 when
+    a thread's scratch could not be allocated (nothing is then computed by it), else 0."""
+    cdef Py_ssize_t n = outer * C * inner, t, k, o, lo, cnt, P, pieces, run, runs, es, q
+    cdef int nt = _threads(n)
+    cdef bint stream = _streams(n, sizeof(real))
+    cdef bint scratch
+    cdef real* buf
+    cdef real* e
+    cdef real* ybase
+    cdef const real* nxt
+    cdef double part_loss
+    cdef int failed = 0
+    cdef int* failed_p = &failed
     if inner == 1:
-        for o in prange(outer, schedule="dynamic", chunksize=_grab(C), num_threads=_threads(n)):
+        for o in prange(outer, schedule="dynamic", chunksize=_grab(C), num_threads=nt):
             _fwd_row(xp + o * C, yp + o * C, C)
             if label != NULL:
-                part[o] = _piece_loss(yp + o * C, 1, 1, label + o, valid + o)
-    else:
-        for t in prange(outer * pieces, schedule="dynamic", chunksize=_grab(C * P), num_threads=_threads(n)):
-            o = t // pieces
-            lo = (t % pieces) * P
-            m = inner - lo if inner - lo < P else P
-            _fwd_piece(xp + o * C * inner + lo, yp + o * C * inner + lo, C, inner, m)
-            if label != NULL:
-                part[t] = _piece_loss(yp + o * C * inner + lo, inner, m, label + o * inner + lo,
-                                      valid + o * inner + lo)
+                part[o] = _row_loss(yp + o * C, label[o], valid[o])
+        return 0
+    P = _piece(C, inner)
+    pieces = (inner + P - 1) // P
+    run = RUN if stream else 1  # (in cache: every piece its own work item, nothing to prefetch)
+    runs = (outer * pieces + run - 1) // run
+    # Streaming: the exp into a scratch block of C x P (in cache), then y = e / sum stored past the caches,
+    # unless a piece is far larger than PIECE (P is at least 64 positions). Otherwise the exp goes into y
+    # itself, divided in place (y stays in cache for the next layer; no scratch to allocate and fault in)
+    scratch = stream and C * P <= 2 * PIECE
+    with parallel(num_threads=nt):
+        buf = <real*> malloc(((C * P if scratch else 0) + 2 * P) * sizeof(real) + P * sizeof(double))
+        if buf != NULL:
+            for k in prange(runs, schedule="dynamic", chunksize=_grab(C * P * run)):
+                # a run of consecutive pieces: each prefetches the next one's x during its exp
+                for t in range(k * run, (k + 1) * run if (k + 1) * run < outer * pieces else outer * pieces):
+                    o = t // pieces
+                    lo = (t % pieces) * P
+                    cnt = inner - lo if inner - lo < P else P
+                    q = t + 1
+                    nxt = NULL
+                    if q < (k + 1) * run and q < outer * pieces:
+                        nxt = xp + (q // pieces) * C * inner + (q % pieces) * P
+                    ybase = yp + o * C * inner + lo
+                    e = buf + 2 * P if scratch else ybase
+                    es = cnt if scratch else inner
+                    part_loss = _fwd_piece(xp + o * C * inner + lo, ybase, C, inner, cnt, e, es, buf, buf + P,
+                                           <double*>(buf + 2 * P + (C * P if scratch else 0)), nxt,
+                                           scratch, label + o * inner + lo if label != NULL else NULL,
+                                           valid + o * inner + lo if label != NULL else NULL)
+                    if label != NULL:
+                        part[t] = part_loss
+            free(buf)
+        else:
+            failed_p[0] = 1
+    return -1 if failed else 0
 
 
 def softmax_forward(const real[::1] x, real[::1] y, Py_ssize_t outer, Py_ssize_t C, Py_ssize_t inner):
@@ -218,8 +370,11 @@ def softmax_forward(const real[::1] x, real[::1] y, Py_ssize_t outer, Py_ssize_t
         return
     _need(x.shape[0], n, "bottom")
     _need(y.shape[0], n, "top")
+    cdef int rc
     with nogil:
-        _forward(&x[0], &y[0], outer, C, inner, NULL, NULL, NULL)
+        rc = _forward(&x[0], &y[0], outer, C, inner, NULL, NULL, NULL)
+    if rc:
+        raise MemoryError("softmax kernel: no memory for a thread's scratch block")
 
 
 def softmax_loss_forward(const real[::1] x, real[::1] prob, const int64_t[::1] label, const uint8_t[::1] valid,
@@ -229,6 +384,7 @@ def softmax_loss_forward(const real[::1] x, real[::1] prob, const int64_t[::1] l
     (outer, inner), a label only read where valid; each work item's sum is taken while its piece is
     in cache, and the items' sums are added in order (the same result on any number of threads)."""
     cdef Py_ssize_t n = outer * C * inner, q, items
+    cdef int rc
     cdef double total = 0
     cdef double* part
     if n == 0:
@@ -246,7 +402,9 @@ def softmax_loss_forward(const real[::1] x, real[::1] prob, const int64_t[::1] l
         raise MemoryError()
     try:
         with nogil:
-            _forward(&x[0], &prob[0], outer, C, inner, &label[0], &valid[0], part)
+            rc = _forward(&x[0], &prob[0], outer, C, inner, &label[0], &valid[0], part)
+        if rc:
+            raise MemoryError("softmax kernel: no memory for a thread's scratch block")
         for q in range(items):
             total += part[q]
     finally:
@@ -254,15 +412,14 @@ def softmax_loss_forward(const real[::1] x, real[::1] prob, const int64_t[::1] l
     return total
 
 
-cdef void _bwd_piece(const real* y, const real* dy, real* dx, Py_ssize_t C, Py_ssize_t inner,
-                     Py_ssize_t P) noexcept nogil:
-    cdef double* s = <double*> malloc(P * sizeof(double) + P * sizeof(real))
-    cdef real* sr
-    cdef real* f
+cdef void _bwd_piece(const real* y, const real* dy, real* dx, Py_ssize_t C, Py_ssize_t inner, Py_ssize_t P,
+                     double* s, real* f, real* row, const real* ny, const real* ndy, bint stream) noexcept nogil:
+    """dx = (dy - sum_c dy * y) * y over P positions (pointers at channel 0, channel stride inner). ny / ndy:
+    the next piece's y and dy, prefetched row by row during the second pass. stream: each dx row is computed
+    into `row` (P, in L1) and stored past the caches. s: P doubles, f: P of x's type."""
     cdef Py_ssize_t c, c0, c1, j, o
-    if s == NULL:
-        return
-    f = <real*>(s + P)
+    cdef real* sr
+    cdef real* out
     for j in range(P):
         s[j] = 0
     for c0 in range(0, C, 16):  # SUM_BLOCK
@@ -275,32 +432,128 @@ cdef void _bwd_piece(const real* y, const real* dy, real* dx, Py_ssize_t C, Py_s
                 f[j] += dy[o + j] * y[o + j]
         for j in range(P):
             s[j] += f[j]
-    sr = <real*> s  # reuse the buffer: the sums in x's precision
+    sr = f  # the sums in x's precision
     for j in range(P):
         sr[j] = <real>s[j]
+    if not stream and ny == NULL:  # (in cache; also inner == 1, one position a piece: no per-row branches)
+        for c in range(C):
+            o = c * inner
+            for j in range(P):
+                dx[o + j] = (dy[o + j] - sr[j]) * y[o + j]
+        return
     for c in range(C):
         o = c * inner
+        if ny != NULL:
+            caffe_softmax_prefetch(ny + o, P * sizeof(real))
+            caffe_softmax_prefetch(ndy + o, P * sizeof(real))
+        out = row if stream else dx + o
         for j in range(P):
-            dx[o + j] = (dy[o + j] - sr[j]) * y[o + j]
-    free(s)
+            out[j] = (dy[o + j] - sr[j]) * y[o + j]
+        if stream:
+            caffe_softmax_stream_copy(dx + o, row, P * sizeof(real))
+    if stream:
+        caffe_softmax_store_fence()
+
+
+cdef void _bwd_row(const real* y, const real* dy, real* dx, Py_ssize_t C) noexcept nogil:
+    # inner == 1: _bwd_piece with P = 1 (the same sums, the same bits) as straight loops over the row
+    cdef Py_ssize_t c, c0, c1
+    cdef double s = 0
+    cdef real f, sr
+    for c0 in range(0, C, 16):  # SUM_BLOCK
+        c1 = c0 + SUM_BLOCK if c0 + SUM_BLOCK < C else C
+        f = 0
+        for c in range(c0, c1):
+            f += dy[c] * y[c]
+        s += f
+    sr = <real>s
+    for c in range(C):
+        dx[c] = (dy[c] - sr) * y[c]
+
+
 
 
 def softmax_backward(const real[::1] y, const real[::1] dy, real[::1] dx, Py_ssize_t outer, Py_ssize_t C,
                      Py_ssize_t inner):
     """dx = (dy - sum_c dy * y) * y (dx may be dy: in place)."""
-    cdef Py_ssize_t n = outer * C * inner, t, o, lo, P, pieces
+    cdef Py_ssize_t n = outer * C * inner, t, k, o, lo, P, pieces, run, runs, q, cnt
+    cdef int failed = 0
+    cdef int* failed_p = &failed
+    cdef bint stream
+    cdef double* buf
+    cdef const real* ny
+    cdef const real* ndy
+    cdef const real* yp
+    cdef const real* dyp
+    cdef real* dxp
     if n == 0:
         return
-    for buf, what in ((y, "top"), (dy, "top diff"), (dx, "bottom diff")):
-        _need(len(buf), n, what)
+    for b, what in ((y, "top"), (dy, "top diff"), (dx, "bottom diff")):
+        _need(len(b), n, what)
+    yp, dyp, dxp = &y[0], &dy[0], &dx[0]
+    if inner == 1:
+        with nogil:
+            for o in prange(outer, schedule="dynamic", chunksize=_grab(C), num_threads=_threads(n)):
+                _bwd_row(yp + o * C, dyp + o * C, dxp + o * C, C)
+        return
     P = _piece(C, inner)
     pieces = (inner + P - 1) // P
+    stream = _streams(n, sizeof(real))
+    run = RUN if stream else 1
+    runs = (outer * pieces + run - 1) // run
+    with nogil, parallel(num_threads=_threads(n)):
+        # s (P doubles), f (P), a dx row (P) when streaming
+        buf = <double*> malloc(P * sizeof(double) + 2 * P * sizeof(real))
+        if buf != NULL:
+            for k in prange(runs, schedule="dynamic", chunksize=_grab(C * P * run)):
+                for t in range(k * run, (k + 1) * run if (k + 1) * run < outer * pieces else outer * pieces):
+                    o = t // pieces
+                    lo = (t % pieces) * P
+                    cnt = inner - lo if inner - lo < P else P
+                    q = t + 1
+                    ny = NULL
+                    ndy = NULL
+                    if q < (k + 1) * run and q < outer * pieces:
+                        ny = yp + (q // pieces) * C * inner + (q % pieces) * P
+                        ndy = dyp + (q // pieces) * C * inner + (q % pieces) * P
+                    _bwd_piece(yp + o * C * inner + lo, dyp + o * C * inner + lo, dxp + o * C * inner + lo, C, inner,
+                               cnt, buf, <real*>(buf + P), <real*>(buf + P) + P, ny, ndy, stream)
+            free(buf)
+        else:
+            failed_p[0] = 1
+    if failed:
+        raise MemoryError("softmax kernel: no memory for a thread's scratch block")
+
+
+def loss_labels(const real[::1] raw, Py_ssize_t C, bint has_ignore, int64_t ignore, int64_t[::1] label,
+                uint8_t[::1] valid):
+    """SoftmaxWithLoss's labels from the label blob's values, in one pass: label = static_cast<int>(raw) (C's
+    truncation, as NumPy's astype), valid = label != ignore (all when not has_ignore), label 0 where not valid.
+    Returns (the count of valid labels, the flat index of the first valid label outside [0, C), or -1);
+    labels past the first bad one are still converted. NaN and values past int64 count as bad (never equal
+    to ignore, an int32)."""
+    cdef Py_ssize_t n = raw.shape[0], i, first = -1, count = 0
+    cdef real v
+    cdef int64_t lab
+    cdef uint8_t ok
+    _need(label.shape[0], n, "label")
+    _need(valid.shape[0], n, "valid")
     with nogil:
-        for t in prange(outer * pieces, schedule="dynamic", chunksize=_grab(C * P), num_threads=_threads(n)):
-            o = t // pieces
-            lo = (t % pieces) * P
-            _bwd_piece(&y[0] + o * C * inner + lo, &dy[0] + o * C * inner + lo, &dx[0] + o * C * inner + lo,
-                       C, inner, inner - lo if inner - lo < P else P)
+        for i in range(n):
+            v = raw[i]
+            if v > -9.2e18 and v < 9.2e18:  # (false for NaN)
+                lab = <int64_t>v
+            else:
+                lab = INT64_MIN
+            ok = not (has_ignore and lab == ignore)
+            if ok and (lab < 0 or lab >= C):
+                if first < 0:
+                    first = i
+                lab = 0
+            label[i] = lab if ok else 0
+            valid[i] = ok
+            count += ok
+    return count, first
 
 
 def softmax_loss_backward(const real[::1] prob, const int64_t[::1] label, const uint8_t[::1] valid,

@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-# distutils: extra_compile_args = -fno-math-errno -fno-trapping-math
+# distutils: extra_compile_args = -fno-math-errno -fno-trapping-math -funroll-loops
 # distutils: libraries = m
 """kernels.softmax compiled for AVX2 and FMA (8 floats per instruction).
 
