@@ -72,6 +72,68 @@ def cases():
     return out
 
 
+def old_kernel_labels(layer):
+    """The label handling before loss_labels (read_labels' NumPy conversion, two contiguous copies, and the
+    VALID count by valid.sum()), for the layers' A/B: the old kernels module and this stand in for the old
+    code path."""
+    from caffe.layers.softmax_loss import read_labels
+
+    def labels(bottom):
+        _, valid, safe = read_labels(layer, np, bottom[1], (layer.outer_num, layer.inner_num), layer.num_classes,
+                                     layer.ignore_label)
+        lab = np.ascontiguousarray(safe, np.int64).reshape(-1)
+        return lab, np.ascontiguousarray(valid).reshape(-1).view(np.uint8), int(valid.sum())
+    return labels
+
+
+def layer_runs(old):
+    """(name, run(k)) for the Softmax and SoftmaxWithLoss layers' Forward and Backward at the bench shapes; k = 0
+    runs the old path (old kernels module, old label handling), 1 this checkout's."""
+    from caffe.blob import Blob
+    from caffe.layers import _cpu
+    from caffe.layers.testing import make_layer
+    rng = np.random.default_rng(2)
+    out = []
+    for name, shape in (("resnet 8x256x56x56", (8, 256, 56, 56)), ("mobilenet 8x64x112x112", (8, 64, 112, 112))):
+        for type_ in ("Softmax", "SoftmaxWithLoss"):
+            x = Blob(shape)
+            x.data[...] = rng.standard_normal(shape, dtype=np.float32)
+            bottom = [x]
+            if type_ == "SoftmaxWithLoss":
+                lab = Blob((shape[0],) + shape[2:])
+                lab.data[...] = rng.integers(0, shape[1], lab.shape)
+                bottom.append(lab)
+            # one layer and one set of blobs for both paths (placement in memory moved these figures by up to 2x)
+            layer, top = make_layer(type_), [Blob()]
+            layer.SetUp(bottom, top)
+            top[0].diff[...] = rng.standard_normal(top[0].shape, dtype=np.float32)
+            prop = [True, False][:len(bottom)]
+            old_labels = old_kernel_labels(layer) if type_ == "SoftmaxWithLoss" else None
+
+            def path(k, step, layer=layer, top=top, bottom=bottom, prop=prop, old_labels=old_labels):
+                mod = _cpu.softmax
+                if k == 0:
+                    _cpu.softmax = old
+                    if old_labels is not None:
+                        layer._kernel_labels = old_labels
+                try:
+                    if step == "fwd":
+                        layer.Forward(bottom, top)
+                    else:
+                        layer.Backward(top, prop, bottom)
+                finally:
+                    _cpu.softmax = mod
+                    layer.__dict__.pop("_kernel_labels", None)
+
+            def fwd(k, path=path):
+                path(k, "fwd")
+
+            def bwd(k, path=path):
+                path(k, "bwd")
+            out += [(f"layer {name} {type_} Forward", fwd), (f"layer {name} {type_} Backward", bwd)]
+    return out
+
+
 def timed(fn, clocks):
     t = [c() for c in clocks]
     fn()
@@ -83,6 +145,8 @@ def main(argv=None):
     ap.add_argument("old", help="the other build's caffe/layers/kernels folder")
     ap.add_argument("--repeats", type=int, default=41)
     ap.add_argument("--only", default="", help="comma-separated substrings: a case runs when its name has all")
+    ap.add_argument("--layers", action="store_true", help="also the layers' Forward / Backward (bench_memory's "
+                    "shapes), old kernels + the old label handling against this checkout")
     args = ap.parse_args(argv)
     from caffe.layers import _cpu
     old, new = load_pair(os.path.basename(_cpu.softmax.__name__.split(".")[-1]), args.old)
@@ -128,6 +192,20 @@ def main(argv=None):
         (ow, oc), (nw, nc) = [[statistics.median(g[i] for g in got[k]) * 1e3 for i in (0, 1)] for k in (0, 1)]
         print(f"  {name:44s} old {ow:7.2f} / {oc:6.2f}   new {nw:7.2f} / {nc:6.2f}   old/new wall {ow / nw:5.2f} "
               f"cpu {oc / nc:5.2f}  {'same bits' if same else 'OUTPUTS DIFFER'}", flush=True)
+    if not args.layers:
+        return
+    for name, run in layer_runs(old):
+        if want and not all(w in name.lower() for w in want):
+            continue
+        got = {0: [], 1: []}
+        for i in range(args.repeats + 2):
+            for k in ((0, 1) if i % 2 else (1, 0)):
+                t = timed(lambda: run(k), clocks)
+                if i >= 2:
+                    got[k].append(t)
+        (ow, oc), (nw, nc) = [[statistics.median(g[i] for g in got[k]) * 1e3 for i in (0, 1)] for k in (0, 1)]
+        print(f"  {name:52s} old {ow:7.2f} / {oc:6.2f}   new {nw:7.2f} / {nc:6.2f}   old/new wall {ow / nw:5.2f} "
+              f"cpu {oc / nc:5.2f}", flush=True)
 
 
 if __name__ == "__main__":

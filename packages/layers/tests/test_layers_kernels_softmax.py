@@ -155,16 +155,17 @@ def test_softmax_cpu_path_without_the_kernels(dtype, monkeypatch):
 # with the next piece prefetched), switched on for small shapes by the kernels' test hook -----------------
 
 @contextlib.contextmanager
-def stream_from(nbytes):
-    """Both builds' kernels stream outputs of at least nbytes (0: always) inside the block."""
+def stream_from(nbytes, scratch_nbytes=None):
+    """Both builds' kernels stream outputs of at least nbytes (0: always) and (forward) use the scratch block
+    from scratch_nbytes (default: nbytes) inside the block."""
     from caffe.layers import _cpu
     mods = {m for m in (softmax, _cpu.softmax) if m is not None}
-    old = {m: m._set_stream_min_bytes(nbytes) for m in mods}
+    old = {m: m._set_stream_min_bytes(nbytes, scratch_nbytes) for m in mods}
     try:
         yield
     finally:
         for m, v in old.items():
-            m._set_stream_min_bytes(v)
+            m._set_stream_min_bytes(*v)
 
 
 # odd sizes: rows that start off the 32-byte boundary (scalar heads and tails around the vector stores); several
@@ -181,7 +182,7 @@ def test_streaming_softmax_matches_numpy_and_the_cached_path(shape, dtype, seed,
     a = axis % len(shape)
     outer, c, inner = int(np.prod(shape[:a])), shape[a], int(np.prod(shape[a + 1:]))
     xf, dyf = x.astype(dtype).ravel(), dy.astype(dtype).ravel()
-    y_s, dx_s, y_c, dx_c = (np.empty_like(xf) for _ in range(4))
+    y_s, dx_s, y_c, dx_c, y_n = (np.empty_like(xf) for _ in range(5))
     in_place = dyf.copy()
     with stream_from(0):
         check_paths("Softmax", f"softmax_param {{ axis: {axis} }}", [x], [dy], dtype, mixed=False)
@@ -191,6 +192,9 @@ def test_streaming_softmax_matches_numpy_and_the_cached_path(shape, dtype, seed,
     with stream_from(1 << 62):
         softmax.softmax_forward(xf, y_c, outer, c, inner)
         softmax.softmax_backward(y_c, dyf, dx_c, outer, c, inner)
+    with stream_from(1 << 62, 0):  # the scratch block with normal stores
+        softmax.softmax_forward(xf, y_n, outer, c, inner)
+    np.testing.assert_array_equal(y_n, y_c)
     np.testing.assert_array_equal(y_s, y_c)
     np.testing.assert_array_equal(dx_s, dx_c)
     np.testing.assert_array_equal(in_place, dx_c)

@@ -173,6 +173,10 @@ cdef enum:
     # block): they do not fit beside the input in the 32 MB L3 anyway, and a normal store first reads each
     # line of y from main memory (a third stream)
     STREAM_MIN_BYTES = 12 << 20
+    # Forward outputs of at least this many bytes go through the scratch block (with normal stores below
+    # STREAM_MIN_BYTES): 8x256x32x32 float32 (8 MB, in L3) took 1.6 ms instead of 2.5; at 2-3 MB the scratch
+    # cost more than it saved (0.52 against 0.45 ms at 8x21x64x64)
+    SCRATCH_MIN_BYTES = 4 << 20
     # Channels summed in x's precision before the partial sums go into the double totals (over
     # positions: the sums of exp and of dy * y). Converting every float32 term to double cost a
     # sixth of the forward; a float32 partial of 16 terms is within ~1e-6 of exact (relative to the
@@ -181,19 +185,24 @@ cdef enum:
 
 
 cdef Py_ssize_t _stream_min_bytes = STREAM_MIN_BYTES
+cdef Py_ssize_t _scratch_min_bytes = SCRATCH_MIN_BYTES
 
 
-def _set_stream_min_bytes(Py_ssize_t nbytes):
-    """For the tests: the output size from which the kernels stream (0: always; the streaming paths on small
-    shapes); returns the previous value."""
-    global _stream_min_bytes
-    old = _stream_min_bytes
+def _set_stream_min_bytes(Py_ssize_t nbytes, scratch_nbytes=None):
+    """For the tests and benchmarks: the output size from which the kernels stream (0: always; the streaming
+    paths on small shapes) and (forward) use the scratch block (default: the same size, or SCRATCH_MIN_BYTES
+    when streaming from STREAM_MIN_BYTES); returns the previous (stream, scratch) sizes."""
+    global _stream_min_bytes, _scratch_min_bytes
+    old = (_stream_min_bytes, _scratch_min_bytes)
     _stream_min_bytes = nbytes
+    if scratch_nbytes is None:
+        scratch_nbytes = SCRATCH_MIN_BYTES if nbytes == STREAM_MIN_BYTES else nbytes
+    _scratch_min_bytes = scratch_nbytes
     return old
 
 
-cdef inline bint _streams(Py_ssize_t n, Py_ssize_t itemsize) noexcept nogil:
-    return n * itemsize >= _stream_min_bytes
+cdef inline bint _streams(Py_ssize_t n, Py_ssize_t itemsize, Py_ssize_t min_bytes) noexcept nogil:
+    return n * itemsize >= min_bytes
 
 
 def _need(Py_ssize_t have, Py_ssize_t need, str what):
@@ -312,7 +321,7 @@ cdef int _forward(const real* xp, real* yp, Py_ssize_t outer, Py_ssize_t C, Py_s
     a thread's scratch could not be allocated (nothing is then computed by it), else 0."""
     cdef Py_ssize_t n = outer * C * inner, t, k, o, lo, cnt, P, pieces, run, runs, es, q
     cdef int nt = _threads(n)
-    cdef bint stream = _streams(n, sizeof(real))
+    cdef bint stream = _streams(n, sizeof(real), _stream_min_bytes)
     cdef bint scratch
     cdef real* buf
     cdef real* e
@@ -329,12 +338,14 @@ cdef int _forward(const real* xp, real* yp, Py_ssize_t outer, Py_ssize_t C, Py_s
         return 0
     P = _piece(C, inner)
     pieces = (inner + P - 1) // P
-    run = RUN if stream else 1  # (in cache: every piece its own work item, nothing to prefetch)
+    # Past SCRATCH_MIN_BYTES: the exp into a per-thread scratch block of C x P (in cache), then y = e / sum in
+    # one pass (stored past the caches where `stream`), in runs of pieces that prefetch the next piece's x;
+    # unless a piece is far larger than PIECE (P is at least 64 positions). Smaller: the exp into y itself,
+    # divided in place, each piece its own work item (all in cache; no scratch to allocate and fault in)
+    scratch = _streams(n, sizeof(real), _scratch_min_bytes) and C * P <= 2 * PIECE
+    stream = stream and scratch
+    run = RUN if scratch else 1
     runs = (outer * pieces + run - 1) // run
-    # Streaming: the exp into a scratch block of C x P (in cache), then y = e / sum stored past the caches,
-    # unless a piece is far larger than PIECE (P is at least 64 positions). Otherwise the exp goes into y
-    # itself, divided in place (y stays in cache for the next layer; no scratch to allocate and fault in)
-    scratch = stream and C * P <= 2 * PIECE
     with parallel(num_threads=nt):
         buf = <real*> malloc(((C * P if scratch else 0) + 2 * P) * sizeof(real) + P * sizeof(double))
         if buf != NULL:
@@ -346,14 +357,14 @@ cdef int _forward(const real* xp, real* yp, Py_ssize_t outer, Py_ssize_t C, Py_s
                     cnt = inner - lo if inner - lo < P else P
                     q = t + 1
                     nxt = NULL
-                    if q < (k + 1) * run and q < outer * pieces:
+                    if scratch and q < (k + 1) * run and q < outer * pieces:
                         nxt = xp + (q // pieces) * C * inner + (q % pieces) * P
                     ybase = yp + o * C * inner + lo
                     e = buf + 2 * P if scratch else ybase
                     es = cnt if scratch else inner
                     part_loss = _fwd_piece(xp + o * C * inner + lo, ybase, C, inner, cnt, e, es, buf, buf + P,
                                            <double*>(buf + 2 * P + (C * P if scratch else 0)), nxt,
-                                           scratch, label + o * inner + lo if label != NULL else NULL,
+                                           stream, label + o * inner + lo if label != NULL else NULL,
                                            valid + o * inner + lo if label != NULL else NULL)
                     if label != NULL:
                         part[t] = part_loss
@@ -498,7 +509,7 @@ def softmax_backward(const real[::1] y, const real[::1] dy, real[::1] dx, Py_ssi
         return
     P = _piece(C, inner)
     pieces = (inner + P - 1) // P
-    stream = _streams(n, sizeof(real))
+    stream = _streams(n, sizeof(real), _stream_min_bytes)
     run = RUN if stream else 1
     runs = (outer * pieces + run - 1) // run
     with nogil, parallel(num_threads=_threads(n)):
