@@ -95,6 +95,8 @@ CASES = [
     Case("Split", "Split", tops=2),
     Case("Pooling MAX 3/2", "Pooling", "pooling_param { pool: MAX kernel_size: 3 stride: 2 }",
          state=(("top", 4),)),
+    Case("Pooling MAX 3/2 TEST", "Pooling", "pooling_param { pool: MAX kernel_size: 3 stride: 2 }",
+         phase=TEST, backward=False),
     Case("Pooling AVE global", "Pooling", "pooling_param { pool: AVE global_pooling: true }",
          shape=lambda s: (s[0], 2048, 7, 7)),
 ]
