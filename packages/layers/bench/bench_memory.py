@@ -11,7 +11,8 @@ layer's "ideal" time is one read of its inputs and one write of its outputs at B
 State a layer keeps between forward and backward (masks, saved inputs, x_norm) is not in
 the ideal, so its cost shows in the ratio; where forward writes such state (MAX pooling's int32
 argmax mask, LRN's scale, Dropout's uint8 mask: what Caffe's forward writes too), "x+st" is the
-forward's time over the ideal with that write counted.
+forward's time over the ideal with that write counted. In a TEST-phase net MAX pooling and LRN
+leave that state out until a Backward asks for it (the "TEST" cases: forward only).
 
 --floor also times each layer on a cache-resident blob (about 1 MB a blob: N = 1, the same
 channels, fewer positions) and scales its time to the full count, less the per-call cost measured on
@@ -90,6 +91,7 @@ CASES = [
     Case("SoftmaxWithLoss", "SoftmaxWithLoss", bottoms=2, labels=True, reads=("y",)),
     Case("LRN", "LRN", "lrn_param { local_size: 5 alpha: 0.0001 beta: 0.75 }", reads=("x", "y"),
          state=(("bottom", 4),)),
+    Case("LRN TEST", "LRN", "lrn_param { local_size: 5 alpha: 0.0001 beta: 0.75 }", phase=TEST, backward=False),
     Case("Concat", "Concat", bottoms=2, shape=_half_channels),
     Case("Slice", "Slice", tops=2),
     Case("Split", "Split", tops=2),
