@@ -163,7 +163,7 @@ def max_forward_values(xp, spec, x, y) -> bool:
         return False
     N, C, H, W = x.shape
     PH, PW = y.shape[2:]
-    _k.max_pool_forward_values(x.reshape(-1), y.reshape(-1), N * C, H, W, PH, PW, *spec.window_args())
+    _k.max_pool_forward(x.reshape(-1), y.reshape(-1), None, N * C, H, W, PH, PW, *spec.window_args())
     return True
 
 

@@ -230,7 +230,7 @@ cdef extern from *:
         _mm256_storeu_ps(y, m);
         _mm256_storeu_si256((__m256i*)mask, idx);
     }
-    /* the values alone (no argmax: a TEST-phase forward, see max_pool_forward_values): the same
+    /* the values alone (no argmax: a TEST-phase forward, max_pool_forward without a mask): the same
        strict-greater scans, m = v > m ? v : m being MAXPS(v, m) (NaN never taken, a tie keeps m) */
     static inline void caffe_poolv_h_k3s2_f8(const float* src, float* hm) {
         __m256 a = _mm256_loadu_ps(src), b = _mm256_loadu_ps(src + 8);
@@ -626,7 +626,7 @@ cdef inline void _max_plane_2x2(const real* x, real* y, int* mask, Py_ssize_t W,
             mask[ph * PW + pw] = idx
 
 
-# The values alone (max_pool_forward_values): the scans above without the argmax bookkeeping, so the
+# The values alone (max_pool_forward without a mask): the scans above without the argmax bookkeeping, so the
 # same values bit for bit (the first maximum in row-major order: the sign of a zero tie included).
 
 cdef inline void _maxv_hrow(const real* src, real* hm, Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t kw,
@@ -771,54 +771,23 @@ cdef inline void _maxv_plane_2x2(const real* x, real* y, Py_ssize_t W, Py_ssize_
             y[ph * PW + pw] = v if v > m else m
 
 
-def max_pool_forward_values(const real[::1] x, real[::1] y, Py_ssize_t planes,
-                            Py_ssize_t H, Py_ssize_t W, Py_ssize_t PH, Py_ssize_t PW,
-                            Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
-                            Py_ssize_t pad_h, Py_ssize_t pad_w):
-    """y = max over each window, as max_pool_forward's (the same bits), without the argmax: for a
-    forward no backward reads (a TEST-phase net's), the mask's write and bookkeeping saved."""
-    cdef Py_ssize_t p
-    if planes * PH * PW == 0:
-        return
-    _check(x.shape[0], planes * H * W, "bottom")
-    _check(y.shape[0], planes * PH * PW, "top")
-    cdef const real* xp = &x[0] if H * W > 0 else NULL
-    cdef real* yp = &y[0]
-    cdef int nt = _threads(planes * (H * W + PH * PW))
-    cdef Py_ssize_t g = _grab(H * W + PH * PW)
-    cdef real* hm
-    if (kh == 2 and kw == 2 and sh == 2 and sw == 2 and pad_h == 0 and pad_w == 0
-            and 2 * PH == H and 2 * PW == W):
-        with nogil:
-            for p in prange(planes, schedule="dynamic", chunksize=g, num_threads=nt):
-                _maxv_plane_2x2(xp + p * H * W, yp + p * PH * PW, W, PH, PW)
-        return
-    with nogil, parallel(num_threads=nt):
-        hm = <real*>malloc(H * PW * sizeof(real) + 64)  # per thread: the plane's row maxima
-        if hm == NULL:
-            with gil:
-                raise MemoryError()
-        else:
-            for p in prange(planes, schedule="dynamic", chunksize=g):
-                _maxv_plane_sep(xp + p * H * W, yp + p * PH * PW, hm, H, W, PH, PW, kh, kw, sh, sw,
-                                pad_h, pad_w)
-            free(hm)
-
-
 def max_pool_forward(const real[::1] x, real[::1] y, int[::1] mask, Py_ssize_t planes,
                      Py_ssize_t H, Py_ssize_t W, Py_ssize_t PH, Py_ssize_t PW,
                      Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
                      Py_ssize_t pad_h, Py_ssize_t pad_w):
-    """y = max over each window; mask = argmax (h * W + w within the plane, -1 if empty)."""
+    """y = max over each window; mask = argmax (h * W + w within the plane, -1 if empty). mask None:
+    the values alone (the same bits), the argmax's write and bookkeeping saved, for a forward no
+    backward reads (a TEST-phase net's)."""
     cdef Py_ssize_t p
     if planes * PH * PW == 0:
         return
     _check(x.shape[0], planes * H * W, "bottom")
     _check(y.shape[0], planes * PH * PW, "top")
-    _check(mask.shape[0], planes * PH * PW, "mask")
+    if mask is not None:
+        _check(mask.shape[0], planes * PH * PW, "mask")
     cdef const real* xp = &x[0] if H * W > 0 else NULL
     cdef real* yp = &y[0]
-    cdef int* mp = &mask[0]
+    cdef int* mp = &mask[0] if mask is not None else NULL
     cdef int nt = _threads(planes * (H * W + PH * PW))
     cdef Py_ssize_t g = _grab(H * W + PH * PW)
     cdef bint whole_2x2 = (kh == 2 and kw == 2 and sh == 2 and sw == 2 and pad_h == 0 and pad_w == 0
@@ -828,7 +797,10 @@ def max_pool_forward(const real[::1] x, real[::1] y, int[::1] mask, Py_ssize_t p
     if whole_2x2:
         with nogil:
             for p in prange(planes, schedule="dynamic", chunksize=g, num_threads=nt):
-                _max_plane_2x2(xp + p * H * W, yp + p * PH * PW, mp + p * PH * PW, W, PH, PW)
+                if mp != NULL:
+                    _max_plane_2x2(xp + p * H * W, yp + p * PH * PW, mp + p * PH * PW, W, PH, PW)
+                else:
+                    _maxv_plane_2x2(xp + p * H * W, yp + p * PH * PW, W, PH, PW)
         return
     with nogil, parallel(num_threads=nt):
         # per thread: the plane's row maxima and their columns
@@ -839,8 +811,12 @@ def max_pool_forward(const real[::1] x, real[::1] y, int[::1] mask, Py_ssize_t p
         else:
             hc = <int*>(hm + H * PW)
             for p in prange(planes, schedule="dynamic", chunksize=g):
-                _max_plane_sep(xp + p * H * W, yp + p * PH * PW, mp + p * PH * PW, hm, hc, H, W, PH, PW,
-                               kh, kw, sh, sw, pad_h, pad_w)
+                if mp != NULL:
+                    _max_plane_sep(xp + p * H * W, yp + p * PH * PW, mp + p * PH * PW, hm, hc, H, W, PH, PW,
+                                   kh, kw, sh, sw, pad_h, pad_w)
+                else:
+                    _maxv_plane_sep(xp + p * H * W, yp + p * PH * PW, hm, H, W, PH, PW, kh, kw, sh, sw,
+                                    pad_h, pad_w)
             free(hm)
 
 
