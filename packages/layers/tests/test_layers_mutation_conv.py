@@ -419,3 +419,56 @@ def test_forward_drops_the_block_kept_by_an_earlier_forward(monkeypatch):
         layer.Backward(top, [False], bottom)
         diffs.append(layer.blobs[0].diff.copy())
     np.testing.assert_allclose(diffs[0], diffs[1], rtol=1e-6, atol=1e-6)
+
+
+def test_conv_setup_errors_name_the_bias():
+    """A given bias blob of the wrong shape, and a bad bias filler, are errors of this layer naming the bias
+    (session 9: layer_setup's bias messages)."""
+    from caffe.layers.registry import create_layer
+    from caffe.layers.testing import layer_param
+    src = make_layer("Convolution", f"convolution_param {{ num_output: 2 kernel_size: 2 {_FILL} }}")
+    run_forward(src, [np.ones((1, 3, 4, 4))])
+    param = src.to_proto()
+    param.blobs[1].shape.dim[:] = [3]
+    param.blobs[1].data.append(0.0)
+    bad = layer_param("Convolution", "convolution_param { num_output: 2 kernel_size: 2 }", name="c")
+    bad.blobs.extend(param.blobs)
+    with pytest.raises(LayerError, match=r"Layer 'c' \(Convolution\).*Incorrect bias shape: expected shape "
+                                         r"\(2,\); instead, shape was \(3,\)"):
+        run_forward(create_layer(bad), [np.ones((1, 3, 4, 4))])
+    filler = make_layer("Convolution", "convolution_param { num_output: 2 kernel_size: 2 "
+                                       "bias_filler { type: 'gausian' } }", name="c")
+    with pytest.raises(LayerError, match=r"Layer 'c' \(Convolution\).*convolution_param\.bias_filler: .*gausian"):
+        run_forward(filler, [np.ones((1, 3, 4, 4))])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("caffe.layers.testing", fromlist=["x"]).gpu_available(),
+                    reason="no GPU (CuPy with a CUDA device, or the CuPy stand-in)")
+@pytest.mark.parametrize("act, layer_text", [
+    ((1, 0.0, 0.0), ("ReLU", "")),
+    ((1, 0.25, 0.0), ("ReLU", "relu_param { negative_slope: 0.25 }")),
+    ((2, -0.5, 0.75), ("Clip", "clip_param { min: -0.5 max: 0.75 }")),
+])
+def test_apply_epilogue_on_the_device_is_the_gpu_layers_activation(act, layer_text):
+    """On a device, apply_epilogue gives what the ReLU / Clip layer gives in GPU mode: max(x, 0) for slope 0,
+    NaN staying NaN (session 9: the device branch of apply_epilogue)."""
+    import cupy
+    from caffe.blob import context
+    from caffe.layers import conv_base
+    from caffe.layers.testing import blobs_from_arrays, empty_tops
+    x = np.array([np.nan, -0.0, 0.0, -1.0, 2.0, -np.inf, np.inf, 0.75, -0.5], np.float32)
+    context.set_mode(context.GPU)
+    try:
+        layer = make_layer(*layer_text)
+        bottom, top = blobs_from_arrays([x], np.float32), empty_tops(1, np.float32)
+        layer.SetUp(bottom, top)
+        layer.Forward(bottom, top)
+        want = top[0].data.copy()
+    finally:
+        context.set_mode_cpu()
+    out = cupy.asarray(x)
+    conv_base.apply_epilogue(cupy, out, act)
+    got = cupy.asnumpy(out)
+    np.testing.assert_array_equal(got, want)
+    assert np.isnan(got[0]) and got[3] != -1  # NaN stays NaN on the device; -1 was changed
