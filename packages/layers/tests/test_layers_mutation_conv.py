@@ -241,3 +241,234 @@ def test_float32_forward_of_exactly_exact_forward_max_k_terms_is_correctly_round
         layer.Forward(bottom, top)
         outs.append(top[0].data.copy())
     np.testing.assert_array_equal(outs[0], outs[1].astype(np.float32))
+
+
+# -- layers-15, session 9: the forward epilogue (conv_base.apply_epilogue, conv_cpu's stores) and the exact
+# GEMM kernel's callers ------------------------------------------------------------------------------------
+
+def _bits(a):
+    a = np.ascontiguousarray(a)
+    return a.view(f"u{a.dtype.itemsize}")
+
+
+_EDGES = [np.nan, -0.0, 0.0, -1.0, 2.0, -np.inf, np.inf, 0.75, -0.5, 1e-40, -3e-39]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("act, layer_text", [
+    ((1, 0.0, 0.0), ("ReLU", "")),
+    ((1, 0.25, 0.0), ("ReLU", "relu_param { negative_slope: 0.25 }")),
+    ((1, -0.5, 0.0), ("ReLU", "relu_param { negative_slope: -0.5 }")),
+    ((2, -0.5, 0.75), ("Clip", "clip_param { min: -0.5 max: 0.75 }")),
+    ((2, 0.0, 1.0), ("Clip", "clip_param { min: 0 max: 1 }")),
+])
+def test_apply_epilogue_is_the_cpu_layers_activation_bit_for_bit(act, layer_text, dtype):
+    """On the host, apply_epilogue (the batched plan's epilogue, a folded InnerProduct's activation) gives
+    the bits the CPU ReLU / Clip layer gives, NaN, signed zeros, infinities and subnormals included: a
+    folded net is the unfolded one (session 9: it took max(x, 0), NaN for the ReLU layer's 0; `a == 1`
+    for `a == 0`, -0 for +0; `>=` for `>`, -0 for +0 at -0 with a negative slope)."""
+    from caffe.layers import conv_base
+    from caffe.layers.testing import blobs_from_arrays, empty_tops
+    x = np.array(_EDGES, dtype)
+    layer = make_layer(*layer_text)
+    bottom, top = blobs_from_arrays([x], dtype), empty_tops(1, dtype)
+    layer.SetUp(bottom, top)
+    layer.Forward(bottom, top)
+    out = x.copy()
+    conv_base.apply_epilogue(np, out, act)
+    np.testing.assert_array_equal(_bits(out), _bits(top[0].data))
+
+
+@pytest.mark.parametrize("cpu_paths", [True, False])
+def test_conv_epilogue_on_nan_inputs_is_the_unfolded_relu(cpu_paths, monkeypatch):
+    """A Convolution with a ReLU epilogue (inference folding) == the Convolution, then the ReLU layer, bit for
+    bit, with a NaN in the bottom: on the CPU plans and the batched plan (N-d, force_nd_im2col) alike
+    (session 9: the batched plan's epilogue left NaN where the ReLU layer gives 0)."""
+    from caffe.blob import context
+    from caffe.layers import conv_base
+    from caffe.layers.testing import blobs_from_arrays, empty_tops
+    monkeypatch.setattr(conv_base, "CPU_PATHS", cpu_paths)
+    x = np.random.default_rng(16).normal(size=(2, 3, 5, 4)).astype(np.float32)
+    x[0, 1, 2, 2] = np.nan
+    outs = []
+    for fused in (True, False):
+        context.set_random_seed(17)
+        layer = make_layer("Convolution", f"convolution_param {{ num_output: 4 kernel_size: 3 pad: 1 {_FILL} }}")
+        bottom, top = blobs_from_arrays([x], np.float32), empty_tops(1, np.float32)
+        layer.SetUp(bottom, top)
+        layer.epilogue = (conv_base.ACT_RELU, 0.0, 0.0) if fused else None
+        layer.Forward(bottom, top)
+        if not fused:
+            relu = make_layer("ReLU")
+            relu.SetUp(top, top)
+            relu.Forward(top, top)
+        outs.append(top[0].data.copy())
+    assert layer.plan(np, np.float32) == ("blocked" if cpu_paths else "batched")
+    assert np.isnan(x).any() and not np.isnan(outs[1]).any()
+    np.testing.assert_array_equal(_bits(outs[0]), _bits(outs[1]))
+
+
+@_DENSE
+def test_dense_plan_epilogue_when_the_forward_goes_blocked():
+    """A dense-plan layer whose forward is not dense (72 outputs per group: only the bottom diff is) runs the
+    blocked forward, with the epilogue (session 9: dense_forward's fallback dropped `act`)."""
+    from caffe.blob import context
+    from caffe.layers import conv_base, conv_cpu
+    from caffe.layers.testing import blobs_from_arrays, empty_tops
+    x = np.random.default_rng(18).normal(size=(2, 4, 5, 6)).astype(np.float32)
+    outs = []
+    for fused in (True, False):
+        context.set_random_seed(19)
+        layer = make_layer("Convolution", f"convolution_param {{ num_output: 72 kernel_size: 3 pad: 1 {_FILL} }}")
+        bottom, top = blobs_from_arrays([x], np.float32), empty_tops(1, np.float32)
+        layer.SetUp(bottom, top)
+        assert layer.plan(np, np.float32) == "dense" and conv_cpu.dense_products(layer, np.float32) == ("data",)
+        layer.epilogue = (conv_base.ACT_CLIP, -0.25, 0.5) if fused else None
+        layer.Forward(bottom, top)
+        outs.append(top[0].data.copy())
+    assert (outs[1] < -0.25).any() and (outs[1] > 0.5).any()
+    np.testing.assert_array_equal(outs[0], np.clip(outs[1], np.float32(-0.25), np.float32(0.5)))
+
+
+@pytest.mark.skipif(not __import__("caffe.layers.conv_cpu", fromlist=["x"]).EXACT_GEMM,
+                    reason="kernels.exact_gemm is not vectorized on this CPU")
+def test_exact_kernel_forward_with_two_bottoms_keeps_each_bottoms_own_block(monkeypatch):
+    """The exact GEMM kernel's forward (float32, kernel_dim <= EXACT_FORWARD_MAX_K, one block) keeps each
+    bottom's float32 column block in the layer's own buffer: the second bottom's forward does not overwrite
+    the first's, so each pair's weight diff is its own bottom's, as the batched path computes it (session 9:
+    _exact_forward lowering the kept block into the shared scratch buffer)."""
+    from caffe.layers import conv_base
+    rng = np.random.default_rng(20)
+    xs = [rng.normal(size=(2, 3, 4, 5)) for _ in range(2)]
+    dys = [rng.normal(size=(2, 5, 4, 5)) for _ in range(2)]
+    got = []
+    for cpu_paths in (True, False):
+        monkeypatch.setattr(conv_base, "CPU_PATHS", cpu_paths)
+        context_seed(21)
+        layer = make_layer("Convolution", f"convolution_param {{ num_output: 5 kernel_size: 3 pad: 1 {_FILL} }}")
+        bottom, top = run_forward(layer, xs, n_top=2, dtype=np.float32)
+        if cpu_paths:
+            blocks = layer.cpu_blocks(2, np.float32, exact=True)
+            assert blocks.kernel and len(blocks.blocks) == 1
+        for t, d in zip(top, dys):
+            t.diff[...] = d
+        layer.Backward(top, [True, True], bottom)
+        got.append([b.diff.copy() for b in bottom + layer.blobs])
+    for g, w in zip(*got):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("bias_term", [True, False])
+@pytest.mark.parametrize("act, layer_text", [
+    ((1, 0.0, 0.0), ("ReLU", "")),
+    ((1, 0.25, 0.0), ("ReLU", "relu_param { negative_slope: 0.25 }")),
+    ((2, -0.5, 0.75), ("Clip", "clip_param { min: -0.5 max: 0.75 }")),
+])
+def test_blocked_plan_epilogue_with_one_image_a_block(act, layer_text, bias_term, dtype):
+    """The blocked plan's GEMM written straight into the blob (one image a block, no float64 exact block:
+    36 terms; stride 2: not the dense plan) applies the epilogue in its bias pass, with and without a bias: the layer, then the ReLU / Clip
+    layer, bit for bit (session 9: _gemm_out skipping the pass without a bias, or misplacing its arguments)."""
+    from caffe.blob import context
+    from caffe.layers.testing import blobs_from_arrays, empty_tops
+    x = np.random.default_rng(22).normal(size=(1, 4, 7, 6))
+    text = f"convolution_param {{ num_output: 3 kernel_size: 3 pad: 1 stride: 2 bias_term: {str(bias_term).lower()} {_FILL} }}"
+    outs = []
+    for fused in (True, False):
+        context.set_random_seed(23)
+        layer = make_layer("Convolution", text)
+        bottom, top = blobs_from_arrays([x], dtype), empty_tops(1, dtype)
+        layer.SetUp(bottom, top)
+        blocks = layer.cpu_blocks(1, dtype, exact=False)
+        assert layer.plan(np, dtype) == "blocked" and not layer.exact_forward(dtype) and len(blocks.blocks) == 1
+        layer.epilogue = act if fused else None
+        layer.Forward(bottom, top)
+        if not fused:
+            raw = top[0].data.copy()
+            a = make_layer(*layer_text)
+            a.SetUp(top, top)
+            a.Forward(top, top)
+        outs.append(top[0].data.copy())
+    np.testing.assert_array_equal(_bits(outs[0]), _bits(outs[1]))
+    assert (raw != outs[1]).any()  # the activation changed something on this draw
+
+
+@pytest.mark.skipif(not __import__("caffe.layers.conv_cpu", fromlist=["x"]).EXACT_GEMM,
+                    reason="kernels.exact_gemm is not vectorized on this CPU")
+def test_forward_drops_the_block_kept_by_an_earlier_forward(monkeypatch):
+    """A Forward that keeps no column block drops the one an earlier Forward kept: the exact GEMM kernel keeps
+    its float32 block, the float64 path (EXACT_GEMM off, as the benchmarks switch it) keeps none, and the
+    Backward after it must not take the first Forward's block of another bottom (session 9: conv_forward's
+    `_kept_col.pop(key)` with another key)."""
+    from caffe.layers import conv_cpu
+    rng = np.random.default_rng(24)
+    x1, x2 = rng.normal(size=(2, 3, 4, 5)), rng.normal(size=(2, 3, 4, 5))
+    dy = rng.normal(size=(2, 4, 4, 5))
+    diffs = []
+    for first in (x1, None):
+        monkeypatch.setattr(conv_cpu, "EXACT_GEMM", True)
+        context_seed(25)
+        layer = make_layer("Convolution", f"convolution_param {{ num_output: 4 kernel_size: 3 pad: 1 {_FILL} }}")
+        bottom, top = run_forward(layer, [x1 if first is not None else x2], dtype=np.float32)
+        if first is not None:  # kept the float32 block of x1; now x2 by the float64 path
+            assert layer._kept_col
+            monkeypatch.setattr(conv_cpu, "EXACT_GEMM", False)
+            bottom[0].data[...] = x2
+            layer.Forward(bottom, top)
+        top[0].diff[...] = dy
+        layer.Backward(top, [False], bottom)
+        diffs.append(layer.blobs[0].diff.copy())
+    np.testing.assert_allclose(diffs[0], diffs[1], rtol=1e-6, atol=1e-6)
+
+
+def test_conv_setup_errors_name_the_bias():
+    """A given bias blob of the wrong shape, and a bad bias filler, are errors of this layer naming the bias
+    (session 9: layer_setup's bias messages)."""
+    from caffe.layers.registry import create_layer
+    from caffe.layers.testing import layer_param
+    src = make_layer("Convolution", f"convolution_param {{ num_output: 2 kernel_size: 2 {_FILL} }}")
+    run_forward(src, [np.ones((1, 3, 4, 4))])
+    param = src.to_proto()
+    param.blobs[1].shape.dim[:] = [3]
+    param.blobs[1].data.append(0.0)
+    bad = layer_param("Convolution", "convolution_param { num_output: 2 kernel_size: 2 }", name="c")
+    bad.blobs.extend(param.blobs)
+    with pytest.raises(LayerError, match=r"Layer 'c' \(Convolution\).*Incorrect bias shape: expected shape "
+                                         r"\(2,\); instead, shape was \(3,\)"):
+        run_forward(create_layer(bad), [np.ones((1, 3, 4, 4))])
+    filler = make_layer("Convolution", "convolution_param { num_output: 2 kernel_size: 2 "
+                                       "bias_filler { type: 'gausian' } }", name="c")
+    with pytest.raises(LayerError, match=r"Layer 'c' \(Convolution\).*convolution_param\.bias_filler: .*gausian"):
+        run_forward(filler, [np.ones((1, 3, 4, 4))])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("caffe.layers.testing", fromlist=["x"]).gpu_available(),
+                    reason="no GPU (CuPy with a CUDA device, or the CuPy stand-in)")
+@pytest.mark.parametrize("act, layer_text", [
+    ((1, 0.0, 0.0), ("ReLU", "")),
+    ((1, 0.25, 0.0), ("ReLU", "relu_param { negative_slope: 0.25 }")),
+    ((2, -0.5, 0.75), ("Clip", "clip_param { min: -0.5 max: 0.75 }")),
+])
+def test_apply_epilogue_on_the_device_is_the_gpu_layers_activation(act, layer_text):
+    """On a device, apply_epilogue gives what the ReLU / Clip layer gives in GPU mode: max(x, 0) for slope 0,
+    NaN staying NaN (session 9: the device branch of apply_epilogue)."""
+    import cupy
+    from caffe.blob import context
+    from caffe.layers import conv_base
+    from caffe.layers.testing import blobs_from_arrays, empty_tops
+    x = np.array([np.nan, -0.0, 0.0, -1.0, 2.0, -np.inf, np.inf, 0.75, -0.5], np.float32)
+    context.set_mode(context.GPU)
+    try:
+        layer = make_layer(*layer_text)
+        bottom, top = blobs_from_arrays([x], np.float32), empty_tops(1, np.float32)
+        layer.SetUp(bottom, top)
+        layer.Forward(bottom, top)
+        want = top[0].data.copy()
+    finally:
+        context.set_mode_cpu()
+    out = cupy.asarray(x)
+    conv_base.apply_epilogue(cupy, out, act)
+    got = cupy.asnumpy(out)
+    np.testing.assert_array_equal(got, want)
+    assert np.isnan(got[0]) and got[3] != -1  # NaN stays NaN on the device; -1 was changed

@@ -70,12 +70,15 @@ _WORKSPACE = threading.local()
 
 
 def apply_epilogue(xp, out, act) -> None:
-    """out = act(out) in place, as the ReLU / Clip layer's generic forward computes it (the batched path;
-    the CPU plans fuse it into their stores: conv_cpu)."""
+    """out = act(out) in place, as the ReLU / Clip layer computes it on that device (the batched path and
+    a folded InnerProduct's activation; the CPU plans fuse it into their stores: conv_cpu)."""
     code, a, b = act
     if code == ACT_RELU:
         if a == 0:
-            xp.maximum(out, 0, out=out)
+            if xp is np:  # the CPU ReLU layer's kernel (and conv_cpu's stores): x > 0 ? x : 0, NaN -> 0
+                np.copyto(out, 0, where=~(out > 0))
+            else:  # the layer's forward_xp: max(x, 0), NaN stays NaN
+                xp.maximum(out, 0, out=out)
         else:
             xp.multiply(out, xp.where(out > 0, 1.0, a).astype(out.dtype, copy=False), out=out)
     elif code == ACT_CLIP:
