@@ -293,3 +293,117 @@ def test_a_pending_blob_warns_only_when_its_bottom_was_written_after_the_forward
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
         "Folded layers c, bn, s: blob computed on demand from the current contents of its bottom, which was "
         "written after the forward (build the net with fold=False to keep the values of the forward)"]
+
+
+# -- the net's side (caffe.net.net: the folded forward, unfolding, the switch, backward's guard) -----------
+
+TWO_LOSSES = "\n".join([
+    'layer { name: "data" type: "Input" top: "data" top: "t1" top: "t2" input_param { shape { dim: 2 dim: 3 '
+    'dim: 3 dim: 4 } shape { dim: 2 dim: 3 dim: 3 dim: 4 } shape { dim: 2 dim: 4 dim: 3 dim: 4 } } }',
+    'layer { name: "loss1" type: "EuclideanLoss" bottom: "data" bottom: "t1" top: "loss1" }',
+    net_text((1,), conv(), bn(top="b"), scale(bottom="b", top="s")).split("\n", 1)[1],
+    'layer { name: "p" type: "Pooling" bottom: "s" top: "p" pooling_param { pool: AVE kernel_size: 1 } }',
+    'layer { name: "loss2" type: "EuclideanLoss" bottom: "p" bottom: "t2" top: "loss2" }',
+])
+
+
+def test_losses_before_and_after_a_folded_step_add_up():
+    folded, plain = twins(TWO_LOSSES)
+    assert units(folded) == [["c", "bn", "s"]]
+    assert_same(folded, plain)
+    assert float(folded.blobs["loss1"].data) > 0 and float(folded.blobs["loss2"].data) > 0
+
+
+def test_an_error_in_a_layer_beside_the_folded_ones_names_it():
+    net = Net(TWO_LOSSES, caffe.TEST, fold=True)
+    net.Forward()
+
+    def boom(bottom, top):
+        raise RuntimeError("boom")
+
+    net.layers[net.layer_names.index("p")].Forward = boom
+    with pytest.raises(RuntimeError, match="boom") as info:
+        net.Forward()
+    assert info.value.__notes__ == ["in the forward pass of layer 'p' (Pooling)"]
+
+
+def test_forward_from_the_chain_start_leaves_the_old_pending_blobs_alone(caplog):
+    folded, plain = twins(TWO_LOSSES)
+    unit = folded.fold_units[0]
+    folded.Forward()
+    folded.blobs["data"].data[...] += 1  # the next input, then a forward from the chain's first layer
+    plain.blobs["data"].data[...] += 1
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="caffe.net"):
+        folded.ForwardFrom(unit.first)
+        plain.ForwardFrom(unit.first)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]  # nothing computed from old tops
+    assert unit.ran_folded and folded.blobs["c"]._lazy_pending
+    np.testing.assert_allclose(folded.blobs["s"].data, plain.blobs["s"].data, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(folded.blobs["c"].data, plain.blobs["c"].data)
+
+
+def chains2():
+    """Two chains, A (c1, bn1, s1: bn1's top not in place, so pending) and B (c2, bn2, s2), and a loss."""
+    return "\n".join([
+        'layer { name: "data" type: "Input" top: "data" top: "t" input_param { shape { dim: 2 dim: 3 dim: 3 '
+        'dim: 4 } shape { dim: 2 dim: 4 dim: 3 dim: 4 } } }',
+        net_text((1,), conv("c1", top="c1"), bn("bn1", "c1", "b1"), scale("s1", "b1", "b1"),
+                 conv("c2", "b1", "c2"), bn("bn2", "c2", "b2"), scale("s2", "b2", "b2")).split("\n", 1)[1],
+        'layer { name: "loss" type: "EuclideanLoss" bottom: "b2" bottom: "t" top: "loss" }'])
+
+
+def test_a_forward_over_part_of_the_net_unfolds_only_the_chains_it_cuts():
+    net = Net(chains2(), caffe.TEST, fold=True)
+    a, b = net.fold_units
+    assert a.names == ["c1", "bn1", "s1"] and b.names == ["c2", "bn2", "s2"]
+    net.Forward()
+    assert a.ran_folded and b.ran_folded and net.blobs["c2"]._lazy_pending
+    net.ForwardFromTo(0, a.first + 1)  # cuts A: B's pending blob stays pending, B still ran folded
+    assert not a.ran_folded and b.ran_folded and net.blobs["c2"]._lazy_pending
+    net.Forward()
+    net.ForwardFromTo(0, b.first)  # ends at B's first layer: B runs unfolded
+    assert not b.ran_folded
+    net.Forward()
+    net.ForwardFromTo(b.first, b.first + 1)  # starts at B's first layer and cuts it
+    assert not b.ran_folded
+
+
+def test_backward_is_refused_over_any_layer_of_a_chain_that_ran_folded():
+    net = Net(chains2(), caffe.TEST, fold=True)
+    a, b = net.fold_units
+    net.Forward()
+    # (A lies before each range: the check goes on to B)
+    for start, end in ((b.first, b.first), (len(net.layers) - 1, b.last), (b.last, b.first), (b.last, b.last)):
+        with pytest.raises(NetError) as info:
+            net.BackwardFromTo(start, end)
+        assert str(info.value).startswith("Backward through layers c2, bn2, s2 of net ")
+    net.BackwardFromTo(len(net.layers) - 1, b.last + 1)  # the loss alone: allowed
+
+
+def test_turning_folding_off_and_on_again():
+    net = Net(chains2(), caffe.TEST, fold=True)
+    plain = Net(chains2(), caffe.TEST, fold=False)
+    net.Forward()
+    net.fold(False)
+    assert not net.folded and not any(u.ran_folded for u in net.fold_units)
+    net.Forward()
+    net.Backward()  # ran unfolded: allowed
+    # a net built with fold=False can turn it on
+    assert not plain.fold_units
+    plain.fold(True)
+    assert plain.folded and units(plain) == [["c1", "bn1", "s1"], ["c2", "bn2", "s2"]]
+
+
+def test_forward_steps_are_the_folded_steps():
+    folded, plain = twins(chains2())
+    steps = folded.forward_steps()
+    a, b = folded.fold_units
+    n = len(folded.layers)
+    assert [(s, e) for s, e, _ in steps] == ([(i, i) for i in range(a.first)] + [(a.first, a.last), (b.first, b.last)]
+                                             + [(i, i) for i in range(b.last + 1, n)])
+    loss = sum(run() for _, _, run in steps)
+    plain_loss = plain.Forward()
+    assert loss == pytest.approx(plain_loss, rel=1e-5) and loss > 0
+    np.testing.assert_allclose(folded.blobs["b2"].data, plain.blobs["b2"].data, rtol=1e-5, atol=1e-5)
+    assert [(s, e) for s, e, _ in plain.forward_steps()] == [(i, i) for i in range(n)]
