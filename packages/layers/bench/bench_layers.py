@@ -213,6 +213,9 @@ def main(argv=None):
     ap.add_argument("--shapes", default="resnet,mobilenet", help="with --memory: resnet, mobilenet")
     ap.add_argument("--malloc-default", action="store_true",
                     help="with --memory: leave glibc's adaptive mmap threshold alone (see bench_memory.py)")
+    ap.add_argument("--floor", action="store_true",
+                    help="with --memory: also time each layer on a cache-resident blob, scaled to the full count "
+                         "(what it costs when memory does not limit it; see bench_memory.py)")
     ap.add_argument("--conv", action="store_true",
                     help="time the convolution cases (CONV_CASES) old vs new instead of the nets")
     ap.add_argument("--cases", default="cifar,lenet,caffenet,mobilenet,resnet",
@@ -226,7 +229,7 @@ def main(argv=None):
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import bench_memory
         bench_memory.run(args.shapes.split(","), [o for o in args.only.split(",") if o], args.repeats,
-                         args.warmup, args.compare_xp, args.malloc_default)
+                         args.warmup, args.compare_xp, args.malloc_default, args.floor)
         return
     threads = os.environ.get("OPENBLAS_NUM_THREADS", "default")
     threads += f" (OPENBLAS_THREAD_TIMEOUT {os.environ.get('OPENBLAS_THREAD_TIMEOUT') or 'unset'})"

@@ -9,7 +9,15 @@ layer's "ideal" time is one read of its inputs and one write of its outputs at B
             marked per case: x, y), write every bottom diff
 
 State a layer keeps between forward and backward (masks, saved inputs, x_norm) is not in
-the ideal, so its cost shows in the ratio. Every layer runs float32 on its own; in place,
+the ideal, so its cost shows in the ratio; where forward writes such state (MAX pooling's int32
+argmax mask, LRN's scale, Dropout's uint8 mask: what Caffe's forward writes too), "x+st" is the
+forward's time over the ideal with that write counted. In a TEST-phase net MAX pooling and LRN
+leave that state out until a Backward asks for it (the "TEST" cases: forward only).
+
+--floor also times each layer on a cache-resident blob (about 1 MB a blob: N = 1, the same
+channels, fewer positions) and scales its time to the full count, less the per-call cost measured on
+a tiny blob (the fastest of 5 x --repeats runs each): "floor" is what the layer costs when memory is not what limits it (the compute: exp, pow,
+the window compares), and "x fl" the full run's time over the larger of the floor and the ideal. Every layer runs float32 on its own; in place,
 the bottom data is restored (untimed) before each forward and the top diff before each
 backward, so every run sees the same values. Medians of --repeats; ratio = median /
 ideal (1.0 = memory speed). --compare-xp interleaves the same layer's array-module-generic
@@ -38,13 +46,14 @@ TRAIN, TEST = caffe_pb2.TRAIN, caffe_pb2.TEST
 
 class Case:
     def __init__(self, name, type_, text="", bottoms=1, tops=1, in_place=False, phase=TRAIN, reads=(),
-                 shape=None, labels=False, backward=True):
+                 shape=None, labels=False, backward=True, state=()):
         self.name, self.type, self.text = name, type_, text
         self.bottoms, self.tops, self.in_place, self.phase = bottoms, tops, in_place, phase
         self.reads = reads          # what backward reads besides the top diffs: "x" bottom data, "y" top data
         self.shape = shape          # a function of the bench shape, or None for the shape itself
         self.labels = labels        # bottom[1] is a label blob (SoftmaxWithLoss)
         self.backward = backward
+        self.state = state          # forward's state writes: ("top" | "bottom", bytes per element) pairs
 
 
 def _half_channels(s):
@@ -77,14 +86,19 @@ CASES = [
     Case("Exp", "Exp", reads=("y",)),
     Case("Log", "Log", "log_param { shift: 3 }", reads=("x",)),
     Case("Threshold", "Threshold", backward=False),
-    Case("Dropout", "Dropout", in_place=True),
+    Case("Dropout", "Dropout", in_place=True, state=(("bottom", 1),)),
     Case("Softmax", "Softmax", reads=("y",)),
     Case("SoftmaxWithLoss", "SoftmaxWithLoss", bottoms=2, labels=True, reads=("y",)),
-    Case("LRN", "LRN", "lrn_param { local_size: 5 alpha: 0.0001 beta: 0.75 }", reads=("x", "y")),
+    Case("LRN", "LRN", "lrn_param { local_size: 5 alpha: 0.0001 beta: 0.75 }", reads=("x", "y"),
+         state=(("bottom", 4),)),
+    Case("LRN TEST", "LRN", "lrn_param { local_size: 5 alpha: 0.0001 beta: 0.75 }", phase=TEST, backward=False),
     Case("Concat", "Concat", bottoms=2, shape=_half_channels),
     Case("Slice", "Slice", tops=2),
     Case("Split", "Split", tops=2),
-    Case("Pooling MAX 3/2", "Pooling", "pooling_param { pool: MAX kernel_size: 3 stride: 2 }"),
+    Case("Pooling MAX 3/2", "Pooling", "pooling_param { pool: MAX kernel_size: 3 stride: 2 }",
+         state=(("top", 4),)),
+    Case("Pooling MAX 3/2 TEST", "Pooling", "pooling_param { pool: MAX kernel_size: 3 stride: 2 }",
+         phase=TEST, backward=False),
     Case("Pooling AVE global", "Pooling", "pooling_param { pool: AVE global_pooling: true }",
          shape=lambda s: (s[0], 2048, 7, 7)),
 ]
@@ -202,8 +216,41 @@ class Instance:
             bwd += tops
         return fwd * item, bwd * item
 
+    def state_bytes(self):
+        """Bytes of state forward writes besides its tops (see the module's docstring)."""
+        counts = {"top": sum(t.count() for t in self.top), "bottom": self.bottom[0].count()}
+        return sum(counts[which] * size for which, size in self.case.state)
 
-def run(shape_names, only, repeats, warmup, compare_xp, malloc_default=False):
+
+def _cache_shape(shape, elements):
+    """N = 1, the same channels, positions cut so that the blob holds about `elements` values."""
+    n, c = shape[0], shape[1]
+    positions = max(1, elements // c)
+    h = max(1, int(round(positions ** 0.5)))
+    w = max(1, positions // h)
+    if len(shape) > 2 and shape[2] * shape[3] <= 64:  # small planes (global pooling): keep the planes
+        return (1, max(1, min(c, elements // (shape[2] * shape[3])))) + tuple(shape[2:])
+    return (1, c, h, w)
+
+
+def floor_times(case, shape, rng, repeats):
+    """(forward ms, backward ms) of the layer at `shape` when memory does not limit it: the time on a
+    cache-resident blob, less the per-call time on a tiny one, scaled to the full count, plus the
+    per-call time back."""
+    full = int(np.prod(shape))
+    small = _cache_shape(shape, 256 * 1024)
+    tiny = _cache_shape(shape, 8 * shape[2] * shape[3] if shape[2] * shape[3] <= 64 else 4 * shape[1])
+    def med(s):
+        inst = Instance(case, s, rng)
+        runs = [inst.run(False) for _ in range(3 + 5 * repeats)][3:]
+        return min(r[0] for r in runs), min(r[1] for r in runs), int(np.prod(s))  # the best case: no waits
+    sf, sb, sn = med(small)
+    tf, tb, tn = med(tiny) if tiny != small else (0.0, 0.0, 0)
+    scale = (full - tn) / (sn - tn) if sn > tn else full / sn
+    return (((sf - tf) * scale + tf) * 1e3, ((sb - tb) * scale + tb) * 1e3 if case.backward else float("nan"))
+
+
+def run(shape_names, only, repeats, warmup, compare_xp, malloc_default=False, floor=False):
     if not malloc_default:
         fix_malloc_threshold()
     rng = np.random.default_rng(0)
@@ -219,7 +266,10 @@ def run(shape_names, only, repeats, warmup, compare_xp, malloc_default=False):
         bw_big = copy_bandwidth(256 << 20, 5)
         print(f"\n{sname} {'x'.join(map(str, base))} float32 ({nbytes / 1e6:.1f} MB): np.copyto bandwidth "
               f"{bw / 1e9:.1f} GB/s at this size, {bw_big / 1e9:.1f} GB/s at 256 MB (read + write bytes / s)")
-        head = f"  {'case':26s} {'bottom':>17s} {'ideal f':>8s} {'fwd':>7s} {'x':>5s} {'ideal b':>8s} {'bwd':>7s} {'x':>5s}"
+        head = (f"  {'case':26s} {'bottom':>17s} {'ideal f':>8s} {'fwd':>7s} {'x':>5s} {'x+st':>5s} {'ideal b':>8s} "
+                f"{'bwd':>7s} {'x':>5s}")
+        if floor:
+            head += f" | {'floor f':>7s} {'x fl':>5s} {'floor b':>7s} {'x fl':>5s}"
         if compare_xp:
             head += f" | {'xp fwd':>7s} {'x':>5s} {'xp bwd':>7s} {'x':>5s}"
         print(head)
@@ -238,8 +288,13 @@ def run(shape_names, only, repeats, warmup, compare_xp, malloc_default=False):
             fb, bb = inst.traffic()
             ideal_f, ideal_b = fb / bw * 1e3, bb / bw * 1e3
             f, b = _median_ms([t[0] for t in cpu]), _median_ms([t[1] for t in cpu])
+            st = inst.state_bytes()
+            with_state = _ratio(f, (fb + st) / bw * 1e3) if st else f"{'':>5s}"
             line = (f"  {case.name:26s} {'x'.join(map(str, shape)):>17s} {ideal_f:8.2f} {f:7.2f} {_ratio(f, ideal_f)} "
-                    f"{ideal_b:8.2f} {b:7.2f} {_ratio(b, ideal_b)}")
+                    f"{with_state} {ideal_b:8.2f} {b:7.2f} {_ratio(b, ideal_b)}")
+            if floor:
+                ff, fbk = floor_times(case, shape, rng, repeats)
+                line += f" | {ff:7.2f} {_ratio(f, max(ff, ideal_f))} {fbk:7.2f} {_ratio(b, max(fbk, ideal_b))}"
             if compare_xp:
                 xf, xb = _median_ms([t[0] for t in xp]), _median_ms([t[1] for t in xp])
                 line += f" | {xf:7.2f} {_ratio(xf, ideal_f)} {xb:7.2f} {_ratio(xb, ideal_b)}"

@@ -115,6 +115,9 @@ def test_pooling_builds_agree_bit_for_bit(hw, k, s, pad, dtype, seed):
         y, m = np.empty(planes * PH * PW, dtype), np.empty(planes * PH * PW, np.int32)
         ya, dx, dxa = np.empty_like(y), np.empty_like(x), np.empty_like(x)
         mod.max_pool_forward(x, y, m, planes, H, W, PH, PW, k, k, s, s, pad, pad)
+        yv = np.empty_like(y)  # the values alone (a TEST-phase forward): max_pool_forward's, bit for bit
+        mod.max_pool_forward(x, yv, None, planes, H, W, PH, PW, k, k, s, s, pad, pad)
+        np.testing.assert_array_equal(yv.view(np.uint8), y.view(np.uint8))
         mod.max_pool_backward(dy, m, dx, planes, H * W, PH * PW)
         mod.ave_pool_forward(x, ya, planes, H, W, PH, PW, k, k, s, s, pad, pad)
         mod.ave_pool_backward(dy, dxa, planes, H, W, PH, PW, k, k, s, s, pad, pad)

@@ -219,3 +219,42 @@ def test_big_blobs_use_every_thread_and_piece_and_still_match(type_name, text, i
     ref = check_paths(type_name, text, [arrays(5, shape)], [arrays(6, shape)], np.float32, in_place=in_place,
                       setup=setup, rtol=1e-4)
     assert all(np.isfinite(a).all() for v in ref.values() for a in v)
+
+
+# LRN in a TEST-phase net: forward leaves scale_ out; a Backward recomputes it from the bottom (into a
+# scratch top: the net's top may have been changed in place since) and keeps it from then on.
+@given(shape=shapes(min_dims=4, max_dims=4, max_side=6, big=[(2, 7, 67, 101)]), dtype=DTYPES, seed=SEEDS,
+       size=st.sampled_from([1, 3, 5]), beta=st.sampled_from([0.75, 0.6]))
+def test_lrn_test_phase_leaves_the_scale_out_until_a_backward(shape, dtype, seed, size, beta):
+    from caffe.proto import caffe_pb2
+    text = f"lrn_param {{ local_size: {size} alpha: 0.3 beta: {beta} k: 2 }}"
+    x, dy = arrays(seed, shape), arrays(seed + 1, shape)
+    layers = {}
+    for phase in (caffe_pb2.TRAIN, caffe_pb2.TEST):
+        layer = make_layer("LRN", text, phase=phase)
+        bottom, top = blobs_from_arrays([x], dtype), empty_tops(1, dtype)
+        layer.SetUp(bottom, top)
+        layer.Forward(bottom, top)
+        layers[phase] = (layer, bottom, top)
+    train, test = layers[caffe_pb2.TRAIN], layers[caffe_pb2.TEST]
+    assert not train[0]._scale_stale and test[0]._scale_stale
+    np.testing.assert_array_equal(test[2][0].data, train[2][0].data)  # the same bits without the scale
+    y_kept = test[2][0].data.copy()
+    for layer, bottom, top in (train, test):
+        top[0].diff[...] = dy
+        layer.Backward(top, [True], bottom)
+    np.testing.assert_array_equal(test[1][0].diff, train[1][0].diff)
+    np.testing.assert_array_equal(test[0].scale_.data, train[0].scale_.data)
+    np.testing.assert_array_equal(test[2][0].data, y_kept)  # the recomputation wrote a scratch top
+    layer, bottom, top = test
+    layer.Forward(bottom, top)  # after a Backward, every forward keeps the scale
+    assert not layer._scale_stale
+
+
+def test_lrn_kernel_without_the_scale_is_the_same_top():
+    x = arrays(4, (2, 7, 67, 101)).astype(np.float32).ravel()
+    for module in {normalization, _cpu.normalization}:
+        y, y_alone, sc = np.empty_like(x), np.empty_like(x), np.empty_like(x)
+        module.lrn_across_forward(x, y, sc, 2, 7, 67 * 101, 5, 0.3, 2.0, 0.75)
+        module.lrn_across_forward(x, y_alone, None, 2, 7, 67 * 101, 5, 0.3, 2.0, 0.75)
+        np.testing.assert_array_equal(y_alone.view(np.uint32), y.view(np.uint32))

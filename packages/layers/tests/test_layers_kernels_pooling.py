@@ -144,3 +144,97 @@ def test_max_pooling_eight_output_blocks_every_remainder(k, s, p, specials):
         np.testing.assert_array_equal(tops_k[0], tops_n[0], err_msg=f"width {w}")
         np.testing.assert_array_equal(tops_k[1], tops_n[1], err_msg=f"width {w}")
         np.testing.assert_allclose(dx_k, dx_n, rtol=1e-6, atol=1e-6, err_msg=f"width {w}")
+
+
+# -- MAX in a TEST-phase net: the values without the argmax, the argmax recomputed by a Backward --------
+
+def _bits(a):
+    return np.ascontiguousarray(a).view(np.uint32 if a.dtype == np.float32 else np.uint64)
+
+
+def _values_signed_zeros(seed, shape, specials):
+    x = _values(seed, shape, specials)
+    zeros = np.flatnonzero(x.reshape(-1) == 0)
+    x.reshape(-1)[zeros[::2]] = -0.0  # a tie of 0 and -0: the first one's sign must come out
+    return x
+
+
+@given(case=max_cases(), dtype=DTYPES, seed=SEEDS, specials=st.booleans())
+def test_max_pooling_values_kernel_is_the_masked_kernels_values(case, dtype, seed, specials):
+    shape, text = case
+    layer = make_layer("Pooling", text)
+    x = _values_signed_zeros(seed, shape, specials).astype(dtype)
+    bottom, top = blobs_from_arrays([x], dtype), empty_tops(1, dtype)
+    layer.SetUp(bottom, top)
+    y, mask = np.empty(top[0].shape, dtype), np.empty(top[0].shape, np.int32)
+    pooling.max_forward(np, layer.spec, x, y, mask)
+    y_values = np.full(top[0].shape, 7, dtype)
+    assert pooling.max_forward_values(np, layer.spec, x, y_values) == (pooling._k is not None)
+    if pooling._k is not None:
+        np.testing.assert_array_equal(_bits(y_values), _bits(y))
+
+
+def _test_phase_layer(text, x, dtype):
+    layer = make_layer("Pooling", text, phase=pooling_test_phase())
+    bottom, top = blobs_from_arrays([x], dtype), empty_tops(1, dtype)
+    layer.SetUp(bottom, top)
+    return layer, bottom, top
+
+
+def pooling_test_phase():
+    from caffe.proto import caffe_pb2
+    return caffe_pb2.TEST
+
+
+@given(case=max_cases(), dtype=DTYPES, seed=SEEDS, specials=st.booleans())
+def test_max_pooling_test_phase_forward_then_backward_is_trains(case, dtype, seed, specials):
+    # TRAIN keeps the argmax at every forward; TEST leaves it out until a Backward recomputes it from the
+    # bottom. The same tops and the same bottom diff either way, even when a later in-place layer has
+    # changed the top (the recomputation writes a scratch top, never the net's).
+    shape, text = case
+    x = _values_signed_zeros(seed, shape, specials)
+    (y_train,), dx_train = _run(text, x, None, dtype, True, n_top=1)
+    layer, bottom, top = _test_phase_layer(text, x, dtype)
+    layer.Forward(bottom, top)
+    assert layer._mask_stale == (pooling._k is not None)
+    np.testing.assert_array_equal(_bits(top[0].data), _bits(y_train.astype(dtype)))
+    top[0].data[...] = 0  # as an in-place ReLU / Dropout after the pooling might
+    top[0].diff[...] = np.random.default_rng(7).normal(size=top[0].shape)
+    layer.Backward(top, [True], bottom)
+    np.testing.assert_array_equal(bottom[0].diff, dx_train)
+    np.testing.assert_array_equal(top[0].data, 0)
+    assert not layer._mask_stale
+
+
+def test_max_pooling_test_phase_keeps_the_argmax_once_backward_ran():
+    # After one Backward (pycaffe's saliency / deep-dream loops), every forward writes the argmax again:
+    # a new bottom's backward must use the new bottom's argmax, and no recomputation is paid twice.
+    text = "pooling_param { pool: MAX kernel_size: 3 stride: 2 }"
+    a = _values(1, (1, 2, 9, 9), False)
+    layer, bottom, top = _test_phase_layer(text, a, np.float32)
+    layer.Forward(bottom, top)
+    top[0].diff[...] = 1
+    layer.Backward(top, [True], bottom)
+    b = _values(2, (1, 2, 9, 9), False)
+    bottom[0].data[...] = b
+    layer.Forward(bottom, top)
+    assert not layer._mask_stale
+    layer.Backward(top, [True], bottom)
+    (_,), dx_b = _run(text, b, np.ones(top[0].shape), np.float32, True, n_top=1)
+    np.testing.assert_array_equal(bottom[0].diff, dx_b)
+
+
+def test_max_pooling_train_phase_and_mask_top_always_write_the_argmax():
+    text = "pooling_param { pool: MAX kernel_size: 3 stride: 2 }"
+    x = _values(3, (1, 2, 9, 9), False)
+    train = make_layer("Pooling", text)
+    bottom, top = blobs_from_arrays([x], np.float32), empty_tops(1, np.float32)
+    train.SetUp(bottom, top)
+    train.Forward(bottom, top)
+    assert not train._mask_stale
+    test = make_layer("Pooling", text, phase=pooling_test_phase())
+    bottom, top = blobs_from_arrays([x], np.float32), empty_tops(2, np.float32)
+    test.SetUp(bottom, top)
+    test.Forward(bottom, top)  # the mask top is an output: always written
+    assert not test._mask_stale
+    assert (top[1].data >= 0).all()

@@ -14,6 +14,9 @@ than pow. scale lives in the scale_ blob (Caffe's), which backward reads (recomp
 so a forward in one mode and a backward in the other agree. CPU: ACROSS_CHANNELS is one kernel
 pass each way (caffe.layers.kernels.normalization; the window sums slide in double);
 WITHIN_CHANNEL and the GPU run the array-module-generic code below.
+In a TEST-phase net the CPU forward leaves scale_ out (a third of its traffic) until a Backward
+asks for it: that Backward recomputes it from the bottom, which nothing changes between a forward
+and its backward, and from then on every forward keeps it (as TRAIN always does).
 """
 from __future__ import annotations
 
@@ -41,6 +44,8 @@ class LRNLayer(Layer):
         self.check(self.region in (ACROSS_CHANNELS, WITHIN_CHANNEL),
                    f"Unknown normalization region lrn_param.norm_region = {p.norm_region}")
         self._buffers = {}
+        self._scale_stale = False
+        self._keep_scale = self.phase == 0
 
     def reshape(self, bottom, top):
         x = bottom[0]
@@ -100,11 +105,15 @@ class LRNLayer(Layer):
     def forward_cpu(self, bottom, top):
         if not self._kernel_usable(bottom, top):
             return self.forward_xp(np, bottom, top)
+        self._across_forward(bottom, top[0].mutable_cpu_data(), keep=self._keep_scale)
+
+    def _across_forward(self, bottom, y, keep):
         N, C, H, W = bottom[0].shape
         scale = _cpu.state_blob(self, "scale_", bottom[0])
-        _cpu.normalization.lrn_across_forward(_cpu.flat(bottom[0].cpu_data()), _cpu.flat(top[0].mutable_cpu_data()),
-                                              _cpu.flat(scale.mutable_cpu_data()), N, C, H * W, self.size,
-                                              self.alpha, self.k, self.beta)
+        _cpu.normalization.lrn_across_forward(_cpu.flat(bottom[0].cpu_data()), _cpu.flat(y),
+                                              _cpu.flat(scale.mutable_cpu_data()) if keep else None, N, C,
+                                              H * W, self.size, self.alpha, self.k, self.beta)
+        self._scale_stale = not keep
 
     def backward_cpu(self, top, propagate_down, bottom):
         if not propagate_down[0]:
@@ -118,6 +127,9 @@ class LRNLayer(Layer):
                                                N, C, H * W, self.size, self.alpha, self.beta)
 
     def _scale_state(self, bottom):
+        if self._scale_stale:  # a TEST-phase forward left it out: recompute it (the top untouched)
+            self._keep_scale = True
+            self._across_forward(bottom, np.empty(bottom[0].shape, bottom[0].dtype), keep=True)
         scale = getattr(self, "scale_", None)
         if scale is None or scale.shape != bottom[0].shape:
             raise self.error("backward needs a forward pass first (no scale_)")
@@ -127,6 +139,7 @@ class LRNLayer(Layer):
         x = bottom[0].data_xp(xp)
         y = top[0].mutable_data_xp(xp)
         scale = _cpu.state_blob(self, "scale_", bottom[0]).mutable_data_xp(xp)
+        self._scale_stale = False
         from caffe.layers.kernels import cuda_norm  # a real GPU: one pass
         if cuda_norm.lrn_forward(xp, x, scale, y, self.size, self.alpha, self.k, self.beta,
                                  self.region == WITHIN_CHANNEL):

@@ -156,6 +156,17 @@ def max_forward(xp, spec, x, y, mask):
     mask[...] = idx
 
 
+def max_forward_values(xp, spec, x, y) -> bool:
+    """y = window max without the argmax (the same values as max_forward's), where the CPU kernels
+    take it; False where they do not (the caller then runs max_forward)."""
+    if not _fast(xp, x, y):
+        return False
+    N, C, H, W = x.shape
+    PH, PW = y.shape[2:]
+    _k.max_pool_forward(x.reshape(-1), y.reshape(-1), None, N * C, H, W, PH, PW, *spec.window_args())
+    return True
+
+
 def max_backward(xp, spec, dy, mask, dx):
     N, C, H, W = dx.shape
     PH, PW = dy.shape[2:]
@@ -295,6 +306,12 @@ class PoolingLayer(Layer):
         self.ceil_mode = p.round_mode == 0  # CEIL
         self.max_idx_ = None
         self.rand_idx_ = None
+        # MAX in a TEST-phase net: forward leaves the argmax out (its write and bookkeeping are a
+        # fifth of the traffic and most of the compares) until a Backward asks for it; that Backward
+        # recomputes it from the bottom, which nothing changes between a forward and its backward, and
+        # from then on every forward keeps it (pycaffe's deep-dream and saliency loops). TRAIN always does.
+        self._mask_stale = False
+        self._keep_mask = self.phase == 0
 
     def reshape(self, bottom, top):
         x = bottom[0]
@@ -323,8 +340,12 @@ class PoolingLayer(Layer):
         y = top[0].mutable_data_xp(xp)
         spec = self.spec
         if self.method == MAX:
+            if len(top) == 1 and not self._keep_mask and max_forward_values(xp, spec, x, y):
+                self._mask_stale = True
+                return
             mask = self.max_idx_.mutable_data_xp(xp)
             max_forward(xp, spec, x, y, mask)
+            self._mask_stale = False
             if len(top) > 1:
                 top[1].mutable_data_xp(xp)[...] = mask
         elif self.method == AVE:
@@ -344,6 +365,11 @@ class PoolingLayer(Layer):
             if len(top) > 1:  # Caffe reads the argmax back from the mask top
                 mask = top[1].data_xp(xp).astype(xp.int32)
             else:
+                if self._mask_stale:  # a TEST-phase forward left it out: recompute it (top untouched)
+                    self._keep_mask = True
+                    max_forward(xp, self.spec, bottom[0].data_xp(xp), xp.empty(self.top_shape, dy.dtype),
+                                self.max_idx_.mutable_data_xp(xp))
+                    self._mask_stale = False
                 mask = self.max_idx_.data_xp(xp)
             max_backward(xp, self.spec, dy, mask, dx)
         elif self.method == AVE:

@@ -409,39 +409,49 @@ cdef void _lrn_fwd_piece(const real* x, real* y, real* scale, Py_ssize_t C, Py_s
         xe = x + (c + r) * S if c + r < C else zero
         xl = x + (c - r) * S if c - r >= 0 else zero
         xc = x + c * S
-        sc = scale + c * S
         yc = y + c * S
-        for j in range(P):
-            t = acc[j] + <double>xe[j] * xe[j]
-            s = k + a * <real>t
-            sc[j] = s
-            yc[j] = xc[j] * _pow_neg(s, beta)
-            acc[j] = t - <double>xl[j] * xl[j]
+        if scale != NULL:
+            sc = scale + c * S
+            for j in range(P):
+                t = acc[j] + <double>xe[j] * xe[j]
+                s = k + a * <real>t
+                sc[j] = s
+                yc[j] = xc[j] * _pow_neg(s, beta)
+                acc[j] = t - <double>xl[j] * xl[j]
+        else:  # no backward reads it (a TEST-phase forward): the same values, the scale's write saved
+            for j in range(P):
+                t = acc[j] + <double>xe[j] * xe[j]
+                s = k + a * <real>t
+                yc[j] = xc[j] * _pow_neg(s, beta)
+                acc[j] = t - <double>xl[j] * xl[j]
     free(acc)
 
 
 def lrn_across_forward(const real[::1] x, real[::1] y, real[::1] scale, Py_ssize_t N, Py_ssize_t C,
                        Py_ssize_t S, int size, double alpha, double k, double beta):
-    """scale = k + alpha / size * (window sum of x^2 over channels [c - r, c + r]); y = x * scale^-beta."""
+    """scale = k + alpha / size * (window sum of x^2 over channels [c - r, c + r]); y = x * scale^-beta.
+    scale None: y alone (the same bits), for a forward no backward reads."""
     cdef Py_ssize_t n = N * C * S, t, img, lo, m
     cdef int r = (size - 1) // 2
     if n == 0:
         return
     _need(x.shape[0], n, "bottom")
     _need(y.shape[0], n, "top")
-    _need(scale.shape[0], n, "scale")
+    if scale is not None:
+        _need(scale.shape[0], n, "scale")
     cdef int nt = _threads(n * size)
     cdef Py_ssize_t P = _lrn_piece(N, S, nt)
     cdef Py_ssize_t pieces = (S + P - 1) // P
     cdef const real* xp = &x[0]
     cdef real* yp = &y[0]
-    cdef real* sp = &scale[0]
+    cdef real* sp = &scale[0] if scale is not None else NULL
     with nogil:
         for t in prange(N * pieces, schedule="dynamic", chunksize=_grab(C * P), num_threads=nt):
             img = t // pieces
             lo = (t % pieces) * P
             m = S - lo if S - lo < P else P
-            _lrn_fwd_piece(xp + img * C * S + lo, yp + img * C * S + lo, sp + img * C * S + lo, C, S, m, r,
+            _lrn_fwd_piece(xp + img * C * S + lo, yp + img * C * S + lo,
+                           sp + img * C * S + lo if sp != NULL else NULL, C, S, m, r,
                            <real>(alpha / size), <real>k, <real>beta)
 
 

@@ -169,16 +169,19 @@ cdef extern from *:
         *idx = _mm256_blendv_epi8(*idx, at, _mm256_castps_si256(g));
     }
     /* windows 0..7 of a 3-wide, stride-2 row: taps src[2i], src[2i + 1], src[2i + 2] (reads src[0..16]) */
-    static inline void caffe_pool_h_k3s2_f8(const float* src, float* hm, int* hc) {
+    static inline void caffe_pool_k3s2_taps8(const float* src, __m256* t0, __m256* t1, __m256* t2) {
         __m256 a = _mm256_loadu_ps(src), b = _mm256_loadu_ps(src + 8);
-        __m256 t0 = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
-        __m256 t1 = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
-        __m256 t2, m = _mm256_set1_ps(-FLT_MAX);
+        *t0 = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
+        *t1 = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
+        *t0 = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(*t0), _MM_SHUFFLE(3, 1, 2, 0)));
+        *t1 = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(*t1), _MM_SHUFFLE(3, 1, 2, 0)));
+        *t2 = _mm256_permutevar8x32_ps(*t0, _mm256_setr_epi32(1, 2, 3, 4, 5, 6, 7, 7));
+        *t2 = _mm256_blend_ps(*t2, _mm256_broadcast_ss(src + 16), 0x80);
+    }
+    static inline void caffe_pool_h_k3s2_f8(const float* src, float* hm, int* hc) {
+        __m256 t0, t1, t2, m = _mm256_set1_ps(-FLT_MAX);
         __m256i c = _mm256_set1_epi32(-1);
-        t0 = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t0), _MM_SHUFFLE(3, 1, 2, 0)));
-        t1 = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t1), _MM_SHUFFLE(3, 1, 2, 0)));
-        t2 = _mm256_permutevar8x32_ps(t0, _mm256_setr_epi32(1, 2, 3, 4, 5, 6, 7, 7));
-        t2 = _mm256_blend_ps(t2, _mm256_broadcast_ss(src + 16), 0x80);
+        caffe_pool_k3s2_taps8(src, &t0, &t1, &t2);
         caffe_pool_take8(t0, _mm256_setzero_si256(), &m, &c);
         caffe_pool_take8(t1, _mm256_set1_epi32(1), &m, &c);
         caffe_pool_take8(t2, _mm256_set1_epi32(2), &m, &c);
@@ -206,16 +209,22 @@ cdef extern from *:
         _mm256_storeu_ps(yr + pw, m);
         _mm256_storeu_si256((__m256i*)(mr + pw), idx);
     }
+    /* the four taps of eight 2x2 / stride 2 windows, lanes in the order 0 1 4 5 2 3 6 7 */
+    static inline void caffe_pool_2x2_taps8(const float* r0, const float* r1, __m256* t0, __m256* t1,
+                                            __m256* t2, __m256* t3) {
+        __m256 a = _mm256_loadu_ps(r0), b = _mm256_loadu_ps(r0 + 8);
+        __m256 c = _mm256_loadu_ps(r1), d = _mm256_loadu_ps(r1 + 8);
+        *t0 = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
+        *t1 = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
+        *t2 = _mm256_shuffle_ps(c, d, _MM_SHUFFLE(2, 0, 2, 0));
+        *t3 = _mm256_shuffle_ps(c, d, _MM_SHUFFLE(3, 1, 3, 1));
+    }
     /* outputs 0..7 of a 2x2 / stride 2 output row: rows r0, r1 (reads r0[0..15], r1[0..15]); taps in
        row-major order, argmax top + {0, 1, W, W + 1}, top = top0 + 2i */
     static inline void caffe_pool_2x2_f8(const float* r0, const float* r1, float* y, int* mask, int top0,
                                          int W) {
-        __m256 a = _mm256_loadu_ps(r0), b = _mm256_loadu_ps(r0 + 8);
-        __m256 c = _mm256_loadu_ps(r1), d = _mm256_loadu_ps(r1 + 8);
-        __m256 t0 = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
-        __m256 t1 = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
-        __m256 t2 = _mm256_shuffle_ps(c, d, _MM_SHUFFLE(2, 0, 2, 0));
-        __m256 t3 = _mm256_shuffle_ps(c, d, _MM_SHUFFLE(3, 1, 3, 1));
+        __m256 t0, t1, t2, t3;
+        caffe_pool_2x2_taps8(r0, r1, &t0, &t1, &t2, &t3);
         __m256 m = _mm256_set1_ps(-FLT_MAX);
         __m256i top = _mm256_add_epi32(_mm256_set1_epi32(top0), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
         __m256i idx = _mm256_set1_epi32(-1);
@@ -230,11 +239,32 @@ cdef extern from *:
         _mm256_storeu_ps(y, m);
         _mm256_storeu_si256((__m256i*)mask, idx);
     }
+    /* the values alone (no argmax: a TEST-phase forward, max_pool_forward without a mask): the same
+       strict-greater scans, m = v > m ? v : m being MAXPS(v, m) (NaN never taken, a tie keeps m) */
+    static inline void caffe_poolv_h_k3s2_f8(const float* src, float* hm) {
+        __m256 t0, t1, t2;
+        caffe_pool_k3s2_taps8(src, &t0, &t1, &t2);
+        __m256 m = _mm256_max_ps(t0, _mm256_set1_ps(-FLT_MAX));
+        m = _mm256_max_ps(t1, m);
+        _mm256_storeu_ps(hm, _mm256_max_ps(t2, m));
+    }
+    static inline void caffe_poolv_2x2_f8(const float* r0, const float* r1, float* y) {
+        __m256 t0, t1, t2, t3;
+        caffe_pool_2x2_taps8(r0, r1, &t0, &t1, &t2, &t3);
+        __m256 m = _mm256_max_ps(t0, _mm256_set1_ps(-FLT_MAX));
+        m = _mm256_max_ps(t1, m);
+        m = _mm256_max_ps(t2, m);
+        m = _mm256_max_ps(t3, m);
+        /* the lanes came out in the shuffles' order (0 1 4 5 2 3 6 7): one permute puts them back */
+        _mm256_storeu_ps(y, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(m), _MM_SHUFFLE(3, 1, 2, 0))));
+    }
     #else
     #define CAFFE_POOL_AVX2 0
     static inline void caffe_pool_2x2_f8(const float* r0, const float* r1, float* y, int* mask, int top0,
                                          int W) {}
     static inline void caffe_pool_h_k3s2_f8(const float* src, float* hm, int* hc) {}
+    static inline void caffe_poolv_h_k3s2_f8(const float* src, float* hm) {}
+    static inline void caffe_poolv_2x2_f8(const float* r0, const float* r1, float* y) {}
     static inline void caffe_pool_v3_f8(const float* h0, const float* h1, const float* h2, const int* c0,
                                         const int* c1, const int* c2, float* yr, int* mr, int pw, int r0,
                                         int r1, int r2, int s, int p0) {}
@@ -242,6 +272,8 @@ cdef extern from *:
     """
     bint CAFFE_POOL_AVX2
     void caffe_pool_h_k3s2_f8(const float* src, float* hm, int* hc) nogil
+    void caffe_poolv_h_k3s2_f8(const float* src, float* hm) nogil
+    void caffe_poolv_2x2_f8(const float* r0, const float* r1, float* y) nogil
     void caffe_pool_2x2_f8(const float* r0, const float* r1, float* y, int* mask, int top0, int W) nogil
     void caffe_pool_v3_f8(const float* h0, const float* h1, const float* h2, const int* c0, const int* c1,
                           const int* c2, float* yr, int* mr, int pw, int r0, int r1, int r2, int s, int p0) nogil
@@ -304,6 +336,95 @@ cdef inline void _max_hrow_any(const real* src, real* hm, int* hc, Py_ssize_t lo
         _max_hrow(src, hm, hc, lo, hi, kw, sw)
 
 
+# The values alone (max_pool_forward without a mask): the scans above without the argmax bookkeeping, so the
+# same values bit for bit (the first maximum in row-major order: the sign of a zero tie included).
+
+cdef inline void _maxv_hrow(const real* src, real* hm, Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t kw,
+                            Py_ssize_t sw) noexcept nogil:
+    """Windows lo..hi of a row, all inside it: window pw reads src[sw * pw + j], j < kw."""
+    cdef Py_ssize_t pw, j
+    cdef real m, v
+    if kw == 3 and sw == 2:
+        if real is float:
+            if CAFFE_POOL_AVX2 and hi - lo >= 8:
+                pw = lo
+                while pw + 8 <= hi:
+                    caffe_poolv_h_k3s2_f8(src + 2 * pw, hm + pw)
+                    pw += 8
+                if pw < hi:
+                    caffe_poolv_h_k3s2_f8(src + 2 * (hi - 8), hm + hi - 8)
+                return
+        for pw in range(lo, hi):
+            m = -FLT_MAX
+            v = src[2 * pw]
+            m = v if v > m else m
+            v = src[2 * pw + 1]
+            m = v if v > m else m
+            v = src[2 * pw + 2]
+            hm[pw] = v if v > m else m
+        return
+    if kw == 3 and sw == 1:
+        for pw in range(lo, hi):
+            m = -FLT_MAX
+            v = src[pw]
+            m = v if v > m else m
+            v = src[pw + 1]
+            m = v if v > m else m
+            v = src[pw + 2]
+            hm[pw] = v if v > m else m
+        return
+    for pw in range(lo, hi):
+        m = -FLT_MAX
+        for j in range(kw):
+            v = src[sw * pw + j]
+            m = v if v > m else m
+        hm[pw] = m
+
+
+cdef inline void _maxv_hrow_edge(const real* xr, real* hm, Py_ssize_t W, Py_ssize_t pw, Py_ssize_t kw,
+                                 Py_ssize_t sw, Py_ssize_t pad_w) noexcept nogil:
+    cdef Py_ssize_t w, ws = pw * sw - pad_w, we
+    cdef real m = -FLT_MAX, v
+    we = ws + kw
+    if we > W:
+        we = W
+    if ws < 0:
+        ws = 0
+    for w in range(ws, we):
+        v = xr[w]
+        m = v if v > m else m
+    hm[pw] = m
+
+
+cdef inline void _maxv_vrows(const real* hm, real* yr, Py_ssize_t hs, Py_ssize_t he,
+                             Py_ssize_t PW) noexcept nogil:
+    """_max_vrows for the values alone."""
+    cdef Py_ssize_t h, pw
+    cdef const real* h0
+    cdef real m, v
+    if he <= hs:
+        for pw in range(PW):
+            yr[pw] = -FLT_MAX
+        return
+    h0 = hm + hs * PW
+    for pw in range(PW):
+        yr[pw] = h0[pw]
+    for h in range(hs + 1, he):  # contiguous rows, no branch: vectorizes (MAXPS)
+        h0 = hm + h * PW
+        for pw in range(PW):
+            v = h0[pw]
+            m = yr[pw]
+            yr[pw] = v if v > m else m
+
+
+cdef inline void _hrow_edge(const real* xr, real* hr, int* cr, Py_ssize_t W, Py_ssize_t pw, Py_ssize_t kw,
+                            Py_ssize_t sw, Py_ssize_t pad_w) noexcept nogil:
+    if cr != NULL:
+        _max_hrow_edge(xr, hr, cr, W, pw, kw, sw, pad_w)
+    else:
+        _maxv_hrow_edge(xr, hr, W, pw, kw, sw, pad_w)
+
+
 cdef inline void _max_plane_sep(const real* x, real* y, int* mask, real* hm, int* hc,
                                 Py_ssize_t H, Py_ssize_t W, Py_ssize_t PH, Py_ssize_t PW,
                                 Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
@@ -324,25 +445,31 @@ cdef inline void _max_plane_sep(const real* x, real* y, int* mask, real* hm, int
         # plane's H x PW starts at sw * k - pad_w, so all rows are one long loop (rows are short:
         # per-row loop overhead cost more than the work). Windows past a row's edge come out wrong
         # there (their reads stay inside the plane) and are redone, clipped, below.
-        _max_hrow_any(x - pad_w, hm, hc, lo, (H - 1) * PW + hi, kw, sw)
+        if hc != NULL:
+            _max_hrow_any(x - pad_w, hm, hc, lo, (H - 1) * PW + hi, kw, sw)
+        else:
+            _maxv_hrow(x - pad_w, hm, lo, (H - 1) * PW + hi, kw, sw)
         for h in range(H):
             xr = x + h * W
             hr = hm + h * PW
-            cr = hc + h * PW
+            cr = hc + h * PW if hc != NULL else NULL
             for pw in range(lo):
-                _max_hrow_edge(xr, hr, cr, W, pw, kw, sw, pad_w)
+                _hrow_edge(xr, hr, cr, W, pw, kw, sw, pad_w)
             for pw in range(hi, PW):
-                _max_hrow_edge(xr, hr, cr, W, pw, kw, sw, pad_w)
+                _hrow_edge(xr, hr, cr, W, pw, kw, sw, pad_w)
     else:
         for h in range(H):
             xr = x + h * W
             hr = hm + h * PW
-            cr = hc + h * PW
+            cr = hc + h * PW if hc != NULL else NULL
             for pw in range(lo):
-                _max_hrow_edge(xr, hr, cr, W, pw, kw, sw, pad_w)
-            _max_hrow_any(xr - pad_w, hr, cr, lo, hi, kw, sw)
+                _hrow_edge(xr, hr, cr, W, pw, kw, sw, pad_w)
+            if cr != NULL:
+                _max_hrow_any(xr - pad_w, hr, cr, lo, hi, kw, sw)
+            else:
+                _maxv_hrow(xr - pad_w, hr, lo, hi, kw, sw)
             for pw in range(hi, PW):
-                _max_hrow_edge(xr, hr, cr, W, pw, kw, sw, pad_w)
+                _hrow_edge(xr, hr, cr, W, pw, kw, sw, pad_w)
     for ph in range(PH):
         hs = ph * sh - pad_h
         he = hs + kh
@@ -350,7 +477,10 @@ cdef inline void _max_plane_sep(const real* x, real* y, int* mask, real* hm, int
             he = H
         if hs < 0:
             hs = 0
-        _max_vrows(hm, hc, y + ph * PW, mask + ph * PW, hs, he, W, PW, sw, pad_w)
+        if mask != NULL:
+            _max_vrows(hm, hc, y + ph * PW, mask + ph * PW, hs, he, W, PW, sw, pad_w)
+        else:
+            _maxv_vrows(hm, y + ph * PW, hs, he, PW)
 
 
 cdef inline void _max_vrows(const real* hm, const int* hc, real* yr, int* mr, Py_ssize_t hs,
@@ -593,20 +723,54 @@ cdef inline void _max_plane_2x2(const real* x, real* y, int* mask, Py_ssize_t W,
             mask[ph * PW + pw] = idx
 
 
+cdef inline void _maxv_plane_2x2(const real* x, real* y, Py_ssize_t W, Py_ssize_t PH,
+                                 Py_ssize_t PW) noexcept nogil:
+    cdef Py_ssize_t ph, pw
+    cdef const real* r0
+    cdef const real* r1
+    cdef real m, v
+    for ph in range(PH):
+        r0 = x + 2 * ph * W
+        r1 = r0 + W
+        if real is float:
+            if CAFFE_POOL_AVX2 and PW >= 8:
+                pw = 0
+                while pw + 8 <= PW:
+                    caffe_poolv_2x2_f8(r0 + 2 * pw, r1 + 2 * pw, y + ph * PW + pw)
+                    pw += 8
+                if pw < PW:
+                    pw = PW - 8
+                    caffe_poolv_2x2_f8(r0 + 2 * pw, r1 + 2 * pw, y + ph * PW + pw)
+                continue
+        for pw in range(PW):
+            m = -FLT_MAX
+            v = r0[2 * pw]
+            m = v if v > m else m
+            v = r0[2 * pw + 1]
+            m = v if v > m else m
+            v = r1[2 * pw]
+            m = v if v > m else m
+            v = r1[2 * pw + 1]
+            y[ph * PW + pw] = v if v > m else m
+
+
 def max_pool_forward(const real[::1] x, real[::1] y, int[::1] mask, Py_ssize_t planes,
                      Py_ssize_t H, Py_ssize_t W, Py_ssize_t PH, Py_ssize_t PW,
                      Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
                      Py_ssize_t pad_h, Py_ssize_t pad_w):
-    """y = max over each window; mask = argmax (h * W + w within the plane, -1 if empty)."""
+    """y = max over each window; mask = argmax (h * W + w within the plane, -1 if empty). mask None:
+    the values alone (the same bits), the argmax's write and bookkeeping saved, for a forward no
+    backward reads (a TEST-phase net's)."""
     cdef Py_ssize_t p
     if planes * PH * PW == 0:
         return
     _check(x.shape[0], planes * H * W, "bottom")
     _check(y.shape[0], planes * PH * PW, "top")
-    _check(mask.shape[0], planes * PH * PW, "mask")
+    if mask is not None:
+        _check(mask.shape[0], planes * PH * PW, "mask")
     cdef const real* xp = &x[0] if H * W > 0 else NULL
     cdef real* yp = &y[0]
-    cdef int* mp = &mask[0]
+    cdef int* mp = &mask[0] if mask is not None else NULL
     cdef int nt = _threads(planes * (H * W + PH * PW))
     cdef Py_ssize_t g = _grab(H * W + PH * PW)
     cdef bint whole_2x2 = (kh == 2 and kw == 2 and sh == 2 and sw == 2 and pad_h == 0 and pad_w == 0
@@ -616,7 +780,10 @@ def max_pool_forward(const real[::1] x, real[::1] y, int[::1] mask, Py_ssize_t p
     if whole_2x2:
         with nogil:
             for p in prange(planes, schedule="dynamic", chunksize=g, num_threads=nt):
-                _max_plane_2x2(xp + p * H * W, yp + p * PH * PW, mp + p * PH * PW, W, PH, PW)
+                if mp != NULL:
+                    _max_plane_2x2(xp + p * H * W, yp + p * PH * PW, mp + p * PH * PW, W, PH, PW)
+                else:
+                    _maxv_plane_2x2(xp + p * H * W, yp + p * PH * PW, W, PH, PW)
         return
     with nogil, parallel(num_threads=nt):
         # per thread: the plane's row maxima and their columns
@@ -627,8 +794,12 @@ def max_pool_forward(const real[::1] x, real[::1] y, int[::1] mask, Py_ssize_t p
         else:
             hc = <int*>(hm + H * PW)
             for p in prange(planes, schedule="dynamic", chunksize=g):
-                _max_plane_sep(xp + p * H * W, yp + p * PH * PW, mp + p * PH * PW, hm, hc, H, W, PH, PW,
-                               kh, kw, sh, sw, pad_h, pad_w)
+                if mp != NULL:
+                    _max_plane_sep(xp + p * H * W, yp + p * PH * PW, mp + p * PH * PW, hm, hc, H, W, PH, PW,
+                                   kh, kw, sh, sw, pad_h, pad_w)
+                else:  # the values alone (hc, mask NULL)
+                    _max_plane_sep(xp + p * H * W, yp + p * PH * PW, NULL, hm, NULL, H, W, PH, PW,
+                                   kh, kw, sh, sw, pad_h, pad_w)
             free(hm)
 
 
