@@ -32,8 +32,11 @@ def _act_ref(y, act):
     code, a, b = act
     y = y.copy()
     if code == conv_base.ACT_RELU:
-        neg = ~(y > 0)
-        y[neg] = 0 if a == 0 else y[neg] * y.dtype.type(a)
+        if a == 0:  # Caffe's max(x, 0): NaN stays NaN
+            y[y <= 0] = 0
+        else:
+            neg = ~(y > 0)
+            y[neg] = y[neg] * y.dtype.type(a)
     elif code == conv_base.ACT_CLIP:
         y = np.where(y < y.dtype.type(a), y.dtype.type(a), y)
         y = np.where(y > y.dtype.type(b), y.dtype.type(b), y)
@@ -124,3 +127,34 @@ def test_every_plan_fuses_the_activation_bit_for_bit(plan, act, dtype, monkeypat
         assert layer.exact_forward(np.float32)
     if epilogue[0] == conv_base.ACT_RELU:  # the activation did something on this draw
         assert (outs[0] == 0).any() if epilogue[1] == 0 else (outs[0] < 0).any()
+
+
+@pytest.mark.parametrize("slope", [0.0, 0.25])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_relu_keeps_nan_as_caffe_on_every_path(slope, dtype):
+    """Caffe's ReLU, max(x, 0) + slope * min(x, 0), passes NaN on (a diverging net shows its NaN loss):
+    the CPU layer's kernel, its generic path (the GPU's code), and the convolution epilogue's three CPU
+    forms (bias_act, rows_to_batch, apply_epilogue) all keep it; negatives go to 0 (or slope * x)."""
+    from caffe.layers.testing import blobs_from_arrays, empty_tops, make_layer
+    x = np.array([np.nan, -2.0, -0.0, 0.0, 3.0, -np.inf, np.inf], dtype)
+    with np.errstate(invalid="ignore"):
+        want = np.where(x <= 0, 0, x) if slope == 0 else np.where(x > 0, x, x * dtype(slope))
+    assert np.isnan(want[0])
+    layer = make_layer("ReLU", f"relu_param {{ negative_slope: {slope} }}")
+    bottom, top = blobs_from_arrays([x], dtype), empty_tops(1, dtype)
+    layer.SetUp(bottom, top)
+    layer.Forward(bottom, top)
+    np.testing.assert_array_equal(top[0].data, want)
+    top[0].data[...] = 7
+    layer.forward_xp(np, bottom, top)
+    np.testing.assert_array_equal(top[0].data, want)
+    code = (conv_base.ACT_RELU, slope, 0.0)
+    out = x.reshape(1, 1, -1).copy()
+    lowering.bias_act(out.reshape(-1), None, 1, 1, x.size, 0, x.size, *code)
+    np.testing.assert_array_equal(out.reshape(-1), want)
+    stored = np.empty_like(out)
+    lowering.rows_to_batch(x.copy(), stored.reshape(-1), None, 1, 1, x.size, 0, x.size, *code)
+    np.testing.assert_array_equal(stored.reshape(-1), want)
+    generic = x.copy()
+    conv_base.apply_epilogue(np, generic, code)
+    np.testing.assert_array_equal(generic, want)

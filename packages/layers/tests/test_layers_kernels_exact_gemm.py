@@ -30,7 +30,7 @@ def act_ref(y, act, a, b):
     y = y.astype(F32)
     a, b = F32(a), F32(b)
     if act == 1:
-        return np.where(y > 0, y, F32(0) if a == 0 else y * a)
+        return np.where(y <= 0, F32(0), y) if a == 0 else np.where(y > 0, y, y * a)
     if act == 2:
         return np.where(y < a, a, np.where(y > b, b, y))
     return y
@@ -212,7 +212,7 @@ def test_conv_exact_forward_by_the_kernel_is_the_float64_paths(type_name, text, 
 
 @pytest.mark.parametrize("act", [(1, 0.0, 0.0), (1, 0.25, 0.0), (2, -1.0, 1.0), (0, 0.0, 0.0)])
 def test_exact_gemm_activation_on_nan_and_signed_zero(act):
-    """NaN sums: ReLU with slope 0 gives 0 (the ReLU layer's kernel), otherwise NaN stays NaN; a sum of
+    """NaN sums stay NaN under every activation (Caffe's ReLU max(x, 0) + slope * min(x, 0) included); a sum of
     -0 products is +0 (the sum starts from +0, as the float64 GEMM's does). The codes are lowering's."""
     from caffe.layers.kernels import lowering
     assert [int(v) for v in (eg.Act.ACT_NONE, eg.Act.ACT_RELU, eg.Act.ACT_CLIP)] == \

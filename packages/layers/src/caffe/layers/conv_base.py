@@ -75,8 +75,8 @@ def apply_epilogue(xp, out, act) -> None:
     code, a, b = act
     if code == ACT_RELU:
         if a == 0:
-            if xp is np:  # the CPU ReLU layer's kernel (and conv_cpu's stores): x > 0 ? x : 0, NaN -> 0
-                np.copyto(out, 0, where=~(out > 0))
+            if xp is np:  # the CPU ReLU layer's kernel (and conv_cpu's stores): x <= 0 ? 0 : x, NaN stays NaN
+                np.copyto(out, 0, where=out <= 0)
             else:  # the layer's forward_xp: max(x, 0), NaN stays NaN
                 xp.maximum(out, 0, out=out)
         else:

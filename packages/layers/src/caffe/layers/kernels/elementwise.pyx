@@ -78,7 +78,7 @@ cdef void _neuron_fwd(int op, const real* x, real* y, real* aux, Py_ssize_t n,
         if a == 0:
             for i in range(n):
                 v = x[i]
-                y[i] = v if v > 0 else 0
+                y[i] = 0 if v <= 0 else v  # NaN stays NaN, as Caffe's max(x, 0)
         else:
             for i in range(n):
                 v = x[i]

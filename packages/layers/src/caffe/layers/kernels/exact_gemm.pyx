@@ -94,9 +94,9 @@ cdef extern from *:
     }
 
     static inline float eg_act1(float y, int act, float a, float b) {
-        if (act == 1) {
-            if (y > 0) return y;
-            return a == 0 ? 0.0f : y * a;
+        if (act == 1) {  /* the ReLU layer's kernel: NaN stays NaN */
+            if (a == 0) return y <= 0 ? 0.0f : y;
+            return y > 0 ? y : y * a;
         }
         if (act == 2) {
             if (y < a) return a;
@@ -136,9 +136,9 @@ cdef extern from *:
     static inline __attribute__((always_inline)) EG_TARGET __m128 eg_act4(__m128 y, int act, __m128 va,
                                                                            __m128 vb, int a_zero) {
         if (act == 1) {
-            __m128 pos = _mm_cmp_ps(y, _mm_setzero_ps(), _CMP_GT_OQ);
-            __m128 neg = a_zero ? _mm_setzero_ps() : _mm_mul_ps(y, va);
-            return _mm_blendv_ps(neg, y, pos);
+            if (a_zero)  /* y <= 0 -> 0; NaN stays NaN */
+                return _mm_blendv_ps(y, _mm_setzero_ps(), _mm_cmp_ps(y, _mm_setzero_ps(), _CMP_LE_OQ));
+            return _mm_blendv_ps(_mm_mul_ps(y, va), y, _mm_cmp_ps(y, _mm_setzero_ps(), _CMP_GT_OQ));
         }
         if (act == 2) {  /* y > b -> b, then y < a -> a (a wins, as the scalar order has it); NaN stays */
             __m128 r = _mm_blendv_ps(y, vb, _mm_cmp_ps(y, vb, _CMP_GT_OQ));

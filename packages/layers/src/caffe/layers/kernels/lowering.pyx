@@ -45,10 +45,10 @@ cpdef enum Act:
 
 
 cdef inline real_out _act(real_out y, int act, real_out a, real_out b) noexcept nogil:
-    if act == ACT_RELU:  # as the ReLU layer's kernel (elementwise.pyx): the same bits, NaN included
-        if y > 0:
-            return y
-        return 0 if a == 0 else y * a
+    if act == ACT_RELU:  # as the ReLU layer's kernel (elementwise.pyx): the same bits, NaN stays NaN
+        if a == 0:
+            return 0 if y <= 0 else y
+        return y if y > 0 else y * a
     if act == ACT_CLIP:  # Caffe's max(min_val, min(x, max_val)); NaN stays NaN
         if y < a:
             return a
