@@ -237,7 +237,7 @@ def test_lrn_test_phase_leaves_the_scale_out_until_a_backward(shape, dtype, seed
         layer.Forward(bottom, top)
         layers[phase] = (layer, bottom, top)
     train, test = layers[caffe_pb2.TRAIN], layers[caffe_pb2.TEST]
-    assert not train[0]._scale_stale and test[0]._scale_stale
+    assert not train[0].scale_state.stale and test[0].scale_state.stale
     np.testing.assert_array_equal(test[2][0].data, train[2][0].data)  # the same bits without the scale
     y_kept = test[2][0].data.copy()
     for layer, bottom, top in (train, test):
@@ -248,7 +248,7 @@ def test_lrn_test_phase_leaves_the_scale_out_until_a_backward(shape, dtype, seed
     np.testing.assert_array_equal(test[2][0].data, y_kept)  # the recomputation wrote a scratch top
     layer, bottom, top = test
     layer.Forward(bottom, top)  # after a Backward, every forward keeps the scale
-    assert not layer._scale_stale
+    assert not layer.scale_state.stale
 
 
 def test_lrn_kernel_without_the_scale_is_the_same_top():

@@ -196,14 +196,14 @@ def test_max_pooling_test_phase_forward_then_backward_is_trains(case, dtype, see
     (y_train,), dx_train = _run(text, x, None, dtype, True, n_top=1)
     layer, bottom, top = _test_phase_layer(text, x, dtype)
     layer.Forward(bottom, top)
-    assert layer._mask_stale == (pooling._k is not None)
+    assert layer.mask_state.stale == (pooling._k is not None)
     np.testing.assert_array_equal(_bits(top[0].data), _bits(y_train.astype(dtype)))
     top[0].data[...] = 0  # as an in-place ReLU / Dropout after the pooling might
     top[0].diff[...] = np.random.default_rng(7).normal(size=top[0].shape)
     layer.Backward(top, [True], bottom)
     np.testing.assert_array_equal(bottom[0].diff, dx_train)
     np.testing.assert_array_equal(top[0].data, 0)
-    assert not layer._mask_stale
+    assert not layer.mask_state.stale
 
 
 def test_max_pooling_test_phase_keeps_the_argmax_once_backward_ran():
@@ -218,7 +218,7 @@ def test_max_pooling_test_phase_keeps_the_argmax_once_backward_ran():
     b = _values(2, (1, 2, 9, 9), False)
     bottom[0].data[...] = b
     layer.Forward(bottom, top)
-    assert not layer._mask_stale
+    assert not layer.mask_state.stale
     layer.Backward(top, [True], bottom)
     (_,), dx_b = _run(text, b, np.ones(top[0].shape), np.float32, True, n_top=1)
     np.testing.assert_array_equal(bottom[0].diff, dx_b)
@@ -231,10 +231,10 @@ def test_max_pooling_train_phase_and_mask_top_always_write_the_argmax():
     bottom, top = blobs_from_arrays([x], np.float32), empty_tops(1, np.float32)
     train.SetUp(bottom, top)
     train.Forward(bottom, top)
-    assert not train._mask_stale
+    assert not train.mask_state.stale
     test = make_layer("Pooling", text, phase=pooling_test_phase())
     bottom, top = blobs_from_arrays([x], np.float32), empty_tops(2, np.float32)
     test.SetUp(bottom, top)
     test.Forward(bottom, top)  # the mask top is an output: always written
-    assert not test._mask_stale
+    assert not test.mask_state.stale
     assert (top[1].data >= 0).all()

@@ -92,6 +92,28 @@ def state_blob(layer, name, like, dtype=None) -> Blob:
     return blob
 
 
+class DeferredState:
+    """Backward state (MAX pooling's argmax, LRN's scale) that a TEST-phase forward leaves out: nothing
+    reads it unless a Backward follows. That Backward recomputes it from the bottom (nothing changes the
+    bottom between a forward and its backward) and from then on every forward keeps it (pycaffe's saliency
+    and deep-dream loops). A TRAIN-phase layer always keeps it."""
+
+    def __init__(self, layer):
+        self.keep = layer.phase == 0  # TRAIN
+        self.stale = False  # the last forward left it out
+
+    def written(self, kept: bool = True) -> None:
+        """A forward wrote the state (kept) or left it out."""
+        self.stale = not kept
+
+    def recompute(self) -> bool:
+        """For a Backward: True if the state must be recomputed now (once; forwards keep it afterwards)."""
+        if not self.stale:
+            return False
+        self.keep, self.stale = True, False
+        return True
+
+
 def save_bottom(layer, xp, bottom, top):
     """In place, keep the bottom data in the layer's bottom_memory_ blob (Caffe's name, PReLU's)
     before the top overwrites it; returns that blob, or None out of place."""

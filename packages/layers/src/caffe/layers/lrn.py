@@ -15,8 +15,7 @@ so a forward in one mode and a backward in the other agree. CPU: ACROSS_CHANNELS
 pass each way (caffe.layers.kernels.normalization; the window sums slide in double);
 WITHIN_CHANNEL and the GPU run the array-module-generic code below.
 In a TEST-phase net the CPU forward leaves scale_ out (a third of its traffic) until a Backward
-asks for it: that Backward recomputes it from the bottom, which nothing changes between a forward
-and its backward, and from then on every forward keeps it (as TRAIN always does).
+asks for it (_cpu.DeferredState).
 """
 from __future__ import annotations
 
@@ -44,8 +43,7 @@ class LRNLayer(Layer):
         self.check(self.region in (ACROSS_CHANNELS, WITHIN_CHANNEL),
                    f"Unknown normalization region lrn_param.norm_region = {p.norm_region}")
         self._buffers = {}
-        self._scale_stale = False
-        self._keep_scale = self.phase == 0
+        self.scale_state = _cpu.DeferredState(self)
 
     def reshape(self, bottom, top):
         x = bottom[0]
@@ -105,7 +103,7 @@ class LRNLayer(Layer):
     def forward_cpu(self, bottom, top):
         if not self._kernel_usable(bottom, top):
             return self.forward_xp(np, bottom, top)
-        self._across_forward(bottom, top[0].mutable_cpu_data(), keep=self._keep_scale)
+        self._across_forward(bottom, top[0].mutable_cpu_data(), keep=self.scale_state.keep)
 
     def _across_forward(self, bottom, y, keep):
         N, C, H, W = bottom[0].shape
@@ -113,7 +111,7 @@ class LRNLayer(Layer):
         _cpu.normalization.lrn_across_forward(_cpu.flat(bottom[0].cpu_data()), _cpu.flat(y),
                                               _cpu.flat(scale.mutable_cpu_data()) if keep else None, N, C,
                                               H * W, self.size, self.alpha, self.k, self.beta)
-        self._scale_stale = not keep
+        self.scale_state.written(kept=keep)
 
     def backward_cpu(self, top, propagate_down, bottom):
         if not propagate_down[0]:
@@ -127,8 +125,7 @@ class LRNLayer(Layer):
                                                N, C, H * W, self.size, self.alpha, self.beta)
 
     def _scale_state(self, bottom):
-        if self._scale_stale:  # a TEST-phase forward left it out: recompute it (the top untouched)
-            self._keep_scale = True
+        if self.scale_state.recompute():  # into a scratch top: the net's top may have changed since
             self._across_forward(bottom, np.empty(bottom[0].shape, bottom[0].dtype), keep=True)
         scale = getattr(self, "scale_", None)
         if scale is None or scale.shape != bottom[0].shape:
@@ -139,7 +136,7 @@ class LRNLayer(Layer):
         x = bottom[0].data_xp(xp)
         y = top[0].mutable_data_xp(xp)
         scale = _cpu.state_blob(self, "scale_", bottom[0]).mutable_data_xp(xp)
-        self._scale_stale = False
+        self.scale_state.written()
         from caffe.layers.kernels import cuda_norm  # a real GPU: one pass
         if cuda_norm.lrn_forward(xp, x, scale, y, self.size, self.alpha, self.k, self.beta,
                                  self.region == WITHIN_CHANNEL):

@@ -306,12 +306,9 @@ class PoolingLayer(Layer):
         self.ceil_mode = p.round_mode == 0  # CEIL
         self.max_idx_ = None
         self.rand_idx_ = None
-        # MAX in a TEST-phase net: forward leaves the argmax out (its write and bookkeeping are a
-        # fifth of the traffic and most of the compares) until a Backward asks for it; that Backward
-        # recomputes it from the bottom, which nothing changes between a forward and its backward, and
-        # from then on every forward keeps it (pycaffe's deep-dream and saliency loops). TRAIN always does.
-        self._mask_stale = False
-        self._keep_mask = self.phase == 0
+        # MAX in a TEST-phase net: the argmax (its write and bookkeeping are a fifth of the traffic and
+        # most of the compares) only once a Backward asks for it (_cpu.DeferredState)
+        self.mask_state = _cpu.DeferredState(self)
 
     def reshape(self, bottom, top):
         x = bottom[0]
@@ -340,12 +337,12 @@ class PoolingLayer(Layer):
         y = top[0].mutable_data_xp(xp)
         spec = self.spec
         if self.method == MAX:
-            if len(top) == 1 and not self._keep_mask and max_forward_values(xp, spec, x, y):
-                self._mask_stale = True
+            if len(top) == 1 and not self.mask_state.keep and max_forward_values(xp, spec, x, y):
+                self.mask_state.written(kept=False)
                 return
             mask = self.max_idx_.mutable_data_xp(xp)
             max_forward(xp, spec, x, y, mask)
-            self._mask_stale = False
+            self.mask_state.written()
             if len(top) > 1:
                 top[1].mutable_data_xp(xp)[...] = mask
         elif self.method == AVE:
@@ -365,11 +362,9 @@ class PoolingLayer(Layer):
             if len(top) > 1:  # Caffe reads the argmax back from the mask top
                 mask = top[1].data_xp(xp).astype(xp.int32)
             else:
-                if self._mask_stale:  # a TEST-phase forward left it out: recompute it (top untouched)
-                    self._keep_mask = True
+                if self.mask_state.recompute():  # into a scratch top: the net's top may have changed since
                     max_forward(xp, self.spec, bottom[0].data_xp(xp), xp.empty(self.top_shape, dy.dtype),
                                 self.max_idx_.mutable_data_xp(xp))
-                    self._mask_stale = False
                 mask = self.max_idx_.data_xp(xp)
             max_backward(xp, self.spec, dy, mask, dx)
         elif self.method == AVE:
