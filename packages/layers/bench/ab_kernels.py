@@ -37,7 +37,7 @@ def pair(name, old_dir):
     new = importlib.import_module(f"caffe.layers.kernels.{name}")
     paths = glob.glob(os.path.join(old_dir, f"{name}.cpython-*.so"))
     if not paths:
-        raise SystemExit(f"ab_kernels: no {name} build in {old_dir}")
+        raise SystemExit(f"no {name} build in {old_dir}")
     spec = importlib.util.spec_from_file_location(f"caffe.layers.kernels.{name}", paths[0])
     old = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(old)

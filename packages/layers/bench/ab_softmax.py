@@ -18,27 +18,13 @@ float32 exp (FMA polynomial) on one thread over a 32 KB block that stays in L1 (
 from __future__ import annotations
 
 import argparse
-import glob
-import importlib
-import importlib.util
 import os
 import statistics
 import time
 
 import numpy as np
 
-
-def load_pair(name, old_dir):
-    # This checkout's module first: a Cython module registers itself under its name when it loads.
-    new = importlib.import_module(f"caffe.layers.kernels.{name}")
-    paths = glob.glob(os.path.join(old_dir, f"{name}.cpython-*.so"))
-    if not paths:
-        raise SystemExit(f"ab_softmax: no {name} build in {old_dir}")
-    spec = importlib.util.spec_from_file_location(f"caffe.layers.kernels.{name}", paths[0])
-    old = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(old)
-    assert old is not new and old.__file__ != new.__file__
-    return old, new
+from ab_kernels import pair  # (this folder: the script's own, first on sys.path)
 
 
 SHAPES = [("resnet 8x256x56x56", (8, 256, 3136), np.float32), ("mobilenet 8x64x112x112", (8, 64, 12544), np.float32),
@@ -149,7 +135,7 @@ def main(argv=None):
                     "shapes), old kernels + the old label handling against this checkout")
     args = ap.parse_args(argv)
     from caffe.layers import _cpu
-    old, new = load_pair(os.path.basename(_cpu.softmax.__name__.split(".")[-1]), args.old)
+    old, new = pair(os.path.basename(_cpu.softmax.__name__.split(".")[-1]), args.old)
     clocks = (time.perf_counter, time.process_time)
     print(f"# {time.strftime('%Y-%m-%d %H:%M:%S')}  load avg {' '.join(f'{v:.2f}' for v in os.getloadavg())}  "
           f"OMP_NUM_THREADS {os.environ.get('OMP_NUM_THREADS', 'unset')}  {new.__name__}  ms: wall / process CPU, "
