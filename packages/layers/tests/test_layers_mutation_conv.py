@@ -171,23 +171,31 @@ def test_conv_with_two_bottoms_keeps_each_bottoms_own_columns(dtype, kernel, mon
     buffer is kept for the backward; each pair's weight diff is its own bottom's, on the CPU plans and the
     batched (GPU) path alike (session 8: blocked_forward returning the shared buffer as the kept block,
     conv_forward lowering the kept chunk into the shared one)."""
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    for g, w in zip(*_two_bottom_grads(monkeypatch, kernel, (3, 4, 2, 3), 9, dtype)):
+        np.testing.assert_allclose(g, w, rtol=tol, atol=tol)
+
+
+def _two_bottom_grads(monkeypatch, kernel, shape, seed, dtype, check=None):
+    """A 5-output Convolution with two bottom/top pairs, forward + backward on the CPU plans and on the
+    batched (GPU) path: [bottom diffs + param diffs] per path. check(layer) runs after the CPU forward."""
     from caffe.layers import conv_base
-    rng = np.random.default_rng(9)
-    xs = [rng.normal(size=(3, 4, 2, 3)) for _ in range(2)]
-    dys = [rng.normal(size=(3, 5, 2, 3)) for _ in range(2)]
+    rng = np.random.default_rng(seed)
+    xs = [rng.normal(size=shape) for _ in range(2)]
+    dys = [rng.normal(size=(shape[0], 5) + shape[2:]) for _ in range(2)]
     got = []
     for cpu_paths in (True, False):
         monkeypatch.setattr(conv_base, "CPU_PATHS", cpu_paths)
-        context_seed(10)
+        context_seed(seed + 1)
         layer = make_layer("Convolution", f"convolution_param {{ num_output: 5 {kernel} {_FILL} }}")
         bottom, top = run_forward(layer, xs, n_top=2, dtype=dtype)
+        if cpu_paths and check is not None:
+            check(layer)
         for t, d in zip(top, dys):
             t.diff[...] = d
         layer.Backward(top, [True, True], bottom)
         got.append([b.diff.copy() for b in bottom + layer.blobs])
-    tol = 1e-5 if dtype == np.float32 else 1e-12
-    for g, w in zip(*got):
-        np.testing.assert_allclose(g, w, rtol=tol, atol=tol)
+    return got
 
 
 @pytest.mark.parametrize("cpu_paths", [True, False])
@@ -338,23 +346,11 @@ def test_exact_kernel_forward_with_two_bottoms_keeps_each_bottoms_own_block(monk
     bottom's float32 column block in the layer's own buffer: the second bottom's forward does not overwrite
     the first's, so each pair's weight diff is its own bottom's, as the batched path computes it (session 9:
     _exact_forward lowering the kept block into the shared scratch buffer)."""
-    from caffe.layers import conv_base
-    rng = np.random.default_rng(20)
-    xs = [rng.normal(size=(2, 3, 4, 5)) for _ in range(2)]
-    dys = [rng.normal(size=(2, 5, 4, 5)) for _ in range(2)]
-    got = []
-    for cpu_paths in (True, False):
-        monkeypatch.setattr(conv_base, "CPU_PATHS", cpu_paths)
-        context_seed(21)
-        layer = make_layer("Convolution", f"convolution_param {{ num_output: 5 kernel_size: 3 pad: 1 {_FILL} }}")
-        bottom, top = run_forward(layer, xs, n_top=2, dtype=np.float32)
-        if cpu_paths:
-            blocks = layer.cpu_blocks(2, np.float32, exact=True)
-            assert blocks.kernel and len(blocks.blocks) == 1
-        for t, d in zip(top, dys):
-            t.diff[...] = d
-        layer.Backward(top, [True, True], bottom)
-        got.append([b.diff.copy() for b in bottom + layer.blobs])
+    def one_exact_block(layer):
+        blocks = layer.cpu_blocks(2, np.float32, exact=True)
+        assert blocks.kernel and len(blocks.blocks) == 1
+
+    got = _two_bottom_grads(monkeypatch, "kernel_size: 3 pad: 1", (2, 3, 4, 5), 20, np.float32, one_exact_block)
     for g, w in zip(*got):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
 
