@@ -125,7 +125,6 @@ class FoldUnit:
                 self.pending[-1] = (blob, pos)
             else:
                 self.pending.append((blob, pos))
-        self.need_backward = any(net.layer_need_backward[i] for i in ids)
         self.clone = None
         self._state = None  # what the folded weights were computed from; None: recompute
         self._bottom_state = None
