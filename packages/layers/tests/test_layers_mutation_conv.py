@@ -287,31 +287,44 @@ def test_apply_epilogue_is_the_cpu_layers_activation_bit_for_bit(act, layer_text
     np.testing.assert_array_equal(_bits(out), _bits(top[0].data))
 
 
+def _fused_and_unfused(x, conv_text, seed, dtype, act, act_layer=None, check=None):
+    """The Convolution with `act` as its epilogue, then without it followed by the act_layer (type, text) in
+    place (None: no layer after it), the same seed: (the last layer, [fused top, unfused top], the unfused
+    Convolution's own top). check(layer) runs after each SetUp."""
+    from caffe.blob import context
+    from caffe.layers.testing import blobs_from_arrays, empty_tops
+    outs, raw = [], None
+    for fused in (True, False):
+        context.set_random_seed(seed)
+        layer = make_layer("Convolution", conv_text)
+        bottom, top = blobs_from_arrays([x], dtype), empty_tops(1, dtype)
+        layer.SetUp(bottom, top)
+        if check is not None:
+            check(layer)
+        layer.epilogue = act if fused else None
+        layer.Forward(bottom, top)
+        if not fused:
+            raw = top[0].data.copy()
+            if act_layer is not None:
+                a = make_layer(*act_layer)
+                a.SetUp(top, top)
+                a.Forward(top, top)
+        outs.append(top[0].data.copy())
+    return layer, outs, raw
+
+
 @pytest.mark.parametrize("cpu_paths", [True, False])
 def test_conv_epilogue_on_nan_inputs_is_the_unfolded_relu(cpu_paths, monkeypatch):
     """A Convolution with a ReLU epilogue (inference folding) == the Convolution, then the ReLU layer, bit for
     bit, with a NaN in the bottom: on the CPU plans and the batched plan (N-d, force_nd_im2col) alike
     (session 9: the batched plan's epilogue and the CPU ReLU kernel disagreed on NaN; both now keep it, as
     Caffe's ReLU does)."""
-    from caffe.blob import context
     from caffe.layers import conv_base
-    from caffe.layers.testing import blobs_from_arrays, empty_tops
     monkeypatch.setattr(conv_base, "CPU_PATHS", cpu_paths)
     x = np.random.default_rng(16).normal(size=(2, 3, 5, 4)).astype(np.float32)
     x[0, 1, 2, 2] = np.nan
-    outs = []
-    for fused in (True, False):
-        context.set_random_seed(17)
-        layer = make_layer("Convolution", f"convolution_param {{ num_output: 4 kernel_size: 3 pad: 1 {_FILL} }}")
-        bottom, top = blobs_from_arrays([x], np.float32), empty_tops(1, np.float32)
-        layer.SetUp(bottom, top)
-        layer.epilogue = (conv_base.ACT_RELU, 0.0, 0.0) if fused else None
-        layer.Forward(bottom, top)
-        if not fused:
-            relu = make_layer("ReLU")
-            relu.SetUp(top, top)
-            relu.Forward(top, top)
-        outs.append(top[0].data.copy())
+    layer, outs, _ = _fused_and_unfused(x, f"convolution_param {{ num_output: 4 kernel_size: 3 pad: 1 {_FILL} }}",
+                                        17, np.float32, (conv_base.ACT_RELU, 0.0, 0.0), ("ReLU", ""))
     assert layer.plan(np, np.float32) == ("blocked" if cpu_paths else "batched")
     assert np.isnan(x).any() and np.isnan(outs[1]).any() and not np.isnan(outs[1]).all()  # NaN passed on
     np.testing.assert_array_equal(_bits(outs[0]), _bits(outs[1]))
@@ -321,20 +334,14 @@ def test_conv_epilogue_on_nan_inputs_is_the_unfolded_relu(cpu_paths, monkeypatch
 def test_dense_plan_epilogue_when_the_forward_goes_blocked():
     """A dense-plan layer whose forward is not dense (72 outputs per group: only the bottom diff is) runs the
     blocked forward, with the epilogue (session 9: dense_forward's fallback dropped `act`)."""
-    from caffe.blob import context
     from caffe.layers import conv_base, conv_cpu
-    from caffe.layers.testing import blobs_from_arrays, empty_tops
-    x = np.random.default_rng(18).normal(size=(2, 4, 5, 6)).astype(np.float32)
-    outs = []
-    for fused in (True, False):
-        context.set_random_seed(19)
-        layer = make_layer("Convolution", f"convolution_param {{ num_output: 72 kernel_size: 3 pad: 1 {_FILL} }}")
-        bottom, top = blobs_from_arrays([x], np.float32), empty_tops(1, np.float32)
-        layer.SetUp(bottom, top)
+
+    def dense_for_data_only(layer):
         assert layer.plan(np, np.float32) == "dense" and conv_cpu.dense_products(layer, np.float32) == ("data",)
-        layer.epilogue = (conv_base.ACT_CLIP, -0.25, 0.5) if fused else None
-        layer.Forward(bottom, top)
-        outs.append(top[0].data.copy())
+
+    x = np.random.default_rng(18).normal(size=(2, 4, 5, 6)).astype(np.float32)
+    _, outs, _ = _fused_and_unfused(x, f"convolution_param {{ num_output: 72 kernel_size: 3 pad: 1 {_FILL} }}",
+                                    19, np.float32, (conv_base.ACT_CLIP, -0.25, 0.5), check=dense_for_data_only)
     assert (outs[1] < -0.25).any() and (outs[1] > 0.5).any()
     np.testing.assert_array_equal(outs[0], np.clip(outs[1], np.float32(-0.25), np.float32(0.5)))
 
@@ -366,26 +373,13 @@ def test_blocked_plan_epilogue_with_one_image_a_block(act, layer_text, bias_term
     """The blocked plan's GEMM written straight into the blob (one image a block, no float64 exact block:
     36 terms; stride 2: not the dense plan) applies the epilogue in its bias pass, with and without a bias: the layer, then the ReLU / Clip
     layer, bit for bit (session 9: _gemm_out skipping the pass without a bias, or misplacing its arguments)."""
-    from caffe.blob import context
-    from caffe.layers.testing import blobs_from_arrays, empty_tops
-    x = np.random.default_rng(22).normal(size=(1, 4, 7, 6))
-    text = f"convolution_param {{ num_output: 3 kernel_size: 3 pad: 1 stride: 2 bias_term: {str(bias_term).lower()} {_FILL} }}"
-    outs = []
-    for fused in (True, False):
-        context.set_random_seed(23)
-        layer = make_layer("Convolution", text)
-        bottom, top = blobs_from_arrays([x], dtype), empty_tops(1, dtype)
-        layer.SetUp(bottom, top)
+    def one_image_a_block(layer):
         blocks = layer.cpu_blocks(1, dtype, exact=False)
         assert layer.plan(np, dtype) == "blocked" and not layer.exact_forward(dtype) and len(blocks.blocks) == 1
-        layer.epilogue = act if fused else None
-        layer.Forward(bottom, top)
-        if not fused:
-            raw = top[0].data.copy()
-            a = make_layer(*layer_text)
-            a.SetUp(top, top)
-            a.Forward(top, top)
-        outs.append(top[0].data.copy())
+
+    x = np.random.default_rng(22).normal(size=(1, 4, 7, 6))
+    text = f"convolution_param {{ num_output: 3 kernel_size: 3 pad: 1 stride: 2 bias_term: {str(bias_term).lower()} {_FILL} }}"
+    _, outs, raw = _fused_and_unfused(x, text, 23, dtype, act, layer_text, check=one_image_a_block)
     np.testing.assert_array_equal(_bits(outs[0]), _bits(outs[1]))
     assert (raw != outs[1]).any()  # the activation changed something on this draw
 
