@@ -45,6 +45,15 @@ def pair(name, old_dir):
     return old, new
 
 
+def same_bits(run, old, new, outs) -> bool:
+    """Run both builds once on the same inputs: whether their outputs (and returned values) are the same bits."""
+    ret_old = run(old)
+    want = [np.array(o, copy=True) for o in outs]
+    ret_new = run(new)
+    return all(np.array_equal(a, b, equal_nan=True) for a, b in zip(want, outs)) and (
+        ret_old == ret_new or (ret_old != ret_old and ret_new != ret_new))
+
+
 def cases(old_dir):
     rng = np.random.default_rng(0)
     x = rng.standard_normal(N * C * S).astype(np.float32)
@@ -160,12 +169,7 @@ def main(argv=None):
     for name, (old, new), run, outs in todo:
         if only and not any(w in name.lower() for w in only):
             continue
-        # the same bits from both builds (outputs and the returned value), before timing
-        ret_old = run(old)
-        want = [np.array(o, copy=True) for o in outs]
-        ret_new = run(new)
-        same = all(np.array_equal(a, b, equal_nan=True) for a, b in zip(want, outs)) and (
-            ret_old == ret_new or (ret_old != ret_old and ret_new != ret_new))
+        same = same_bits(run, old, new, outs)
         got = {old: [], new: []}
         for i in range(args.repeats + 2):
             for k in ((old, new) if i % 2 else (new, old)):
