@@ -75,7 +75,7 @@ def _dense_run(type_name, text, shape, batched, calls=None):
 @pytest.mark.parametrize("text, shape", [
     ("num_output: 72 kernel_size: 3 pad: 1", (2, 4, 5, 6)),     # conv: only the bottom diff (72 outputs per group)
     ("num_output: 4 kernel_size: 3 pad: 1", (2, 72, 5, 6)),     # deconv: the same geometry
-    ("num_output: 6 kernel_size: 5", (2, 4, 9, 11)),            # pad 0, 7 columns: only the forward
+    ("num_output: 6 kernel_size: 5 pad_w: 1", (2, 4, 9, 11)),   # not "same", 9 columns: only the forward
     ("num_output: 6 kernel_size: 3 pad: 1", (2, 4, 5, 17)),     # 17 columns: all three
 ])
 def test_dense_plan_runs_the_dense_kernels_for_its_products_and_the_blocked_plan_for_the_rest(type_name, text,
@@ -93,8 +93,10 @@ def test_dense_plan_runs_the_dense_kernels_for_its_products_and_the_blocked_plan
 
 @_DENSE
 @pytest.mark.parametrize("text, shape, products", [
-    ("num_output: 8 kernel_size: 4", (1, 64, 8, 8), ("fwd",)),                    # 64 * 4 * 4 = DENSE_MAX_KD
-    ("num_output: 8 kernel_h: 3 kernel_w: 5", (1, 70, 8, 8), ()),                 # 70 * 15 = 1050 > DENSE_MAX_KD
+    ("num_output: 8 kernel_size: 4 pad: 1", (1, 64, 8, 8), ("fwd",)),             # 64 * 4 * 4 = DENSE_MAX_KD
+    ("num_output: 8 kernel_size: 3", (1, 8, 8, 8), ()),                           # unpadded: blocked (LeNet)
+    ("num_output: 8 kernel_size: 3 pad_w: 1", (1, 8, 8, 8), ("fwd",)),            # padded on one axis
+    ("num_output: 8 kernel_h: 3 kernel_w: 5 pad: 1", (1, 70, 8, 8), ()),          # 70 * 15 = 1050 > DENSE_MAX_KD
     ("num_output: 72 kernel_size: 3 pad: 1", (1, 8, 8, 8), ("data",)),            # 72 > DENSE_MAX_OG: no forward
     ("num_output: 137 kernel_h: 3 kernel_w: 5 pad_h: 1 pad_w: 2", (1, 8, 8, 8), ()),  # 137 * 15 > 2 * MAX_KD
     ("num_output: 250 kernel_size: 3 pad: 1", (1, 8, 8, 8), ()),                  # 250 * 9 > 2 * DENSE_MAX_KD

@@ -428,9 +428,11 @@ def dense_products(layer, dtype=np.float32):
 # pad 0 is 1.45x slower); weight diff where the forward is dense with "same" padding (backward_weight_oc,
 # vectorized over output channels, fills its lanes on rows of any width: 0.6-0.8x the blocked plan's time
 # on CIFAR10-quick conv3 and GoogLeNet 4a 5x5, whose 8-14 wide rows the older x-vectorized kernel lost on).
-# Not on pad-0 layers: LeNet conv2's would gain as much (0.67x), but its sums, rounded differently from
-# Caffe's sgemm, move the LeNet 100-iteration trace out of its fidelity bounds (ip1's weights 7.5% from
-# Caffe's at iteration 100, the bound 5%: test_solver_lenet), and the issue keeps Caffe's numerics there.
+# Not on unpadded ("valid") layers, forward included: LeNet conv2 (pad 0) would gain (0.67x), but its
+# sums, rounded differently from Caffe's sgemm, move the LeNet 100-iteration trace to the edge of its
+# fidelity bounds (test_solver_lenet: ip1's bias 4.9% from Caffe's at iteration 100 with the dense forward,
+# 2.1% blocked, the bound 5%; with the dense weight diff too, ip1's weights 7.5%), and the issue keeps
+# Caffe's numerics there.
 DENSE_MAX_OG = 64
 DENSE_MAX_KD = 1024
 
@@ -442,6 +444,8 @@ def dense_rule(layer):
     (kh, kw), (ph, pw) = g.kernel, g.pad
     same = 2 * ph == kh - 1 and 2 * pw == kw - 1
     out = []
+    if ph == 0 and pw == 0:
+        return ()
     if og <= DENSE_MAX_OG and cg * kh * kw <= DENSE_MAX_KD:
         out += ["fwd", "wgt"] if same else ["fwd"]
     if cg <= DENSE_MAX_OG and og * kh * kw <= 2 * DENSE_MAX_KD and same:
