@@ -107,8 +107,9 @@ def cases(old_dir, builds=None):
                                                                               2, 2, 0, 0)
     # the neuron layers whose kernels call libm (forward, then backward from the forward's top), x ~ 3 N(0, 1)
     x3, ny, naux = x * 3, np.empty_like(x), np.empty_like(x)
-    neurons = [("Sigmoid", 1, 0, 0, 0, 0), ("TanH", 2, 0, 0, 0, 0), ("ELU", 3, 1.0, 0, 0, 0), ("Exp", 5, 1.0, 1.0, 0, 0),
-               ("Log", 6, 1.0, 10.0, 1.0, 1.0), ("BNLL", 8, 0, 0, 0, 0), ("Swish", 11, 1.0, 0, 0, 0)]
+    neurons = [("Sigmoid", 1, 0, 0, 0, 0), ("TanH", 2, 0, 0, 0, 0), ("ELU", 3, 1.0, 0, 0, 0),
+               ("Exp", 5, 1.0, 1.0, 0, 0), ("Log", 6, 1.0, 10.0, 1.0, 1.0), ("BNLL", 8, 0, 0, 0, 0),
+               ("Swish", 11, 1.0, 0, 0, 0)]
     elt_new = elt[1] if elt else importlib.import_module("caffe.layers.kernels.elementwise")
     neuron_cases = []
     for nname, op, a, b, c, d in neurons:

@@ -240,7 +240,8 @@ def test_bnll_float32_is_within_4_ulp_of_softplus(build):
     states 4 ulp for its functions), within 4 denormal spacings below; NaN, +-inf, +-0 as NumPy's softplus."""
     mod = build_module("elementwise", build)
     rng = np.random.default_rng(0)
-    x = np.concatenate([np.linspace(-110, 110, 400_001), rng.standard_normal(100_000) * 8, rng.uniform(-1.5, 1.5, 100_000),
+    x = np.concatenate([np.linspace(-110, 110, 400_001), rng.standard_normal(100_000) * 8,
+                        rng.uniform(-1.5, 1.5, 100_000),
                         [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, -1e-45, 3e38, -3e38]]).astype(np.float32)
     y = np.empty_like(x)
     e = np.empty(0, np.float32)
