@@ -199,3 +199,27 @@ def test_the_switches_choose_the_builds(env, suffix):
                           "print(_cpu.elementwise.__name__, _cpu.softmax.__name__)"],
                          env=full, capture_output=True, text=True, check=True).stdout.split()
     assert out == [f"caffe.layers.kernels.elementwise{suffix}", f"caffe.layers.kernels.softmax{suffix}"]
+
+
+@pytest.mark.parametrize("build", ["avx2", "avx512"])
+@given(n=st.sampled_from([1, 15, 17, 4096, 4103, 40000]), dtype=DTYPES, seed=SEEDS, in_place=st.booleans())
+def test_eltwise_max_backward_builds_agree_bit_for_bit(build, n, dtype, seed, in_place):
+    """Eltwise MAX backward with two bottoms (the AVX-512 build ANDs dy's bits with the mask's words, the others
+    select): the same bits as the baseline build, NaN and -0 in dy passed where chosen, +0 elsewhere; also with a
+    bottom diff that is the top diff (in place)."""
+    base, avx = _pair("elementwise", build)
+    rng = np.random.default_rng(seed)
+    dy = rng.standard_normal(n).astype(dtype)
+    dy[rng.random(n) < 0.1] = np.nan
+    dy[rng.random(n) < 0.1] = -0.0
+    mask = rng.integers(0, 2, n).astype(np.int32)
+    e, e64 = np.empty(0, dtype), np.empty(0)
+    res = []
+    for mod in (base, avx):
+        d = dy.copy()
+        g0, g1 = (d if in_place else np.full_like(dy, 7)), np.full_like(dy, 7)
+        mod.eltwise_backward(2, [e, e], [g0, g1], e64, e, d, mask, False)
+        res.append((g0.copy(), g1))
+    for g, w in zip(res[1], res[0]):
+        np.testing.assert_array_equal(g.view(np.uint8), w.view(np.uint8))
+    np.testing.assert_array_equal(res[0][1].view(np.uint8), np.where(mask == 1, dy, dtype(0)).view(np.uint8))
