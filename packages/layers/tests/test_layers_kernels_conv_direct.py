@@ -335,28 +335,38 @@ def test_dense_plan_matches_the_batched_path(text, shape, deconv, mode):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
 
 
+ALL = ("fwd", "wgt", "data")
+
+
 @pytest.mark.skipif(not SUPPORTED, reason="the dense plan needs AVX2 and FMA")
-@pytest.mark.parametrize("text,shape,products", [
-    ("num_output: 32 kernel_size: 5 pad: 2", (2, 3, 32, 32), ("fwd", "wgt", "data")),   # CIFAR10-quick conv1
-    ("num_output: 32 kernel_size: 5 pad: 2", (2, 32, 16, 16), ("fwd", "wgt", "data")),  # conv2
-    ("num_output: 64 kernel_size: 5 pad: 2", (2, 32, 8, 8), ("fwd", "wgt", "data")),    # conv3
-    ("num_output: 50 kernel_size: 5", (2, 20, 12, 12), ()),                             # LeNet conv2: sgemm
-    ("num_output: 384 kernel_size: 3 pad: 1", (1, 256, 13, 13), ()),                    # CaffeNet conv3
-    ("num_output: 64 kernel_size: 3 pad: 1", (1, 64, 56, 56), ("fwd", "wgt", "data")),  # ResNet-50 res2
-    ("num_output: 128 kernel_size: 3 pad: 1", (1, 128, 28, 28), ()),                    # ResNet-50 res3
-    ("num_output: 20 kernel_size: 5", (2, 1, 28, 28), ()),                              # LeNet conv1: exact path
-    ("num_output: 8 kernel_size: 3 stride: 2 pad: 1", (2, 16, 9, 9), ()),               # stride 2
-    ("num_output: 8 kernel_size: 3 dilation: 2", (2, 16, 9, 9), ()),                    # dilated
+@pytest.mark.parametrize("text,shape,avx2,avx512", [
+    ("num_output: 32 kernel_size: 5 pad: 2", (2, 3, 32, 32), ALL, ALL),   # CIFAR10-quick conv1
+    ("num_output: 32 kernel_size: 5 pad: 2", (2, 32, 16, 16), ALL, ALL),  # conv2
+    ("num_output: 64 kernel_size: 5 pad: 2", (2, 32, 8, 8), ALL, ALL),    # conv3 (8x8: the AVX2 rule either way)
+    ("num_output: 50 kernel_size: 5", (2, 20, 12, 12), (), ()),           # LeNet conv2: sgemm
+    ("num_output: 384 kernel_size: 3 pad: 1", (1, 256, 13, 13), (), ALL),  # CaffeNet conv3
+    ("num_output: 64 kernel_size: 3 pad: 1", (1, 64, 56, 56), ALL, ALL),  # ResNet-50 res2
+    ("num_output: 128 kernel_size: 3 pad: 1", (1, 128, 28, 28), (), ALL),  # ResNet-50 res3
+    ("num_output: 512 kernel_size: 3 pad: 1", (1, 512, 7, 7), (), ()),    # ResNet-50 res5: 7x7 planes
+    ("num_output: 512 kernel_size: 3 pad: 1", (1, 256, 14, 14), (), ("data",)),  # past 384 outputs: data only
+    ("num_output: 20 kernel_size: 5", (2, 1, 28, 28), (), ()),            # LeNet conv1: exact path
+    ("num_output: 8 kernel_size: 3 stride: 2 pad: 1", (2, 16, 9, 9), (), ()),  # stride 2
+    ("num_output: 8 kernel_size: 3 dilation: 2", (2, 16, 9, 9), (), ()),  # dilated
 ])
-def test_dense_rule(text, shape, products):
+@pytest.mark.parametrize("variant", ["avx2", "avx512"])
+def test_dense_rule(text, shape, avx2, avx512, variant):
+    """The measured rule for each kernel variant (the rule only reads cd.AVX512: no kernel runs here, so the
+    AVX-512 rule is checked on any CPU)."""
+    products = avx512 if variant == "avx512" else avx2
     layer = make_layer("Convolution", f"convolution_param {{ {text} }}")
     layer.SetUp(blobs_from_arrays([np.zeros(shape)], np.float32), empty_tops(1, np.float32))
-    assert conv_cpu.dense_products(layer, np.float32) == products
-    assert layer.plan(np, np.float32) == ("dense" if products else "blocked")
-    assert conv_cpu.dense_products(layer, np.float64) == ()  # float64 keeps the other plans
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(conv_cpu, "DENSE", "off")
-        assert layer.plan(np, np.float32) == "blocked"
+    with kernel_variant(variant):
+        assert conv_cpu.dense_products(layer, np.float32) == products
+        assert layer.plan(np, np.float32) == ("dense" if products else "blocked")
+        assert conv_cpu.dense_products(layer, np.float64) == ()  # float64 keeps the other plans
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(conv_cpu, "DENSE", "off")
+            assert layer.plan(np, np.float32) == "blocked"
 
 
 @VARIANTS

@@ -435,6 +435,15 @@ def dense_products(layer, dtype=np.float32):
 # Caffe's numerics there.
 DENSE_MAX_OG = 64
 DENSE_MAX_KD = 1024
+# With the kernels' AVX-512 variant (kernels.conv_direct_avx2.AVX512: 16 lanes, rows of any width fill them)
+# the dense products beat OpenBLAS's GEMM (its Haswell AVX2 kernels on Zen 5) on wider layers too, where the
+# output plane has DENSE512_MIN_PLANE positions or more (CPU time, ab_conv_dense.py --modes off,avx512):
+# CaffeNet conv2-5 0.35-0.60x, ResNet-50's 3x3 128x28x28 0.46-0.65x and 256x14x14 0.64x (b8; 0.94x at b1),
+# GoogLeNet 3a / 4a 3x3 0.49 / 0.64x. Not on 7x7 planes (49 positions in 4 vectors of 16): ResNet-50 512x7x7
+# 0.99x (b8) to 1.59x (b1), GoogLeNet 5b 3x3 0.93x; those keep the AVX2 rule above.
+DENSE512_MAX_OG = 384
+DENSE512_MAX_KD = 2304
+DENSE512_MIN_PLANE = 100
 
 
 def dense_rule(layer):
@@ -446,9 +455,12 @@ def dense_rule(layer):
     out = []
     if ph == 0 and pw == 0:
         return ()
-    if og <= DENSE_MAX_OG and cg * kh * kw <= DENSE_MAX_KD:
+    max_og, max_kd = DENSE_MAX_OG, DENSE_MAX_KD
+    if _cd.AVX512 and g.col_count >= DENSE512_MIN_PLANE:
+        max_og, max_kd = DENSE512_MAX_OG, DENSE512_MAX_KD
+    if og <= max_og and cg * kh * kw <= max_kd:
         out += ["fwd", "wgt"] if same else ["fwd"]
-    if cg <= DENSE_MAX_OG and og * kh * kw <= 2 * DENSE_MAX_KD and same:
+    if cg <= max_og and og * kh * kw <= 2 * max_kd and same:
         out.append("data")
     return tuple(out)
 
