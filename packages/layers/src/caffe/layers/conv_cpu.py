@@ -17,12 +17,13 @@ fewer than ONE_BY_ONE_VIEW_COLS positions are copied side by side into one wider
 MobileNet): the kernels of caffe.layers.kernels.depthwise, one (image, group) per OpenMP task.
 
 "dense" (float32, stride 1, dilation 1, kernel_dim past the exact path's, pad < kernel, a CPU with AVX2
-and FMA, and dense_rule's measured shapes): the kernels of caffe.layers.kernels.conv_direct_avx2, no
-lowering: the forward vectorized over 8 output x positions and blocked over 4 output channels, the
-bottom diff the same kernel on dout with the filters flipped and transposed, the weight diff a direct
-reduction vectorized over output channels (with the bias diff in the same pass); each product the rule
-does not name (dense_products) runs blocked. Sums are float32 (the weight and bias diffs': float32 over at
-most about 1,024 positions, then float64).
+and FMA, and dense_rule's measured shapes): the kernels of caffe.layers.kernels.conv_direct_avx2 (their
+AVX-512 variants where the CPU has AVX-512F, CAFFE_CONV_DENSE_AVX512=0 for AVX2; dense_rule then takes
+wider layers), no lowering: the forward vectorized over 8 (AVX-512: 16) output positions and blocked over
+4 output channels, the bottom diff the same kernel on dout with the filters flipped and transposed, the
+weight diff a direct reduction vectorized over output channels (with the bias diff in the same pass); each
+product the rule does not name (dense_products) runs blocked. Sums are float32 (the weight and bias diffs':
+float32 over at most about 1,024 positions, then float64).
 
 "blocked" (the rest, 2-D): the output positions are cut into blocks (several whole
 images, or a band of output rows of one image) whose column buffer is about

@@ -1,6 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 # distutils: extra_compile_args = -fno-math-errno -fno-trapping-math
-"""Direct dense 2-D convolution, stride 1, dilation 1, float32, with AVX2 and FMA (conv_cpu's "dense" plan).
+"""Direct dense 2-D convolution, stride 1, dilation 1, float32, with AVX2 and FMA, and AVX-512 variants
+(conv_cpu's "dense" plan).
 
 Shapes (g = group, cg = C / g input and og = Co / g output channels per group):
 
@@ -23,9 +24,16 @@ when OW is not a multiple of 8.
 backward_weight_oc: see the comment above it (vectorized over 8 output channels; the bias diff in the
 same pass).
 
+AVX-512 (AVX512 below, chosen at run time where the CPU has AVX-512F): the forward copies each input
+channel into kw planes shifted by the tap column, so that an output plane and its inputs are 1-D runs and
+a 16-lane vector holds 16 consecutive positions across row ends (rows of 8 or 13 fill it as well as rows of
+32); the tiles are 1-6 vectors times the same blocks of 4 output channels (pack_weights unchanged).
+backward_weight_oc takes vectors of 16 output channels. Each output's FMAs and each weight diff's sums run
+in the AVX2 kernels' order, so the two variants give the same bits.
+
 On a CPU without AVX2 and FMA (supported() is False) or a compiler other than x86-64 GCC/Clang
 the kernels are plain C loops with the same results up to rounding; conv_cpu chooses this plan
-only where supported() is True.
+only where supported() is True. (The module keeps its AVX2 name: both variants are one family, one API.)
 """
 import os
 
@@ -266,7 +274,8 @@ cdef extern from *:
                     if (n < 16 && OW > 16) {  /* a long row's last run: the next rows' columns are already written */
                         for (r = 0; r < ph; r++) _mm512_mask_storeu_ps(dst + r * OW, keep, zero);
                         for (; r < ph + H; r++)
-                            _mm512_mask_storeu_ps(dst + r * OW, keep, _mm512_maskz_loadu_ps(in, src + (r - ph) * W + x0));
+                            _mm512_mask_storeu_ps(dst + r * OW, keep,
+                                                  _mm512_maskz_loadu_ps(in, src + (r - ph) * W + x0));
                         for (; r < d->Hp; r++) _mm512_mask_storeu_ps(dst + r * OW, keep, zero);
                     } else {
                         for (r = 0; r < ph; r++) _mm512_storeu_ps(dst + r * OW, zero);
@@ -308,7 +317,8 @@ cdef extern from *:
                     _Pragma("GCC unroll 8") for (t = 0; t < X; t++) v[t] = _mm512_loadu_ps(src + 16 * t);
                     _Pragma("GCC unroll 8") for (r = 0; r < R; r++) {
                         __m512 wv = _mm512_set1_ps(wr[r]);
-                        _Pragma("GCC unroll 8") for (t = 0; t < X; t++) acc[r][t] = _mm512_fmadd_ps(wv, v[t], acc[r][t]);
+                        _Pragma("GCC unroll 8") for (t = 0; t < X; t++)
+                            acc[r][t] = _mm512_fmadd_ps(wv, v[t], acc[r][t]);
                     }
                 }
         }
@@ -324,10 +334,14 @@ cdef extern from *:
                                             const float* bias, float* y, ptrdiff_t q0, __mmask16 last,
                                             ptrdiff_t c0, ptrdiff_t c1, int first) {
         switch (R * 8 + X) {
-            CD5_FWD_CASE(1, 1) CD5_FWD_CASE(1, 2) CD5_FWD_CASE(1, 3) CD5_FWD_CASE(1, 4) CD5_FWD_CASE(1, 5) CD5_FWD_CASE(1, 6)
-            CD5_FWD_CASE(2, 1) CD5_FWD_CASE(2, 2) CD5_FWD_CASE(2, 3) CD5_FWD_CASE(2, 4) CD5_FWD_CASE(2, 5) CD5_FWD_CASE(2, 6)
-            CD5_FWD_CASE(3, 1) CD5_FWD_CASE(3, 2) CD5_FWD_CASE(3, 3) CD5_FWD_CASE(3, 4) CD5_FWD_CASE(3, 5) CD5_FWD_CASE(3, 6)
-            CD5_FWD_CASE(4, 1) CD5_FWD_CASE(4, 2) CD5_FWD_CASE(4, 3) CD5_FWD_CASE(4, 4) CD5_FWD_CASE(4, 5) CD5_FWD_CASE(4, 6)
+            CD5_FWD_CASE(1, 1) CD5_FWD_CASE(1, 2) CD5_FWD_CASE(1, 3)
+            CD5_FWD_CASE(1, 4) CD5_FWD_CASE(1, 5) CD5_FWD_CASE(1, 6)
+            CD5_FWD_CASE(2, 1) CD5_FWD_CASE(2, 2) CD5_FWD_CASE(2, 3)
+            CD5_FWD_CASE(2, 4) CD5_FWD_CASE(2, 5) CD5_FWD_CASE(2, 6)
+            CD5_FWD_CASE(3, 1) CD5_FWD_CASE(3, 2) CD5_FWD_CASE(3, 3)
+            CD5_FWD_CASE(3, 4) CD5_FWD_CASE(3, 5) CD5_FWD_CASE(3, 6)
+            CD5_FWD_CASE(4, 1) CD5_FWD_CASE(4, 2) CD5_FWD_CASE(4, 3)
+            CD5_FWD_CASE(4, 4) CD5_FWD_CASE(4, 5) CD5_FWD_CASE(4, 6)
         }
     }
 
