@@ -579,11 +579,32 @@ cdef extern from *:
     /* bsum (Co, float64) += the sums over positions of one image's transposed dy (float32 over its positions);
        sacc: G ogL floats of scratch */
     static CD_TARGET void cd_dy_sum(const cd_geom* d, const float* dyt, float* sacc, double* bsum, int L) {
-        ptrdiff_t g, o, p, P = d->OH * d->OW, og8 = cd_ogl(d, L);
+        ptrdiff_t g, o = 0, p, k, P = d->OH * d->OW, og8 = cd_ogl(d, L);
         memset(sacc, 0, (size_t)(d->G * og8) * sizeof(float));
-        for (g = 0; g < d->G; g++)
+        for (g = 0; g < d->G; g++) {
+            const float* dg = dyt + g * P * og8;
+            float* sg = sacc + g * og8;
+    #if CD_X86
+            /* runs of 32 channels summed in registers (a chain of adds through sacc in memory per position
+               cost a fifth of CIFAR10-quick conv1's weight diff); each lane adds its positions in order */
+            for (o = 0; o + 32 <= og8; o += 32) {
+                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+                for (p = 0; p < P; p++) {
+                    const float* r = dg + p * og8 + o;
+                    a0 = _mm256_add_ps(a0, _mm256_loadu_ps(r));
+                    a1 = _mm256_add_ps(a1, _mm256_loadu_ps(r + 8));
+                    a2 = _mm256_add_ps(a2, _mm256_loadu_ps(r + 16));
+                    a3 = _mm256_add_ps(a3, _mm256_loadu_ps(r + 24));
+                }
+                _mm256_storeu_ps(sg + o, a0);
+                _mm256_storeu_ps(sg + o + 8, a1);
+                _mm256_storeu_ps(sg + o + 16, a2);
+                _mm256_storeu_ps(sg + o + 24, a3);
+            }
+    #endif
             for (p = 0; p < P; p++)
-                for (o = 0; o < og8; o++) sacc[g * og8 + o] += dyt[(g * P + p) * og8 + o];
+                for (k = o; k < og8; k++) sg[k] += dg[p * og8 + k];
+        }
         for (g = 0; g < d->G; g++)
             for (o = 0; o < d->og; o++) bsum[g * d->og + o] += sacc[g * og8 + o];
     }
