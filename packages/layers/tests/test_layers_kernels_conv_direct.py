@@ -124,12 +124,14 @@ def _pack(w, G, flip=False):
 def test_forward_matches_the_reference(variant, g, bias, run_bytes):
     x, w, b, dy, args = _arrays(g)
     y = np.full(dy.shape, np.nan, np.float32)
-    cd.set_run_bytes(run_bytes)  # 1: runs of 8 (AVX-512: 4) input channels, the partial sums stored between runs
+    # 1: runs of 8 (AVX-512: 4) input channels, the partial sums stored between runs
+    prev, prev512 = cd.set_run_bytes(run_bytes), cd.set_avx512_run_bytes(run_bytes)
     try:
         with kernel_variant(variant):
             cd.forward(x.reshape(-1), _pack(w, g["G"]), b if bias else None, y.reshape(-1), *args)
     finally:
-        cd.set_run_bytes(24 << 10)
+        cd.set_run_bytes(prev)
+        cd.set_avx512_run_bytes(prev512)
     ref = ref_conv(x, w, g["ph"], g["pw"], g["G"]) + (b.reshape(1, -1, 1, 1) if bias else 0)
     bound = ref_conv(np.abs(x), np.abs(w), g["ph"], g["pw"], g["G"]) + (np.abs(b).reshape(1, -1, 1, 1) if bias else 0)
     assert_close(y, ref, bound)
@@ -209,11 +211,12 @@ def wide_geometries(draw):
 
 
 @pytest.mark.skipif(not AVX512, reason=NO_AVX512)
-@given(g=wide_geometries(), bias=st.booleans(), tile=st.integers(1, 6), run_bytes=st.sampled_from([1, 32 << 10]))
+@given(g=wide_geometries(), bias=st.booleans(), tile=st.integers(1, 6), run_bytes=st.sampled_from([1, 4 << 20]))
 def test_avx512_gives_the_avx2_bits(g, bias, tile, run_bytes):
     """Forward, bottom diff and weight diff (with the bias diff) of the AVX-512 variant: within the float32
     bound of the reference, and bit for bit the AVX2 variant's (the same FMAs in the same order), with tiles of
-    1-6 vectors of 16 positions and channel runs of 4 (run_bytes 1: partial sums stored between runs)."""
+    1-6 vectors of 16 positions and channel runs of 4 or all channels (run_bytes 1: partial sums stored between
+    runs)."""
     x, w, b, dy, args = _arrays(g)
     N, C, H, W, Co, G, kh, kw, ph, pw, OH, OW = args
     got = {}
@@ -221,7 +224,7 @@ def test_avx512_gives_the_avx2_bits(g, bias, tile, run_bytes):
         y, dx = np.full(dy.shape, np.nan, np.float32), np.full(x.shape, np.nan, np.float32)
         dw, db = np.ones(w.shape, np.float32), np.ones(b.shape, np.float32)
         cd.set_avx512_tile(tile)
-        cd.set_run_bytes(run_bytes)
+        prev, prev512 = cd.set_run_bytes(run_bytes), cd.set_avx512_run_bytes(run_bytes)
         try:
             with kernel_variant(variant):
                 cd.forward(x.reshape(-1), _pack(w, G), b if bias else None, y.reshape(-1), *args)
@@ -231,7 +234,8 @@ def test_avx512_gives_the_avx2_bits(g, bias, tile, run_bytes):
                                       bias_diff=db if bias else None)
         finally:
             cd.set_avx512_tile(6)
-            cd.set_run_bytes(24 << 10)
+            cd.set_run_bytes(prev)
+            cd.set_avx512_run_bytes(prev512)
         got[variant] = (y, dx, dw, db)
     y, dx, dw, db = got["avx512"]
     ref = ref_conv(x, w, ph, pw, G) + (b.reshape(1, -1, 1, 1) if bias else 0)

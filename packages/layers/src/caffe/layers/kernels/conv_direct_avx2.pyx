@@ -247,21 +247,34 @@ cdef extern from *:
        and only the plane's last vector is masked. The FMAs of each output run in the AVX2 kernel's order
        (the bias, then c, i, j), so both give the same bits. */
     static ptrdiff_t cd5_plane(const cd_geom* d) { return d->Hp * d->OW; }
-    /* floats of the task's scratch: the shifted planes and a vector of slack (the last vector's loads) */
-    static ptrdiff_t cd5_scratch(const cd_geom* d) { return d->cg * d->kw * cd5_plane(d) + 16; }
+    /* Vectors of 16 positions per tile (at most 6: R X accumulators + X inputs + a broadcast <= 32 zmm). */
+    static ptrdiff_t cd5_xmax = 6;
+    /* Input channels per run: their shifted planes about cd5_run_bytes (each tile then runs all its input
+       channels at once wherever they fit, as at every shape measured: runs sized for L1, as AVX2's, were up to
+       1.2x slower: CaffeNet conv3, CIFAR10-quick conv3; the budget only bounds the scratch on large images) */
+    static ptrdiff_t cd5_run_bytes = 4 << 20;
+    static ptrdiff_t cd5_fwd_crun(const cd_geom* d) {
+        ptrdiff_t cb = cd5_run_bytes / (d->kw * cd5_plane(d) * 4);
+        if (cb < 4) cb = 4;
+        return cb > d->cg ? d->cg : cb;
+    }
+    /* floats of a task's scratch: the shifted planes of a run of channels and a vector of slack (the last
+       vector's loads) */
+    static ptrdiff_t cd5_scratch(const cd_geom* d) { return cd5_fwd_crun(d) * d->kw * cd5_plane(d) + 16; }
 
     #if CD_X86
-    /* xc = the shifted planes of the task's cg channels of x: masked loads straight from the image rows (the
+    /* xc = the shifted planes of channels c0..c1-1 of x (the task's image and group): masked loads straight from the image rows (the
        lanes outside the image: zeros, their addresses never read), the masks worked out once per tap and run
        of 16 columns. The stores go up through xc in order, so a short row's (OW < 16) full-vector store may
        spill into the rows after it: they are written next (the last plane's spill: the slack). A memcpy call
        per row cost a third of the forward's time at CIFAR10-quick conv3's bottom diff (rows of 8). */
-    static CD5_TARGET void cd5_shift_planes(const cd_geom* d, const float* x, float* xc) {
+    static CD5_TARGET void cd5_shift_planes(const cd_geom* d, const float* x, float* xc, ptrdiff_t c0,
+                                            ptrdiff_t c1) {
         ptrdiff_t c, j, r, x0, PL = cd5_plane(d), OW = d->OW, H = d->H, W = d->W, ph = d->ph;
         const __m512 zero = _mm512_setzero_ps();
-        for (c = 0; c < d->cg; c++)
+        for (c = c0; c < c1; c++)
             for (j = 0; j < d->kw; j++) {
-                float* plane = xc + (c * d->kw + j) * PL;
+                float* plane = xc + ((c - c0) * d->kw + j) * PL;
                 const float* src = x + c * H * W + j - d->pw;  /* output column x reads src[h W + x] */
                 for (x0 = 0; x0 < OW; x0 += 16) {
                     ptrdiff_t n = OW - x0 < 16 ? OW - x0 : 16;
@@ -285,12 +298,13 @@ cdef extern from *:
                     }
                 }
             }
-        memset(xc + d->cg * d->kw * PL, 0, 16 * sizeof(float));
+        memset(xc + (c1 - c0) * d->kw * PL, 0, 16 * sizeof(float));
     }
     #endif
 
     #if CD_X86
-    /* R output channels x X vectors of 16 positions from q0 (the last vector's valid lanes: `last`) */
+    /* R output channels x X vectors of 16 positions from q0 (the last vector's valid lanes: `last`), input
+       channels c0..c1-1 (xc: their shifted planes) */
     static inline __attribute__((always_inline)) CD5_TARGET void cd5_fwd_tile(
             const int R, const int X, const cd_geom* d, const float* xc, const float* wb, const float* bias,
             float* y, ptrdiff_t q0, __mmask16 last, ptrdiff_t c0, ptrdiff_t c1, int first) {
@@ -308,7 +322,7 @@ cdef extern from *:
                     acc[r][t] = _mm512_maskz_loadu_ps(t == X - 1 ? last : (__mmask16)0xFFFF, y + r * P + q0 + 16 * t);
         }
         for (c = c0; c < c1; c++) {
-            const float* pc = xc + c * kw * PL + q0;
+            const float* pc = xc + (c - c0) * kw * PL + q0;
             const float* wc = wb + c * kh * kw * 4;
             for (i = 0; i < kh; i++)
                 for (j = 0; j < kw; j++) {
@@ -345,26 +359,14 @@ cdef extern from *:
         }
     }
 
-    /* Vectors of 16 positions per tile (at most 6: R X accumulators + X inputs + a broadcast <= 32 zmm). */
-    static ptrdiff_t cd5_xmax = 6;
-    static ptrdiff_t cd5_run_bytes = 32 << 10;
-    /* input channels per run: a tile's inputs (kw shifted runs of X 16 + (kh - 1) OW floats a channel) and
-       the filters of its blocks about L1-sized, so that they serve every block of output channels */
-    static ptrdiff_t cd5_fwd_crun(const cd_geom* d, ptrdiff_t nblocks) {
-        ptrdiff_t per = d->kw * (cd5_xmax * 16 + (d->kh - 1) * d->OW) * 4 + nblocks * d->kh * d->kw * 16;
-        ptrdiff_t cb = cd5_run_bytes / per;
-        if (cb < 4) cb = 4;
-        return cb > d->cg ? d->cg : cb;
-    }
-
     /* the forward of image n, group g, channel blocks b0..b1-1 (xc: cd5_scratch floats). Per run of input
-       channels, each tile of positions runs every block, so its inputs are read from L1 once per block. */
+       channels, their shifted planes are built, then each tile of positions runs every block. */
     static void cd5_fwd_task(const cd_geom* d, const float* x, const float* wp, const float* bias, float* y,
                              float* xc, ptrdiff_t n, ptrdiff_t g, ptrdiff_t b0, ptrdiff_t b1) {
-        ptrdiff_t b, q, c0, P = d->OH * d->OW, nv = (P + 15) / 16, cb = cd5_fwd_crun(d, b1 - b0);
-        cd5_shift_planes(d, x + (n * d->C + g * d->cg) * d->H * d->W, xc);
+        ptrdiff_t b, q, c0, P = d->OH * d->OW, nv = (P + 15) / 16, cb = cd5_fwd_crun(d);
         for (c0 = 0; c0 < d->cg; c0 += cb) {
             ptrdiff_t c1 = c0 + cb < d->cg ? c0 + cb : d->cg;
+            cd5_shift_planes(d, x + (n * d->C + g * d->cg) * d->H * d->W, xc, c0, c1);
             for (q = 0; q < nv; q += cd5_xmax) {
                 int X = (int)(nv - q < cd5_xmax ? nv - q : cd5_xmax);
                 ptrdiff_t rest = P - (q + X - 1) * 16;  /* valid lanes of the last vector */
@@ -381,8 +383,6 @@ cdef extern from *:
         }
     }
     #else
-    static ptrdiff_t cd5_xmax = 6;
-    static ptrdiff_t cd5_run_bytes = 32 << 10;
     /* no AVX-512 build: the portable forward (cd_avx512_supported() is 0, the wrapper never asks for this) */
     static void cd5_fwd_task(const cd_geom* d, const float* x, const float* wp, const float* bias, float* y,
                              float* xc, ptrdiff_t n, ptrdiff_t g, ptrdiff_t b0, ptrdiff_t b1) {
@@ -699,10 +699,19 @@ cdef extern from *:
 
 
 def set_run_bytes(Py_ssize_t nbytes):
-    """The forward's channel-run budget (bytes of a tile's input rows and filters; for benchmarks)."""
-    global cd_run_bytes, cd5_run_bytes
-    cd_run_bytes = nbytes
-    cd5_run_bytes = nbytes
+    """The AVX2 forward's channel-run budget (bytes of a tile's input rows and filters; for benchmarks and
+    tests); returns the previous one."""
+    global cd_run_bytes
+    prev, cd_run_bytes = cd_run_bytes, nbytes
+    return prev
+
+
+def set_avx512_run_bytes(Py_ssize_t nbytes):
+    """The AVX-512 forward's channel-run budget (bytes of a run's shifted planes; at least 4 channels a run);
+    returns the previous one."""
+    global cd5_run_bytes
+    prev, cd5_run_bytes = cd5_run_bytes, nbytes
+    return prev
 
 
 def set_avx512_tile(Py_ssize_t vectors):
