@@ -184,16 +184,17 @@ cdef extern from *:
         }
     }
     #else
+    /* (the portable build: plain loops, the same run structure as the AVX2 tiles) */
     static void cd_fwd_dispatch(int R, int X, const cd_geom* d, const float* pad, const float* wb,
                                 const float* bias, float* y, const ptrdiff_t* xo, const ptrdiff_t* yo,
-                                const ptrdiff_t* m) {
+                                const ptrdiff_t* m, ptrdiff_t c0, ptrdiff_t c1, int first) {
         ptrdiff_t c, i, j, l, plane = d->Hp * d->Wp, P = d->OH * d->OW;
         int r, t;
         _Pragma("GCC unroll 8") for (r = 0; r < R; r++)
             _Pragma("GCC unroll 8") for (t = 0; t < X; t++)
                 for (l = 0; l < m[t]; l++) {
-                    float s = bias ? bias[r] : 0.0f;
-                    for (c = 0; c < d->cg; c++)
+                    float s = first ? (bias ? bias[r] : 0.0f) : y[r * P + yo[t] + l];
+                    for (c = c0; c < c1; c++)
                         for (i = 0; i < d->kh; i++)
                             for (j = 0; j < d->kw; j++)
                                 s += wb[((c * d->kh + i) * d->kw + j) * 4 + r] * pad[c * plane + i * d->Wp + xo[t] + j + l];
