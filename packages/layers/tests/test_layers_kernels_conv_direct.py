@@ -331,8 +331,10 @@ def _layer_products(text, shape, dense, deconv=False, seed=3):
 ])
 @pytest.mark.parametrize("deconv", [False, True])
 @pytest.mark.parametrize("mode", ["on", "auto"])
-def test_dense_plan_matches_the_batched_path(text, shape, deconv, mode):
-    plan, got = _layer_products(text, shape, mode, deconv)
+@VARIANTS
+def test_dense_plan_matches_the_batched_path(text, shape, deconv, mode, variant):
+    with kernel_variant(variant):
+        plan, got = _layer_products(text, shape, mode, deconv)
     _, ref = _layer_products(text, shape, "batched", deconv)
     assert plan == ("blocked" if mode == "auto" and "pad" not in text else "dense")
     for a, b in zip(got, ref):
