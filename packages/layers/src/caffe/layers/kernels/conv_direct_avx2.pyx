@@ -264,9 +264,9 @@ cdef extern from *:
     static ptrdiff_t cd5_scratch(const cd_geom* d) { return cd5_fwd_crun(d) * d->kw * cd5_plane(d) + 16; }
 
     #if CD_X86
-    /* xc = the shifted planes of channels c0..c1-1 of x (the task's image and group): masked loads straight from the image rows (the
-       lanes outside the image: zeros, their addresses never read), the masks worked out once per tap and run
-       of 16 columns. The stores go up through xc in order, so a short row's (OW < 16) full-vector store may
+    /* xc = the shifted planes of channels c0..c1-1 of x (the task's image and group): masked loads straight
+       from the image rows (the lanes outside the image: zeros, their addresses never read), the masks worked
+       out once per tap and run of 16 columns. The stores go up through xc in order, so a short row's (OW < 16) full-vector store may
        spill into the rows after it: they are written next (the last plane's spill: the slack). A memcpy call
        per row cost a third of the forward's time at CIFAR10-quick conv3's bottom diff (rows of 8). */
     static CD5_TARGET void cd5_shift_planes(const cd_geom* d, const float* x, float* xc, ptrdiff_t c0,
@@ -398,7 +398,7 @@ cdef extern from *:
        A tile: R vectors of L output channels x T columns of dw's flattened (c, i, j) (k = (c kh + i) kw + j:
        a tile may span channels); per output position T image values are broadcast and R dy vectors loaded for
        R T FMAs (R T + T + 1 <= 16 ymm, or 32 zmm). Each lane sums its (o, k) over the positions in the same
-       order for either L, so both give the same bits (cd_wo_groups keeps the image groups the same too). */
+       order for either L, so both give the same bits (backward_weight_oc keeps the image groups the same too). */
     #define CD_WO_ACC 96    /* floats of a tile's accumulators with L = 8: R T 8 <= 96 */
     #define CD5_WO_ACC 384  /* with L = 16: R T 16 <= 384 */
     typedef struct { ptrdiff_t g, o0, R, T, k0, off[14]; } cd_wotile;
