@@ -266,9 +266,10 @@ cdef extern from *:
     #if CD_X86
     /* xc = the shifted planes of channels c0..c1-1 of x (the task's image and group): masked loads straight
        from the image rows (the lanes outside the image: zeros, their addresses never read), the masks worked
-       out once per tap and run of 16 columns. The stores go up through xc in order, so a short row's (OW < 16) full-vector store may
-       spill into the rows after it: they are written next (the last plane's spill: the slack). A memcpy call
-       per row cost a third of the forward's time at CIFAR10-quick conv3's bottom diff (rows of 8). */
+       out once per tap and run of 16 columns. The stores go up through xc in order, so a short row's
+       (OW < 16) full-vector store may spill into the rows after it: they are written next (the last plane's
+       spill: the slack). A memcpy call per row cost a third of the forward's time at CIFAR10-quick conv3's
+       bottom diff (rows of 8). */
     static CD5_TARGET void cd5_shift_planes(const cd_geom* d, const float* x, float* xc, ptrdiff_t c0,
                                             ptrdiff_t c1) {
         ptrdiff_t c, j, r, x0, PL = cd5_plane(d), OW = d->OW, H = d->H, W = d->W, ph = d->ph;
