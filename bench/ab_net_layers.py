@@ -6,7 +6,9 @@ The net (bench_nets' DummyData version, TRAIN phase) runs ForwardBackward, then 
 (where needed) Backward timed alone, once per repetition under each setting, alternating which goes first.
 Settings: "auto": the default (conv_cpu.dense_rule); "off": no dense plan (CAFFE_CONV_DENSE=0); "blockedwgt":
 the dense plan with every weight diff blocked (the rule before session 7's backward_weight_oc took
-CIFAR10-quick conv3's; the x-vectorized kernel main had then is gone).
+CIFAR10-quick conv3's; the x-vectorized kernel main had then is gone); "avx2" / "avx512": "auto" with that
+variant of the dense kernels (the other settings: the kernel module's default, AVX-512 where the CPU has it);
+"avx512narrow": "avx512" with the AVX2 rule's thresholds (conv_cpu.DENSE512_*: the wider AVX-512 rule off).
 Prints the ForwardBackward medians (and minima) and per-layer medians, largest first.
 """
 from __future__ import annotations
@@ -34,9 +36,20 @@ def _no_dense_wgt(layer):
     return tuple(p for p in _RULE(layer) if p != "wgt")
 
 
+_AVX512 = conv_cpu._cd is not None and conv_cpu._cd.AVX512
+
+
+_WIDE = conv_cpu.DENSE512_MAX_OG, conv_cpu.DENSE512_MAX_KD
+
+
 def set_mode(mode):
     conv_cpu.DENSE = "off" if mode == "off" else "auto"
     conv_cpu.dense_rule = _no_dense_wgt if mode == "blockedwgt" else _RULE
+    if conv_cpu._cd is not None:
+        conv_cpu._cd.AVX512 = mode in ("avx512", "avx512narrow") or (mode not in ("avx2",) and _AVX512)
+    narrow = mode == "avx512narrow"
+    conv_cpu.DENSE512_MAX_OG, conv_cpu.DENSE512_MAX_KD = (conv_cpu.DENSE_MAX_OG, conv_cpu.DENSE_MAX_KD) if narrow \
+        else _WIDE
 
 
 def main(argv=None):

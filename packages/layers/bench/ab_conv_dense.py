@@ -1,6 +1,7 @@
 """The dense direct convolution plan (conv_cpu "dense") against the plan it replaces, interleaved in one process.
 
 Usage:  python packages/layers/bench/ab_conv_dense.py [--repeats 15] [--only cifar,caffenet] [--cpu-time]
+            [--modes off,on | avx2,avx512 | off,avx512 ...]
 
 Each case is one Convolution layer at a real net's shape (float32, random data and top diff). The
 forward, the weight diff and the bottom diff (not for a net's first layer) are timed apart with
@@ -65,8 +66,17 @@ def _products(layer, bottom, top, prop):
 
 
 def _set_mode(mode):
-    """"off", "on" or "auto" (conv_cpu.DENSE)."""
+    """"off", "on" or "auto" (conv_cpu.DENSE), or "avx2" / "avx512": "on" with the kernels' AVX2 or AVX-512
+    variant (the others: the variant the kernel module chose at import)."""
+    if mode in ("avx2", "avx512"):
+        conv_cpu._cd.AVX512 = mode == "avx512"
+        mode = "on"
+    else:
+        conv_cpu._cd.AVX512 = _DEFAULT_AVX512
     conv_cpu.DENSE = mode
+
+
+_DEFAULT_AVX512 = conv_cpu._cd is not None and conv_cpu._cd.AVX512
 
 
 def run(families, repeats, warmup, clock, modes=("off", "on")):
@@ -118,7 +128,8 @@ def main(argv=None):
     ap.add_argument("--only", default="", help="families: cifar,lenet,caffenet,resnet,googlenet")
     ap.add_argument("--cpu-time", action="store_true")
     ap.add_argument("--modes", default="off,on",
-                    help="the two plans compared (\"off\" and \"on\" columns): off, on or auto")
+                    help="the two plans compared (\"off\" and \"on\" columns): off, on, auto, avx2 or avx512 "
+                         "(\"on\" with that variant of the dense kernels)")
     args = ap.parse_args(argv)
     context.set_mode_cpu()
     print(f"# {time.strftime('%Y-%m-%d %H:%M:%S')}  load avg {os.getloadavg()[0]:.2f}  dense kernels "
@@ -126,7 +137,10 @@ def main(argv=None):
     modes = tuple(args.modes.split(","))
     if len(modes) != 2:
         ap.error("--modes takes two plans")
-    print(f"# modes: {modes[0]} (\"off\" columns) vs {modes[1]} (\"on\" columns)")
+    if "avx512" in modes and not conv_cpu._cd.avx512_supported():
+        ap.error("this CPU has no AVX-512F")
+    print(f"# modes: {modes[0]} (\"off\" columns) vs {modes[1]} (\"on\" columns); dense kernels' default "
+          f"variant: {'AVX-512' if _DEFAULT_AVX512 else 'AVX2'}")
     run(set(f for f in args.only.split(",") if f), args.repeats, args.warmup,
         time.process_time if args.cpu_time else time.perf_counter, modes)
 

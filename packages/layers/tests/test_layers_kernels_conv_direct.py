@@ -3,7 +3,13 @@
 References: a float64 convolution by slices of the zero-padded image (written here), and the layer's
 generic batched path (conv_base.CPU_PATHS = False). Tolerances are float32's: each error is bounded by
 a small multiple of the float32 epsilon times the same sum taken over absolute values.
+
+The kernel tests run each variant: AVX2 (8 lanes) and, where the CPU has AVX-512F, AVX-512 (16 lanes; cd.AVX512
+chooses). The two run each output's FMAs and each weight diff's sums in the same order, so they must also
+agree bit for bit (test_avx512_gives_the_avx2_bits).
 """
+import contextlib
+
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
@@ -16,6 +22,18 @@ cd = pytest.importorskip("caffe.layers.kernels.conv_direct_avx2")
 
 # The kernels run (plain C loops) without AVX2 too; the plan only chooses them where they are vectorized.
 SUPPORTED = cd.supported()
+AVX512 = cd.avx512_supported()
+NO_AVX512 = "this CPU has no AVX-512F (the AVX-512 variants cannot run; the AVX2 ones are tested)"
+VARIANTS = pytest.mark.parametrize("variant", ["avx2", pytest.param("avx512", marks=pytest.mark.skipif(
+    not AVX512, reason=NO_AVX512))])
+
+
+@contextlib.contextmanager
+def kernel_variant(variant):
+    """cd.AVX512 for the variant "avx2" or "avx512" (restored after)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cd, "AVX512", variant == "avx512")
+        yield
 FILL = "weight_filler { type: 'gaussian' std: 0.7 } bias_filler { type: 'gaussian' std: 0.5 }"
 EPS = 1e-4  # error bound: EPS times the absolute sum (float32, sums of up to ~1,000 terms in tests)
 
@@ -101,34 +119,41 @@ def _pack(w, G, flip=False):
     return packed
 
 
+@VARIANTS
 @given(g=geometries(), bias=st.booleans(), run_bytes=st.sampled_from([1, 24 << 10]))
-def test_forward_matches_the_reference(g, bias, run_bytes):
+def test_forward_matches_the_reference(variant, g, bias, run_bytes):
     x, w, b, dy, args = _arrays(g)
     y = np.full(dy.shape, np.nan, np.float32)
-    cd.set_run_bytes(run_bytes)  # 1: runs of 8 input channels, the partial sums stored between runs
+    # 1: runs of 8 (AVX-512: 4) input channels, the partial sums stored between runs
+    prev, prev512 = cd.set_run_bytes(run_bytes), cd.set_avx512_run_bytes(run_bytes)
     try:
-        cd.forward(x.reshape(-1), _pack(w, g["G"]), b if bias else None, y.reshape(-1), *args)
+        with kernel_variant(variant):
+            cd.forward(x.reshape(-1), _pack(w, g["G"]), b if bias else None, y.reshape(-1), *args)
     finally:
-        cd.set_run_bytes(24 << 10)
+        cd.set_run_bytes(prev)
+        cd.set_avx512_run_bytes(prev512)
     ref = ref_conv(x, w, g["ph"], g["pw"], g["G"]) + (b.reshape(1, -1, 1, 1) if bias else 0)
     bound = ref_conv(np.abs(x), np.abs(w), g["ph"], g["pw"], g["G"]) + (np.abs(b).reshape(1, -1, 1, 1) if bias else 0)
     assert_close(y, ref, bound)
 
 
+@VARIANTS
 @given(g=geometries())
-def test_bottom_diff_is_the_flipped_forward(g):
+def test_bottom_diff_is_the_flipped_forward(variant, g):
     """dx = W^T dy: the forward kernel on dy with pack_weights(flip=True) and padding k - 1 - pad."""
     x, w, b, dy, args = _arrays(g)
     N, C, H, W, Co, G, kh, kw, ph, pw, OH, OW = args
     dx = np.full(x.shape, np.nan, np.float32)
-    cd.forward(dy.reshape(-1), _pack(w, G, flip=True), None, dx.reshape(-1),
-               N, Co, OH, OW, C, G, kh, kw, kh - 1 - ph, kw - 1 - pw, H, W)
+    with kernel_variant(variant):
+        cd.forward(dy.reshape(-1), _pack(w, G, flip=True), None, dx.reshape(-1),
+                   N, Co, OH, OW, C, G, kh, kw, kh - 1 - ph, kw - 1 - pw, H, W)
     assert_close(dx, ref_data(dy, w, H, W, ph, pw, G), ref_data(np.abs(dy), np.abs(w), H, W, ph, pw, G))
 
 
+@VARIANTS
 @given(g=geometries(), tasks=st.sampled_from([1, 7]), band=st.sampled_from([1, 16 << 10]), bias=st.booleans(),
        group_bytes=st.sampled_from([1, 4 << 20]))
-def test_weight_diff_oc_accumulates(g, tasks, band, bias, group_bytes):
+def test_weight_diff_oc_accumulates(variant, g, tasks, band, bias, group_bytes):
     """backward_weight_oc: dw += the correlation and bias_diff += the sums of dy, with output channels off
     the 8-lane vector and the 4-vector block, tiles spanning input channels, one or several runs of tiles
     per image group (tasks), bands of 64 positions or whole images, one image group or one per image."""
@@ -137,7 +162,7 @@ def test_weight_diff_oc_accumulates(g, tasks, band, bias, group_bytes):
     rng = np.random.default_rng(g["seed"] + 1)
     start, bstart = rng.normal(size=w.shape).astype(np.float32), rng.normal(size=b.shape).astype(np.float32)
     dw, db = start.copy(), bstart.copy()
-    with pytest.MonkeyPatch.context() as mp:
+    with pytest.MonkeyPatch.context() as mp, kernel_variant(variant):
         mp.setattr(cd, "WO_TASKS_PER_THREAD", tasks)
         mp.setattr(cd, "WO_GROUP_BYTES", group_bytes)  # 1: all images in one group
         cd.set_wo_band_bytes(band)  # 1: bands of 64 positions (whole rows)
@@ -151,7 +176,8 @@ def test_weight_diff_oc_accumulates(g, tasks, band, bias, group_bytes):
     assert_close(db, ref_b, np.abs(bstart) + (np.abs(dy).astype(np.float64).sum(axis=(0, 2, 3)) if bias else 0))
 
 
-def test_weight_diff_oc_does_not_depend_on_the_tasks():
+@VARIANTS
+def test_weight_diff_oc_does_not_depend_on_the_tasks(variant):
     """The image groups' sums meet in a fixed order: the same bits for any split into runs of tiles (threads),
     over more images than a group's float32 sums hold (25 images of 100 positions: groups of 10)."""
     g = dict(N=25, G=1, cg=2, og=9, kh=3, kw=3, ph=1, pw=1, H=10, W=10, seed=11)
@@ -159,7 +185,7 @@ def test_weight_diff_oc_does_not_depend_on_the_tasks():
     got = []
     for tasks in (1, 3, 50):
         dw, db = np.zeros(w.shape, np.float32), np.zeros(b.shape, np.float32)
-        with pytest.MonkeyPatch.context() as mp:
+        with pytest.MonkeyPatch.context() as mp, kernel_variant(variant):
             mp.setattr(cd, "WO_TASKS_PER_THREAD", tasks)
             cd.backward_weight_oc(x.reshape(-1), dy.reshape(-1), dw.reshape(-1), *args, bias_diff=db)
         got.append((dw, db))
@@ -168,6 +194,71 @@ def test_weight_diff_oc_does_not_depend_on_the_tasks():
     dw, db = got[0]
     assert_close(dw, ref_weight(x, dy, 3, 3, 1, 1, 1), ref_weight(np.abs(x), np.abs(dy), 3, 3, 1, 1, 1))
     assert_close(db, dy.astype(np.float64).sum(axis=(0, 2, 3)), np.abs(dy).astype(np.float64).sum(axis=(0, 2, 3)))
+
+
+@st.composite
+def wide_geometries(draw):
+    """Rows 1-40 wide (8, 13, 16 and 17 often: one or two AVX2 vectors, half of, one or just past one AVX-512
+    vector), output channels 1-20 (past one 16-lane vector, off the 4-channel block), input channels 1-18."""
+    group = draw(st.integers(1, 2))
+    kh, kw = draw(st.integers(1, 5)), draw(st.integers(1, 5))
+    ph, pw = draw(st.integers(0, kh - 1)), draw(st.integers(0, kw - 1))
+    OW = draw(st.one_of(st.sampled_from([8, 13, 16, 17]), st.integers(1, 40)))
+    W = max(1, OW + kw - 1 - 2 * pw)
+    H = draw(st.integers(max(1, kh - 2 * ph), max(1, kh - 2 * ph) + 5))
+    return dict(N=draw(st.integers(1, 2)), G=group, cg=draw(st.integers(1, 18)), og=draw(st.integers(1, 20)),
+                kh=kh, kw=kw, ph=ph, pw=pw, H=H, W=W, seed=draw(st.integers(0, 2**31 - 1)))
+
+
+@pytest.mark.skipif(not AVX512, reason=NO_AVX512)
+@given(g=wide_geometries(), bias=st.booleans(), tile=st.integers(1, 6), run_bytes=st.sampled_from([1, 4 << 20]))
+def test_avx512_gives_the_avx2_bits(g, bias, tile, run_bytes):
+    """Forward, bottom diff and weight diff (with the bias diff) of the AVX-512 variant: within the float32
+    bound of the reference, and bit for bit the AVX2 variant's (the same FMAs in the same order), with tiles of
+    1-6 vectors of 16 positions and channel runs of 4 or all channels (run_bytes 1: partial sums stored between
+    runs)."""
+    x, w, b, dy, args = _arrays(g)
+    N, C, H, W, Co, G, kh, kw, ph, pw, OH, OW = args
+    got = {}
+    for variant in ("avx2", "avx512"):
+        y, dx = np.full(dy.shape, np.nan, np.float32), np.full(x.shape, np.nan, np.float32)
+        dw, db = np.ones(w.shape, np.float32), np.ones(b.shape, np.float32)
+        cd.set_avx512_tile(tile)
+        prev, prev512 = cd.set_run_bytes(run_bytes), cd.set_avx512_run_bytes(run_bytes)
+        try:
+            with kernel_variant(variant):
+                cd.forward(x.reshape(-1), _pack(w, G), b if bias else None, y.reshape(-1), *args)
+                cd.forward(dy.reshape(-1), _pack(w, G, flip=True), None, dx.reshape(-1),
+                           N, Co, OH, OW, C, G, kh, kw, kh - 1 - ph, kw - 1 - pw, H, W)
+                cd.backward_weight_oc(x.reshape(-1), dy.reshape(-1), dw.reshape(-1), *args,
+                                      bias_diff=db if bias else None)
+        finally:
+            cd.set_avx512_tile(6)
+            cd.set_run_bytes(prev)
+            cd.set_avx512_run_bytes(prev512)
+        got[variant] = (y, dx, dw, db)
+    y, dx, dw, db = got["avx512"]
+    ref = ref_conv(x, w, ph, pw, G) + (b.reshape(1, -1, 1, 1) if bias else 0)
+    bound = ref_conv(np.abs(x), np.abs(w), ph, pw, G) + (np.abs(b).reshape(1, -1, 1, 1) if bias else 0)
+    assert_close(y, ref, bound)
+    assert_close(dx, ref_data(dy, w, H, W, ph, pw, G), ref_data(np.abs(dy), np.abs(w), H, W, ph, pw, G))
+    assert_close(dw, 1 + ref_weight(x, dy, kh, kw, ph, pw, G), 1 + ref_weight(np.abs(x), np.abs(dy), kh, kw, ph, pw, G))
+    sums = dy.astype(np.float64).sum(axis=(0, 2, 3)) if bias else 0
+    assert_close(db, 1 + sums, 1 + (np.abs(dy).astype(np.float64).sum(axis=(0, 2, 3)) if bias else 0))
+    for a, c in zip(got["avx2"], got["avx512"]):
+        assert np.array_equal(a, c)
+
+
+def test_avx512_setting_is_checked():
+    """AVX512 = True where the CPU has no AVX-512F raises instead of running illegal instructions; the tile
+    setting takes 1-6 vectors."""
+    with pytest.raises(ValueError, match="1 to 6 vectors"):
+        cd.set_avx512_tile(7)
+    if AVX512:
+        pytest.skip("this CPU has AVX-512F (the error is for CPUs without)")
+    x, w, b, dy, args = _arrays(dict(N=1, G=1, cg=2, og=3, kh=3, kw=3, ph=1, pw=1, H=4, W=5, seed=2))
+    with kernel_variant("avx512"), pytest.raises(RuntimeError, match="no AVX-512F"):
+        cd.forward(x.reshape(-1), _pack(w, 1), None, np.empty(dy.size, np.float32), *args)
 
 
 def test_pack_layouts():
@@ -240,42 +331,56 @@ def _layer_products(text, shape, dense, deconv=False, seed=3):
 ])
 @pytest.mark.parametrize("deconv", [False, True])
 @pytest.mark.parametrize("mode", ["on", "auto"])
-def test_dense_plan_matches_the_batched_path(text, shape, deconv, mode):
-    plan, got = _layer_products(text, shape, mode, deconv)
+@VARIANTS
+def test_dense_plan_matches_the_batched_path(text, shape, deconv, mode, variant):
+    with kernel_variant(variant):
+        plan, got = _layer_products(text, shape, mode, deconv)
     _, ref = _layer_products(text, shape, "batched", deconv)
     assert plan == ("blocked" if mode == "auto" and "pad" not in text else "dense")
     for a, b in zip(got, ref):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
 
 
+ALL = ("fwd", "wgt", "data")
+
+
 @pytest.mark.skipif(not SUPPORTED, reason="the dense plan needs AVX2 and FMA")
-@pytest.mark.parametrize("text,shape,products", [
-    ("num_output: 32 kernel_size: 5 pad: 2", (2, 3, 32, 32), ("fwd", "wgt", "data")),   # CIFAR10-quick conv1
-    ("num_output: 32 kernel_size: 5 pad: 2", (2, 32, 16, 16), ("fwd", "wgt", "data")),  # conv2
-    ("num_output: 64 kernel_size: 5 pad: 2", (2, 32, 8, 8), ("fwd", "wgt", "data")),    # conv3
-    ("num_output: 50 kernel_size: 5", (2, 20, 12, 12), ()),                             # LeNet conv2: sgemm
-    ("num_output: 384 kernel_size: 3 pad: 1", (1, 256, 13, 13), ()),                    # CaffeNet conv3
-    ("num_output: 64 kernel_size: 3 pad: 1", (1, 64, 56, 56), ("fwd", "wgt", "data")),  # ResNet-50 res2
-    ("num_output: 128 kernel_size: 3 pad: 1", (1, 128, 28, 28), ()),                    # ResNet-50 res3
-    ("num_output: 20 kernel_size: 5", (2, 1, 28, 28), ()),                              # LeNet conv1: exact path
-    ("num_output: 8 kernel_size: 3 stride: 2 pad: 1", (2, 16, 9, 9), ()),               # stride 2
-    ("num_output: 8 kernel_size: 3 dilation: 2", (2, 16, 9, 9), ()),                    # dilated
+@pytest.mark.parametrize("text,shape,avx2,avx512", [
+    ("num_output: 32 kernel_size: 5 pad: 2", (2, 3, 32, 32), ALL, ALL),   # CIFAR10-quick conv1
+    ("num_output: 32 kernel_size: 5 pad: 2", (2, 32, 16, 16), ALL, ALL),  # conv2
+    ("num_output: 64 kernel_size: 5 pad: 2", (2, 32, 8, 8), ALL, ALL),    # conv3 (8x8: the AVX2 rule either way)
+    ("num_output: 50 kernel_size: 5", (2, 20, 12, 12), (), ()),           # LeNet conv2: sgemm
+    ("num_output: 384 kernel_size: 3 pad: 1", (1, 256, 13, 13), (), ALL),  # CaffeNet conv3
+    ("num_output: 64 kernel_size: 3 pad: 1", (1, 64, 56, 56), ALL, ALL),  # ResNet-50 res2
+    ("num_output: 128 kernel_size: 3 pad: 1", (1, 128, 28, 28), (), ALL),  # ResNet-50 res3
+    ("num_output: 512 kernel_size: 3 pad: 1", (1, 512, 7, 7), (), ()),    # ResNet-50 res5: 7x7 planes
+    ("num_output: 512 kernel_size: 3 pad: 1", (1, 256, 14, 14), (), ("data",)),  # past 384 outputs: data only
+    ("num_output: 20 kernel_size: 5", (2, 1, 28, 28), (), ()),            # LeNet conv1: exact path
+    ("num_output: 8 kernel_size: 3 stride: 2 pad: 1", (2, 16, 9, 9), (), ()),  # stride 2
+    ("num_output: 8 kernel_size: 3 dilation: 2", (2, 16, 9, 9), (), ()),  # dilated
 ])
-def test_dense_rule(text, shape, products):
+@pytest.mark.parametrize("variant", ["avx2", "avx512"])
+def test_dense_rule(text, shape, avx2, avx512, variant):
+    """The measured rule for each kernel variant (the rule only reads cd.AVX512: no kernel runs here, so the
+    AVX-512 rule is checked on any CPU)."""
+    products = avx512 if variant == "avx512" else avx2
     layer = make_layer("Convolution", f"convolution_param {{ {text} }}")
     layer.SetUp(blobs_from_arrays([np.zeros(shape)], np.float32), empty_tops(1, np.float32))
-    assert conv_cpu.dense_products(layer, np.float32) == products
-    assert layer.plan(np, np.float32) == ("dense" if products else "blocked")
-    assert conv_cpu.dense_products(layer, np.float64) == ()  # float64 keeps the other plans
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(conv_cpu, "DENSE", "off")
-        assert layer.plan(np, np.float32) == "blocked"
+    with kernel_variant(variant):
+        assert conv_cpu.dense_products(layer, np.float32) == products
+        assert layer.plan(np, np.float32) == ("dense" if products else "blocked")
+        assert conv_cpu.dense_products(layer, np.float64) == ()  # float64 keeps the other plans
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(conv_cpu, "DENSE", "off")
+            assert layer.plan(np, np.float32) == "blocked"
 
 
-def test_weight_diff_over_many_images():
+@VARIANTS
+def test_weight_diff_over_many_images(variant):
     """More images than one float32 accumulation holds (8): the groups' sums meet in float64."""
     g = dict(N=19, G=1, cg=2, og=5, kh=3, kw=3, ph=1, pw=0, H=5, W=9, seed=7)
     x, w, b, dy, args = _arrays(g)
     dw = np.zeros(w.shape, np.float32)
-    cd.backward_weight_oc(x.reshape(-1), dy.reshape(-1), dw.reshape(-1), *args)
+    with kernel_variant(variant):
+        cd.backward_weight_oc(x.reshape(-1), dy.reshape(-1), dw.reshape(-1), *args)
     assert_close(dw, ref_weight(x, dy, 3, 3, 1, 0, 1), ref_weight(np.abs(x), np.abs(dy), 3, 3, 1, 0, 1))

@@ -17,12 +17,13 @@ fewer than ONE_BY_ONE_VIEW_COLS positions are copied side by side into one wider
 MobileNet): the kernels of caffe.layers.kernels.depthwise, one (image, group) per OpenMP task.
 
 "dense" (float32, stride 1, dilation 1, kernel_dim past the exact path's, pad < kernel, a CPU with AVX2
-and FMA, and dense_rule's measured shapes): the kernels of caffe.layers.kernels.conv_direct_avx2, no
-lowering: the forward vectorized over 8 output x positions and blocked over 4 output channels, the
-bottom diff the same kernel on dout with the filters flipped and transposed, the weight diff a direct
-reduction vectorized over output channels (with the bias diff in the same pass); each product the rule
-does not name (dense_products) runs blocked. Sums are float32 (the weight and bias diffs': float32 over at
-most about 1,024 positions, then float64).
+and FMA, and dense_rule's measured shapes): the kernels of caffe.layers.kernels.conv_direct_avx2 (their
+AVX-512 variants where the CPU has AVX-512F, CAFFE_CONV_DENSE_AVX512=0 for AVX2; dense_rule then takes
+wider layers), no lowering: the forward vectorized over 8 (AVX-512: 16) output positions and blocked over
+4 output channels, the bottom diff the same kernel on dout with the filters flipped and transposed, the
+weight diff a direct reduction vectorized over output channels (with the bias diff in the same pass); each
+product the rule does not name (dense_products) runs blocked. Sums are float32 (the weight and bias diffs':
+float32 over at most about 1,024 positions, then float64).
 
 "blocked" (the rest, 2-D): the output positions are cut into blocks (several whole
 images, or a band of output rows of one image) whose column buffer is about
@@ -435,6 +436,15 @@ def dense_products(layer, dtype=np.float32):
 # Caffe's numerics there.
 DENSE_MAX_OG = 64
 DENSE_MAX_KD = 1024
+# With the kernels' AVX-512 variant (kernels.conv_direct_avx2.AVX512: 16 lanes, rows of any width fill them)
+# the dense products beat OpenBLAS's GEMM (its Haswell AVX2 kernels on Zen 5) on wider layers too, where the
+# output plane has DENSE512_MIN_PLANE positions or more (CPU time, ab_conv_dense.py --modes off,avx512):
+# CaffeNet conv2-5 0.35-0.60x, ResNet-50's 3x3 128x28x28 0.46-0.65x and 256x14x14 0.64x (b8; 0.94x at b1),
+# GoogLeNet 3a / 4a 3x3 0.49 / 0.64x. Not on 7x7 planes (49 positions in 4 vectors of 16): ResNet-50 512x7x7
+# 0.99x (b8) to 1.59x (b1), GoogLeNet 5b 3x3 0.93x; those keep the AVX2 rule above.
+DENSE512_MAX_OG = 384
+DENSE512_MAX_KD = 2304
+DENSE512_MIN_PLANE = 100
 
 
 def dense_rule(layer):
@@ -446,9 +456,12 @@ def dense_rule(layer):
     out = []
     if ph == 0 and pw == 0:
         return ()
-    if og <= DENSE_MAX_OG and cg * kh * kw <= DENSE_MAX_KD:
+    max_og, max_kd = DENSE_MAX_OG, DENSE_MAX_KD
+    if _cd.AVX512 and g.col_count >= DENSE512_MIN_PLANE:
+        max_og, max_kd = DENSE512_MAX_OG, DENSE512_MAX_KD
+    if og <= max_og and cg * kh * kw <= max_kd:
         out += ["fwd", "wgt"] if same else ["fwd"]
-    if cg <= DENSE_MAX_OG and og * kh * kw <= 2 * DENSE_MAX_KD and same:
+    if cg <= max_og and og * kh * kw <= 2 * max_kd and same:
         out.append("data")
     return tuple(out)
 

@@ -4,6 +4,8 @@
              output rows) and the batch <-> GEMM-rows layout changes
   depthwise  direct grouped 2-D convolution, forward and both backward passes, for
              depthwise / small-group layers (MobileNet)
+  conv_direct_avx2  the direct dense convolution (stride 1): forward, and weight diff vectorized over
+             output channels (AVX2 + FMA, AVX-512 variants chosen at run time; conv_cpu's "dense" plan)
   exact_gemm the exact short-K convolution forward: float64 sums of float32 products, rounded
              once, from float32 data (AVX2 + FMA; conv_cpu.EXACT_GEMM)
   pooling    2-D MAX / AVE pooling forward and backward

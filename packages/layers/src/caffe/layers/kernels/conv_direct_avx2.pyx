@@ -1,6 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 # distutils: extra_compile_args = -fno-math-errno -fno-trapping-math
-"""Direct dense 2-D convolution, stride 1, dilation 1, float32, with AVX2 and FMA (conv_cpu's "dense" plan).
+"""Direct dense 2-D convolution, stride 1, dilation 1, float32, with AVX2 and FMA, and AVX-512 variants
+(conv_cpu's "dense" plan).
 
 Shapes (g = group, cg = C / g input and og = Co / g output channels per group):
 
@@ -23,10 +24,19 @@ when OW is not a multiple of 8.
 backward_weight_oc: see the comment above it (vectorized over 8 output channels; the bias diff in the
 same pass).
 
+AVX-512 (AVX512 below, chosen at run time where the CPU has AVX-512F): the forward copies each input
+channel into kw planes shifted by the tap column, so that an output plane and its inputs are 1-D runs and
+a 16-lane vector holds 16 consecutive positions across row ends (rows of 8 or 13 fill it as well as rows of
+32); the tiles are 1-6 vectors times the same blocks of 4 output channels (pack_weights unchanged).
+backward_weight_oc takes vectors of 16 output channels. Each output's FMAs and each weight diff's sums run
+in the AVX2 kernels' order, so the two variants give the same bits.
+
 On a CPU without AVX2 and FMA (supported() is False) or a compiler other than x86-64 GCC/Clang
 the kernels are plain C loops with the same results up to rounding; conv_cpu chooses this plan
-only where supported() is True.
+only where supported() is True. (The module keeps its AVX2 name: both variants are one family, one API.)
 """
+import os
+
 from cython.parallel cimport parallel, prange
 from libc.stdlib cimport malloc, calloc, free
 include "_threads.pxi"
@@ -39,6 +49,7 @@ cdef extern from *:
     #define CD_X86 1
     #include <immintrin.h>
     #define CD_TARGET __attribute__((target("avx2,fma")))
+    #define CD5_TARGET __attribute__((target("avx512f,avx2,fma")))
     #else
     #define CD_X86 0
     #define CD_TARGET
@@ -53,6 +64,14 @@ cdef extern from *:
     #if CD_X86
         __builtin_cpu_init();
         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    #else
+        return 0;
+    #endif
+    }
+
+    static int cd_avx512_supported(void) {
+    #if CD_X86
+        return cd_supported() && __builtin_cpu_supports("avx512f");
     #else
         return 0;
     #endif
@@ -165,16 +184,17 @@ cdef extern from *:
         }
     }
     #else
+    /* (the portable build: plain loops, the same run structure as the AVX2 tiles) */
     static void cd_fwd_dispatch(int R, int X, const cd_geom* d, const float* pad, const float* wb,
                                 const float* bias, float* y, const ptrdiff_t* xo, const ptrdiff_t* yo,
-                                const ptrdiff_t* m) {
+                                const ptrdiff_t* m, ptrdiff_t c0, ptrdiff_t c1, int first) {
         ptrdiff_t c, i, j, l, plane = d->Hp * d->Wp, P = d->OH * d->OW;
         int r, t;
         _Pragma("GCC unroll 8") for (r = 0; r < R; r++)
             _Pragma("GCC unroll 8") for (t = 0; t < X; t++)
                 for (l = 0; l < m[t]; l++) {
-                    float s = bias ? bias[r] : 0.0f;
-                    for (c = 0; c < d->cg; c++)
+                    float s = first ? (bias ? bias[r] : 0.0f) : y[r * P + yo[t] + l];
+                    for (c = c0; c < c1; c++)
                         for (i = 0; i < d->kh; i++)
                             for (j = 0; j < d->kw; j++)
                                 s += wb[((c * d->kh + i) * d->kw + j) * 4 + r] * pad[c * plane + i * d->Wp + xo[t] + j + l];
@@ -220,26 +240,187 @@ cdef extern from *:
     }
 
 
-    /* -- weight gradient vectorized over output channels ("oc": any row width fills the lanes) -- */
-    /* dy of each (image, group) transposed to [position][og8] (og8: og rounded up to 8, zeros past og), the
-       images as planes of rows Wx = W + 2 pw, Hx Wx floats apart. A tile: R vectors of 8 output channels x
-       T columns of dw's flattened (c, i, j) (k = (c kh + i) kw + j: a tile may span channels); per output
-       position T image values are broadcast and R dy vectors loaded for R T FMAs (R T + T + 1 <= 16 ymm). */
-    #define CD_WO_ACC 96   /* floats of a tile's accumulators: R T 8 <= 96 */
-    typedef struct { ptrdiff_t g, o0, R, T, k0, off[7]; } cd_wotile;
+    /* -- the forward with AVX-512 (16 lanes): rows of any width fill the vectors --
+       Each input channel is copied into kw planes "shifted by tap j": xc[c][j][r OW + x] = xpad[c][r][x + j]
+       (r < Hp, x < OW; PL = Hp OW floats a plane). Then output position q = oy OW + ox of a channel takes
+       tap (i, j) from xc[c][j][q + i OW]: the output plane and its inputs are 1-D runs, so a vector holds 16
+       consecutive positions across row ends (CIFAR10-quick's 8-wide rows fill it as well as its 32-wide),
+       and only the plane's last vector is masked. The FMAs of each output run in the AVX2 kernel's order
+       (the bias, then c, i, j), so both give the same bits. */
+    static ptrdiff_t cd5_plane(const cd_geom* d) { return d->Hp * d->OW; }
+    /* Vectors of 16 positions per tile (at most 6: R X accumulators + X inputs + a broadcast <= 32 zmm). */
+    static ptrdiff_t cd5_xmax = 6;
+    /* Input channels per run: their shifted planes about cd5_run_bytes (each tile then runs all its input
+       channels at once wherever they fit, as at every shape measured: runs sized for L1, as AVX2's, were up to
+       1.2x slower: CaffeNet conv3, CIFAR10-quick conv3; the budget only bounds the scratch on large images) */
+    static ptrdiff_t cd5_run_bytes = 4 << 20;
+    static ptrdiff_t cd5_fwd_crun(const cd_geom* d) {
+        ptrdiff_t cb = cd5_run_bytes / (d->kw * cd5_plane(d) * 4);
+        if (cb < 4) cb = 4;
+        return cb > d->cg ? d->cg : cb;
+    }
+    /* floats of a task's scratch: the shifted planes of a run of channels and a vector of slack (the last
+       vector's loads) */
+    static ptrdiff_t cd5_scratch(const cd_geom* d) { return cd5_fwd_crun(d) * d->kw * cd5_plane(d) + 16; }
 
-    static int cd_wo_tmax(int R) { return R >= 3 ? 3 : R == 2 ? 5 : 7; }
+    #if CD_X86
+    /* xc = the shifted planes of channels c0..c1-1 of x (the task's image and group): masked loads straight
+       from the image rows (the lanes outside the image: zeros, their addresses never read), the masks worked
+       out once per tap and run of 16 columns. The stores go up through xc in order, so a short row's
+       (OW < 16) full-vector store may spill into the rows after it: they are written next (the last plane's
+       spill: the slack). A memcpy call per row cost a third of the forward's time at CIFAR10-quick conv3's
+       bottom diff (rows of 8). */
+    static CD5_TARGET void cd5_shift_planes(const cd_geom* d, const float* x, float* xc, ptrdiff_t c0,
+                                            ptrdiff_t c1) {
+        ptrdiff_t c, j, r, x0, PL = cd5_plane(d), OW = d->OW, H = d->H, W = d->W, ph = d->ph;
+        const __m512 zero = _mm512_setzero_ps();
+        for (c = c0; c < c1; c++)
+            for (j = 0; j < d->kw; j++) {
+                float* plane = xc + ((c - c0) * d->kw + j) * PL;
+                const float* src = x + c * H * W + j - d->pw;  /* output column x reads src[h W + x] */
+                for (x0 = 0; x0 < OW; x0 += 16) {
+                    ptrdiff_t n = OW - x0 < 16 ? OW - x0 : 16;
+                    ptrdiff_t lo = d->pw - j - x0, hi = W + d->pw - j - x0;  /* lanes lo..hi-1 in the image */
+                    __mmask16 in = 0, keep = (__mmask16)((1u << n) - 1);
+                    float* dst = plane + x0;
+                    if (lo < 0) lo = 0;
+                    if (hi > n) hi = n;
+                    if (hi > lo) in = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+                    if (n < 16 && OW > 16) {  /* a long row's last run: the next rows' columns are already written */
+                        for (r = 0; r < ph; r++) _mm512_mask_storeu_ps(dst + r * OW, keep, zero);
+                        for (; r < ph + H; r++)
+                            _mm512_mask_storeu_ps(dst + r * OW, keep,
+                                                  _mm512_maskz_loadu_ps(in, src + (r - ph) * W + x0));
+                        for (; r < d->Hp; r++) _mm512_mask_storeu_ps(dst + r * OW, keep, zero);
+                    } else {
+                        for (r = 0; r < ph; r++) _mm512_storeu_ps(dst + r * OW, zero);
+                        for (; r < ph + H; r++)
+                            _mm512_storeu_ps(dst + r * OW, _mm512_maskz_loadu_ps(in, src + (r - ph) * W + x0));
+                        for (; r < d->Hp; r++) _mm512_storeu_ps(dst + r * OW, zero);
+                    }
+                }
+            }
+        memset(xc + (c1 - c0) * d->kw * PL, 0, 16 * sizeof(float));
+    }
+    #endif
+
+    #if CD_X86
+    /* R output channels x X vectors of 16 positions from q0 (the last vector's valid lanes: `last`), input
+       channels c0..c1-1 (xc: their shifted planes) */
+    static inline __attribute__((always_inline)) CD5_TARGET void cd5_fwd_tile(
+            const int R, const int X, const cd_geom* d, const float* xc, const float* wb, const float* bias,
+            float* y, ptrdiff_t q0, __mmask16 last, ptrdiff_t c0, ptrdiff_t c1, int first) {
+        __m512 acc[4][6], v[6];
+        ptrdiff_t c, i, j, PL = cd5_plane(d), P = d->OH * d->OW, kh = d->kh, kw = d->kw, OW = d->OW;
+        int r, t;
+        if (first) {
+            _Pragma("GCC unroll 8") for (r = 0; r < R; r++) {
+                __m512 b0 = bias ? _mm512_set1_ps(bias[r]) : _mm512_setzero_ps();
+                _Pragma("GCC unroll 8") for (t = 0; t < X; t++) acc[r][t] = b0;
+            }
+        } else {  /* a later run of channels adds to the partial sums stored by the earlier ones */
+            _Pragma("GCC unroll 8") for (r = 0; r < R; r++)
+                _Pragma("GCC unroll 8") for (t = 0; t < X; t++)
+                    acc[r][t] = _mm512_maskz_loadu_ps(t == X - 1 ? last : (__mmask16)0xFFFF, y + r * P + q0 + 16 * t);
+        }
+        for (c = c0; c < c1; c++) {
+            const float* pc = xc + (c - c0) * kw * PL + q0;
+            const float* wc = wb + c * kh * kw * 4;
+            for (i = 0; i < kh; i++)
+                for (j = 0; j < kw; j++) {
+                    const float* src = pc + j * PL + i * OW;
+                    const float* wr = wc + (i * kw + j) * 4;
+                    _Pragma("GCC unroll 8") for (t = 0; t < X; t++) v[t] = _mm512_loadu_ps(src + 16 * t);
+                    _Pragma("GCC unroll 8") for (r = 0; r < R; r++) {
+                        __m512 wv = _mm512_set1_ps(wr[r]);
+                        _Pragma("GCC unroll 8") for (t = 0; t < X; t++)
+                            acc[r][t] = _mm512_fmadd_ps(wv, v[t], acc[r][t]);
+                    }
+                }
+        }
+        _Pragma("GCC unroll 8") for (r = 0; r < R; r++)
+            _Pragma("GCC unroll 8") for (t = 0; t < X; t++)
+                _mm512_mask_storeu_ps(y + r * P + q0 + 16 * t, t == X - 1 ? last : (__mmask16)0xFFFF, acc[r][t]);
+    }
+
+    #define CD5_FWD_CASE(R, X) case (R) * 8 + (X): \\
+        cd5_fwd_tile(R, X, d, xc, wb, bias, y, q0, last, c0, c1, first); break;
+
+    static CD5_TARGET void cd5_fwd_dispatch(int R, int X, const cd_geom* d, const float* xc, const float* wb,
+                                            const float* bias, float* y, ptrdiff_t q0, __mmask16 last,
+                                            ptrdiff_t c0, ptrdiff_t c1, int first) {
+        switch (R * 8 + X) {
+            CD5_FWD_CASE(1, 1) CD5_FWD_CASE(1, 2) CD5_FWD_CASE(1, 3)
+            CD5_FWD_CASE(1, 4) CD5_FWD_CASE(1, 5) CD5_FWD_CASE(1, 6)
+            CD5_FWD_CASE(2, 1) CD5_FWD_CASE(2, 2) CD5_FWD_CASE(2, 3)
+            CD5_FWD_CASE(2, 4) CD5_FWD_CASE(2, 5) CD5_FWD_CASE(2, 6)
+            CD5_FWD_CASE(3, 1) CD5_FWD_CASE(3, 2) CD5_FWD_CASE(3, 3)
+            CD5_FWD_CASE(3, 4) CD5_FWD_CASE(3, 5) CD5_FWD_CASE(3, 6)
+            CD5_FWD_CASE(4, 1) CD5_FWD_CASE(4, 2) CD5_FWD_CASE(4, 3)
+            CD5_FWD_CASE(4, 4) CD5_FWD_CASE(4, 5) CD5_FWD_CASE(4, 6)
+        }
+    }
+
+    /* the forward of image n, group g, channel blocks b0..b1-1 (xc: cd5_scratch floats). Per run of input
+       channels, their shifted planes are built, then each tile of positions runs every block. */
+    static void cd5_fwd_task(const cd_geom* d, const float* x, const float* wp, const float* bias, float* y,
+                             float* xc, ptrdiff_t n, ptrdiff_t g, ptrdiff_t b0, ptrdiff_t b1) {
+        ptrdiff_t b, q, c0, P = d->OH * d->OW, nv = (P + 15) / 16, cb = cd5_fwd_crun(d);
+        for (c0 = 0; c0 < d->cg; c0 += cb) {
+            ptrdiff_t c1 = c0 + cb < d->cg ? c0 + cb : d->cg;
+            cd5_shift_planes(d, x + (n * d->C + g * d->cg) * d->H * d->W, xc, c0, c1);
+            for (q = 0; q < nv; q += cd5_xmax) {
+                int X = (int)(nv - q < cd5_xmax ? nv - q : cd5_xmax);
+                ptrdiff_t rest = P - (q + X - 1) * 16;  /* valid lanes of the last vector */
+                __mmask16 last = (__mmask16)(rest >= 16 ? 0xFFFF : (1u << rest) - 1);
+                for (b = b0; b < b1; b++) {
+                    ptrdiff_t o0 = b * 4;
+                    int R = (int)(d->og - o0 < 4 ? d->og - o0 : 4);
+                    const float* wb = wp + (g * d->nb + b) * d->cg * d->kh * d->kw * 4;
+                    const float* bb = bias ? bias + g * d->og + o0 : NULL;
+                    float* yb = y + (n * d->Co + g * d->og + o0) * P;
+                    cd5_fwd_dispatch(R, X, d, xc, wb, bb, yb, q * 16, last, c0, c1, c0 == 0);
+                }
+            }
+        }
+    }
+    #else
+    /* no AVX-512 build: the portable forward (cd_avx512_supported() is 0, the wrapper never asks for this) */
+    static void cd5_fwd_task(const cd_geom* d, const float* x, const float* wp, const float* bias, float* y,
+                             float* xc, ptrdiff_t n, ptrdiff_t g, ptrdiff_t b0, ptrdiff_t b1) {
+        cd_fwd_task(d, x, wp, bias, y, xc, n, g, b0, b1);
+    }
+    #endif
+
+
+    /* -- weight gradient vectorized over output channels ("oc": any row width fills the lanes) -- */
+    /* dy of each (image, group) transposed to [position][ogL] (L: the lanes, 8 with AVX2 or 16 with AVX-512;
+       ogL: og rounded up to L, zeros past og), the images as planes of rows Wx = W + 2 pw, Hx Wx floats apart.
+       A tile: R vectors of L output channels x T columns of dw's flattened (c, i, j) (k = (c kh + i) kw + j:
+       a tile may span channels); per output position T image values are broadcast and R dy vectors loaded for
+       R T FMAs (R T + T + 1 <= 16 ymm, or 32 zmm). Each lane sums its (o, k) over the positions in the same
+       order for either L, so both give the same bits (backward_weight_oc keeps the image groups the same too). */
+    #define CD_WO_ACC 96    /* floats of a tile's accumulators with L = 8: R T 8 <= 96 */
+    #define CD5_WO_ACC 384  /* with L = 16: R T 16 <= 384 */
+    typedef struct { ptrdiff_t g, o0, R, T, k0, off[14]; } cd_wotile;
+
+    static int cd_wo_tmax(int R, int L) {
+        if (L == 16) return R >= 4 ? 6 : R == 3 ? 7 : R == 2 ? 10 : 14;
+        return R >= 3 ? 3 : R == 2 ? 5 : 7;
+    }
+    static ptrdiff_t cd_wo_acc(int L) { return L == 16 ? CD5_WO_ACC : CD_WO_ACC; }
+    static ptrdiff_t cd_ogl(const cd_geom* d, int L) { return L * ((d->og + L - 1) / L); }
 
     /* the tiles of every group (tl NULL: count only); off: each column's offset in the group's planes */
-    static ptrdiff_t cd_wo_tiles(const cd_geom* d, cd_wotile* tl) {
-        ptrdiff_t g, v, k, u, n = 0, nv = (d->og + 7) / 8, K = d->kh * d->kw, ncol = d->cg * K;
+    static ptrdiff_t cd_wo_tiles(const cd_geom* d, cd_wotile* tl, int L) {
+        ptrdiff_t g, v, k, u, n = 0, nv = (d->og + L - 1) / L, K = d->kh * d->kw, ncol = d->cg * K;
         ptrdiff_t Wx = d->W + 2 * d->pw, PX = d->Hp * Wx;
         for (g = 0; g < d->G; g++)
             for (v = 0; v < nv; v += 4) {
-                int R = (int)(nv - v < 4 ? nv - v : 4), T = cd_wo_tmax(R);
+                int R = (int)(nv - v < 4 ? nv - v : 4), T = cd_wo_tmax(R, L);
                 for (k = 0; k < ncol; k += T, n++) {
                     if (!tl) continue;
-                    tl[n].g = g; tl[n].o0 = v * 8; tl[n].R = R; tl[n].k0 = k;
+                    tl[n].g = g; tl[n].o0 = v * L; tl[n].R = R; tl[n].k0 = k;
                     tl[n].T = ncol - k < T ? ncol - k : T;
                     for (u = 0; u < tl[n].T; u++) {
                         ptrdiff_t c = (k + u) / K, tap = (k + u) % K;
@@ -274,9 +455,10 @@ cdef extern from *:
     }
     #endif
 
-    /* one image's dy (Co, P) -> [G][P][og8] (8 x 8 blocks transposed in registers; the edges one by one) */
-    static CD_TARGET void cd_dy_trans(const cd_geom* d, const float* dy, float* dst) {
-        ptrdiff_t g, o, p, o8 = 0, p8 = 0, P = d->OH * d->OW, og8 = 8 * ((d->og + 7) / 8);
+    /* one image's dy (Co, P) -> [G][P][og8] (og8: ogL, rows of L floats; 8 x 8 blocks transposed in registers,
+       the edges one by one) */
+    static CD_TARGET void cd_dy_trans(const cd_geom* d, const float* dy, float* dst, int L) {
+        ptrdiff_t g, o, p, o8 = 0, p8 = 0, P = d->OH * d->OW, og8 = cd_ogl(d, L);
         for (g = 0; g < d->G; g++) {
             const float* sg = dy + g * d->og * P;
             float* dg = dst + g * P * og8;
@@ -348,71 +530,154 @@ cdef extern from *:
     }
     #endif
 
+    #if CD_X86
+    /* cd_wo_tile with 16 lanes (AVX-512): R vectors of 16 output channels x T columns, R T <= 24 */
+    static inline __attribute__((always_inline)) CD5_TARGET void cd5_wo_tile(
+            const int R, const int T, const float* xi, const ptrdiff_t* off, const float* dyb, float* accm,
+            ptrdiff_t y0, ptrdiff_t y1, ptrdiff_t OW, ptrdiff_t Wx, ptrdiff_t og16) {
+        __m512 acc[4][14], b[14];
+        const float* xt[14];
+        ptrdiff_t y, x;
+        int r, t;
+        _Pragma("GCC unroll 16") for (r = 0; r < R; r++)
+            _Pragma("GCC unroll 16") for (t = 0; t < T; t++) acc[r][t] = _mm512_loadu_ps(accm + (r * T + t) * 16);
+        _Pragma("GCC unroll 16") for (t = 0; t < T; t++) xt[t] = xi + off[t];
+        for (y = y0; y < y1; y++) {
+            const float* dp = dyb + y * OW * og16;
+            ptrdiff_t xr = y * Wx;
+            for (x = 0; x < OW; x++, dp += og16) {
+                _Pragma("GCC unroll 16") for (t = 0; t < T; t++) b[t] = _mm512_set1_ps(xt[t][xr + x]);
+                _Pragma("GCC unroll 16") for (r = 0; r < R; r++) {
+                    __m512 dv = _mm512_loadu_ps(dp + r * 16);
+                    __asm__("" : "+v"(dv));  /* one load feeding T FMAs, not T loads folded into them */
+                    _Pragma("GCC unroll 16") for (t = 0; t < T; t++) acc[r][t] = _mm512_fmadd_ps(dv, b[t], acc[r][t]);
+                }
+            }
+        }
+        _Pragma("GCC unroll 16") for (r = 0; r < R; r++)
+            _Pragma("GCC unroll 16") for (t = 0; t < T; t++) _mm512_storeu_ps(accm + (r * T + t) * 16, acc[r][t]);
+    }
+
+    #define CD5_WO_CASE(R, T) case (R) * 16 + (T): \\
+        cd5_wo_tile(R, T, xi, off, dyb, accm, y0, y1, OW, Wx, og16); break;
+
+    static CD5_TARGET void cd5_wo_dispatch(int R, int T, const float* xi, const ptrdiff_t* off, const float* dyb,
+                                           float* accm, ptrdiff_t y0, ptrdiff_t y1, ptrdiff_t OW, ptrdiff_t Wx,
+                                           ptrdiff_t og16) {
+        switch (R * 16 + T) {
+            CD5_WO_CASE(1, 1) CD5_WO_CASE(1, 2) CD5_WO_CASE(1, 3) CD5_WO_CASE(1, 4) CD5_WO_CASE(1, 5)
+            CD5_WO_CASE(1, 6) CD5_WO_CASE(1, 7) CD5_WO_CASE(1, 8) CD5_WO_CASE(1, 9) CD5_WO_CASE(1, 10)
+            CD5_WO_CASE(1, 11) CD5_WO_CASE(1, 12) CD5_WO_CASE(1, 13) CD5_WO_CASE(1, 14)
+            CD5_WO_CASE(2, 1) CD5_WO_CASE(2, 2) CD5_WO_CASE(2, 3) CD5_WO_CASE(2, 4) CD5_WO_CASE(2, 5)
+            CD5_WO_CASE(2, 6) CD5_WO_CASE(2, 7) CD5_WO_CASE(2, 8) CD5_WO_CASE(2, 9) CD5_WO_CASE(2, 10)
+            CD5_WO_CASE(3, 1) CD5_WO_CASE(3, 2) CD5_WO_CASE(3, 3) CD5_WO_CASE(3, 4) CD5_WO_CASE(3, 5)
+            CD5_WO_CASE(3, 6) CD5_WO_CASE(3, 7)
+            CD5_WO_CASE(4, 1) CD5_WO_CASE(4, 2) CD5_WO_CASE(4, 3) CD5_WO_CASE(4, 4) CD5_WO_CASE(4, 5)
+            CD5_WO_CASE(4, 6)
+        }
+    }
+    #endif
+
     /* bsum (Co, float64) += the sums over positions of one image's transposed dy (float32 over its positions);
-       sacc: G og8 floats of scratch */
-    static CD_TARGET void cd_dy_sum(const cd_geom* d, const float* dyt, float* sacc, double* bsum) {
-        ptrdiff_t g, o, p, P = d->OH * d->OW, og8 = 8 * ((d->og + 7) / 8);
+       sacc: G ogL floats of scratch */
+    static CD_TARGET void cd_dy_sum(const cd_geom* d, const float* dyt, float* sacc, double* bsum, int L) {
+        ptrdiff_t g, o = 0, p, k, P = d->OH * d->OW, og8 = cd_ogl(d, L);
         memset(sacc, 0, (size_t)(d->G * og8) * sizeof(float));
-        for (g = 0; g < d->G; g++)
+        for (g = 0; g < d->G; g++) {
+            const float* dg = dyt + g * P * og8;
+            float* sg = sacc + g * og8;
+    #if CD_X86
+            /* runs of 32 channels summed in registers (a chain of adds through sacc in memory per position
+               cost a fifth of CIFAR10-quick conv1's weight diff); each lane adds its positions in order */
+            for (o = 0; o + 32 <= og8; o += 32) {
+                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+                for (p = 0; p < P; p++) {
+                    const float* r = dg + p * og8 + o;
+                    a0 = _mm256_add_ps(a0, _mm256_loadu_ps(r));
+                    a1 = _mm256_add_ps(a1, _mm256_loadu_ps(r + 8));
+                    a2 = _mm256_add_ps(a2, _mm256_loadu_ps(r + 16));
+                    a3 = _mm256_add_ps(a3, _mm256_loadu_ps(r + 24));
+                }
+                _mm256_storeu_ps(sg + o, a0);
+                _mm256_storeu_ps(sg + o + 8, a1);
+                _mm256_storeu_ps(sg + o + 16, a2);
+                _mm256_storeu_ps(sg + o + 24, a3);
+            }
+    #endif
             for (p = 0; p < P; p++)
-                for (o = 0; o < og8; o++) sacc[g * og8 + o] += dyt[(g * P + p) * og8 + o];
+                for (k = o; k < og8; k++) sg[k] += dg[p * og8 + k];
+        }
         for (g = 0; g < d->G; g++)
             for (o = 0; o < d->og; o++) bsum[g * d->og + o] += sacc[g * og8 + o];
     }
 
     /* a task: images n0..n1-1 (of x, dy), tiles t0..t1-1. Each image is padded (xw: C planes) and its dy
-       transposed (dyt: G P og8 floats) here, so both stay in this core's caches, then the tiles run a band
+       transposed (dyt: G P ogL floats) here, so both stay in this core's caches, then the tiles run a band
        of output rows (about cd_wo_band_bytes of dyt) at a time so that the band stays in L1 across them.
-       part (the tiles' float32 sums, tile t at (t - t0) CD_WO_ACC, then G og8 floats of scratch; over at most
+       part (the tiles' float32 sums, tile t at (t - t0) cd_wo_acc(L), then G ogL floats of scratch; over at most
        about 1,024 positions: one image or as many whole ones) is then added to accd's float64 sums (this image
        group's, indexed by tile). bsum: the group's bias sums, or NULL. */
     static ptrdiff_t cd_wo_band_bytes = 16 << 10;
     static void cd_wo_task(const cd_geom* d, const float* x, const float* dy, const cd_wotile* tl,
                            ptrdiff_t n0, ptrdiff_t n1, ptrdiff_t t0, ptrdiff_t t1, float* xw, float* dyt,
-                           float* part, double* accd, double* bsum) {
-        ptrdiff_t Wx = d->W + 2 * d->pw, PX = d->Hp * Wx, P = d->OH * d->OW, og8 = 8 * ((d->og + 7) / 8);
+                           float* part, double* accd, double* bsum, int L) {
+        ptrdiff_t Wx = d->W + 2 * d->pw, PX = d->Hp * Wx, P = d->OH * d->OW, og8 = cd_ogl(d, L), A = cd_wo_acc(L);
         ptrdiff_t fl = P >= 1024 ? 1 : 1024 / P, band = cd_wo_band_bytes / (d->OW * og8 * 4);
         ptrdiff_t m0, m1, n, y0, t, l;
         if (band * d->OW < 64) band = (64 + d->OW - 1) / d->OW;  /* a tile's loads and stores: over >= 64 positions */
         for (m0 = n0; m0 < n1; m0 = m1) {
             m1 = m0 + fl < n1 ? m0 + fl : n1;
-            memset(part, 0, (size_t)((t1 - t0) * CD_WO_ACC) * sizeof(float));
+            memset(part, 0, (size_t)((t1 - t0) * A) * sizeof(float));
             for (n = m0; n < m1; n++) {
                 cd_pad_planes(d, x + n * d->C * d->H * d->W, xw, d->C, PX, Wx);
-                cd_dy_trans(d, dy + n * d->Co * P, dyt);
-                if (bsum) cd_dy_sum(d, dyt, part + CD_WO_ACC * (t1 - t0), bsum);  /* scratch: past the tiles */
+                cd_dy_trans(d, dy + n * d->Co * P, dyt, L);
+                if (bsum) cd_dy_sum(d, dyt, part + A * (t1 - t0), bsum, L);  /* scratch: past the tiles */
                 for (y0 = 0; y0 < d->OH; y0 += band) {
                     ptrdiff_t y1 = y0 + band < d->OH ? y0 + band : d->OH;
                     for (t = t0; t < t1; t++) {
                         const cd_wotile* w = tl + t;
-                        cd_wo_dispatch((int)w->R, (int)w->T, xw + w->g * d->cg * PX, w->off,
-                                       dyt + w->g * P * og8 + w->o0, part + (t - t0) * CD_WO_ACC, y0, y1, d->OW, Wx,
-                                       og8);
+                        const float* xi = xw + w->g * d->cg * PX;
+                        const float* dyb = dyt + w->g * P * og8 + w->o0;
+                        float* accm = part + (t - t0) * A;
+    #if CD_X86
+                        if (L == 16) {
+                            cd5_wo_dispatch((int)w->R, (int)w->T, xi, w->off, dyb, accm, y0, y1, d->OW, Wx, og8);
+                            continue;
+                        }
+    #endif
+                        cd_wo_dispatch((int)w->R, (int)w->T, xi, w->off, dyb, accm, y0, y1, d->OW, Wx, og8);
                     }
                 }
             }
-            for (l = 0; l < (t1 - t0) * CD_WO_ACC; l++) accd[t0 * CD_WO_ACC + l] += part[l];
+            for (l = 0; l < (t1 - t0) * A; l++) accd[t0 * A + l] += part[l];
         }
     }
 
     /* dw += the tiles' float64 sums (rounded once) */
-    static void cd_wo_store(const cd_geom* d, const cd_wotile* tl, ptrdiff_t ntl, const double* accd, float* dw) {
-        ptrdiff_t t, r, u, l, ncol = d->cg * d->kh * d->kw;
+    static void cd_wo_store(const cd_geom* d, const cd_wotile* tl, ptrdiff_t ntl, const double* accd, float* dw,
+                            int L) {
+        ptrdiff_t t, r, u, l, ncol = d->cg * d->kh * d->kw, A = cd_wo_acc(L);
         for (t = 0; t < ntl; t++)
             for (r = 0; r < tl[t].R; r++)
                 for (u = 0; u < tl[t].T; u++)
-                    for (l = 0; l < 8; l++) {
-                        ptrdiff_t o = tl[t].o0 + r * 8 + l;
+                    for (l = 0; l < L; l++) {
+                        ptrdiff_t o = tl[t].o0 + r * L + l;
                         if (o >= d->og) break;
                         float* p = dw + (tl[t].g * d->og + o) * ncol + tl[t].k0 + u;
-                        *p = (float)((double)*p + accd[t * CD_WO_ACC + (r * tl[t].T + u) * 8 + l]);
+                        *p = (float)((double)*p + accd[t * A + (r * tl[t].T + u) * L + l]);
                     }
     }
     """
     ctypedef struct cd_geom:
         Py_ssize_t N, C, H, W, Co, G, cg, og, kh, kw, ph, pw, OH, OW, Hp, Wp, OWv, nb
     int cd_supported() nogil
+    int cd_avx512_supported() nogil
     Py_ssize_t cd_run_bytes
+    Py_ssize_t cd5_run_bytes
+    Py_ssize_t cd5_xmax
+    Py_ssize_t cd5_scratch(const cd_geom* d) nogil
+    void cd5_fwd_task(const cd_geom* d, const float* x, const float* wp, const float* bias, float* y,
+                      float* xc, Py_ssize_t n, Py_ssize_t g, Py_ssize_t b0, Py_ssize_t b1) nogil
     void cd_init(cd_geom* d, Py_ssize_t N, Py_ssize_t C, Py_ssize_t H, Py_ssize_t W, Py_ssize_t Co,
                  Py_ssize_t G, Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t ph, Py_ssize_t pw) nogil
     void cd_pad(const cd_geom* d, const float* x, float* pad, Py_ssize_t nc) nogil
@@ -423,25 +688,64 @@ cdef extern from *:
     ctypedef struct cd_wotile:
         Py_ssize_t g, o0, R, T, k0
     Py_ssize_t cd_wo_band_bytes
-    Py_ssize_t cd_wo_tiles(const cd_geom* d, cd_wotile* tl) nogil
-    void cd_dy_trans(const cd_geom* d, const float* dy, float* dst) nogil
+    Py_ssize_t cd_wo_tiles(const cd_geom* d, cd_wotile* tl, int L) nogil
+    Py_ssize_t cd_wo_acc(int L) nogil
+    void cd_dy_trans(const cd_geom* d, const float* dy, float* dst, int L) nogil
     void cd_pad_planes(const cd_geom* d, const float* x, float* pad, Py_ssize_t nc, Py_ssize_t plane,
                        Py_ssize_t row) nogil
     void cd_wo_task(const cd_geom* d, const float* x, const float* dy, const cd_wotile* tl, Py_ssize_t n0,
                     Py_ssize_t n1, Py_ssize_t t0, Py_ssize_t t1, float* xw, float* dyt, float* part, double* accd,
-                    double* bsum) nogil
-    void cd_wo_store(const cd_geom* d, const cd_wotile* tl, Py_ssize_t ntl, const double* accd, float* dw) nogil
+                    double* bsum, int L) nogil
+    void cd_wo_store(const cd_geom* d, const cd_wotile* tl, Py_ssize_t ntl, const double* accd, float* dw,
+                     int L) nogil
 
 
 def set_run_bytes(Py_ssize_t nbytes):
-    """The forward's channel-run budget (bytes of a tile's input rows and filters; for benchmarks)."""
+    """The AVX2 forward's channel-run budget (bytes of a tile's input rows and filters; for benchmarks and
+    tests); returns the previous one."""
     global cd_run_bytes
-    cd_run_bytes = nbytes
+    prev, cd_run_bytes = cd_run_bytes, nbytes
+    return prev
+
+
+def set_avx512_run_bytes(Py_ssize_t nbytes):
+    """The AVX-512 forward's channel-run budget (bytes of a run's shifted planes; at least 4 channels a run);
+    returns the previous one."""
+    global cd5_run_bytes
+    prev, cd5_run_bytes = cd5_run_bytes, nbytes
+    return prev
+
+
+def set_avx512_tile(Py_ssize_t vectors):
+    """The AVX-512 forward's vectors of 16 positions per tile, 1-6 (for benchmarks and tests)."""
+    global cd5_xmax
+    if not 1 <= vectors <= 6:
+        raise ValueError("conv_direct: 1 to 6 vectors a tile")
+    cd5_xmax = vectors
 
 
 def supported() -> bool:
     """Whether the kernels run vectorized here: x86-64 built with GCC/Clang, and the CPU has AVX2 and FMA."""
     return bool(cd_supported())
+
+
+def avx512_supported() -> bool:
+    """Whether the AVX-512 variants can run here: supported(), and the CPU (and OS) has AVX-512F."""
+    return bool(cd_avx512_supported())
+
+
+# Which variant forward and backward_weight_oc run: True, the AVX-512 ones (16 lanes) where the CPU has
+# AVX-512F, 0.5-0.66x the AVX2 time on Zen 5 at CIFAR10-quick's shapes (bench/ab_conv_dense.py --modes
+# avx2,avx512; bench/README.md, session 10); False, or CAFFE_CONV_DENSE_AVX512=0 in the environment: the
+# AVX2 ones (benchmarks A/B the two). Both give the same bits: each output's FMAs and each weight diff's
+# sums run in the same order. conv_cpu.dense_rule reads it too (AVX-512 takes wider layers dense).
+AVX512 = avx512_supported() and os.environ.get("CAFFE_CONV_DENSE_AVX512", "1") != "0"
+
+
+cdef bint _avx512() except -1:
+    if AVX512 and not cd_avx512_supported():
+        raise RuntimeError("conv_direct: AVX512 is set but this CPU has no AVX-512F")
+    return bool(AVX512)
 
 
 cdef cd_geom _geometry(Py_ssize_t N, Py_ssize_t C, Py_ssize_t H, Py_ssize_t W, Py_ssize_t Co, Py_ssize_t G,
@@ -491,8 +795,9 @@ def forward(const float[::1] x, const float[::1] packed, const float[::1] bias, 
     cdef const float* bs = &bias[0] if bias is not None else NULL
     cdef float* ys = &y[0]
     cdef int nt = _threads(N * Co * OH * OW * d.cg * kh * kw)
+    cdef bint v512 = _avx512()
     # tasks: (image, group, run of channel blocks); split the blocks when there are few images
-    cdef Py_ssize_t runs = 1, t, n, g, r, per, padn = d.cg * d.Hp * d.Wp
+    cdef Py_ssize_t runs = 1, t, n, g, r, per, padn = cd5_scratch(&d) if v512 else d.cg * d.Hp * d.Wp
     while N * G * runs < 4 * nt and runs < d.nb:
         runs += 1
     per = (d.nb + runs - 1) // runs
@@ -508,7 +813,10 @@ def forward(const float[::1] x, const float[::1] packed, const float[::1] bias, 
                 n = t // (G * runs)
                 g = (t // runs) % G
                 r = t % runs
-                cd_fwd_task(&d, xs, ws, bs, ys, pad, n, g, r * per, min(r * per + per, d.nb))
+                if v512:
+                    cd5_fwd_task(&d, xs, ws, bs, ys, pad, n, g, r * per, min(r * per + per, d.nb))
+                else:
+                    cd_fwd_task(&d, xs, ws, bs, ys, pad, n, g, r * per, min(r * per + per, d.nb))
             free(pad)
 
 
@@ -542,16 +850,18 @@ def backward_weight_oc(const float[::1] x, const float[::1] dy, float[::1] dw,
         raise ValueError("conv_direct: weight diff buffer too small")
     if bias_diff is not None and bias_diff.shape[0] < Co:
         raise ValueError("conv_direct: bias diff buffer too small")
-    cdef Py_ssize_t PX = d.Hp * (W + 2 * pw), P = OH * OW, og8 = 8 * ((d.og + 7) // 8)
-    cdef Py_ssize_t ntl = cd_wo_tiles(&d, NULL), i, j, l, ig, tg
+    cdef int L = 16 if _avx512() else 8  # the lanes: output channels a vector
+    cdef Py_ssize_t PX = d.Hp * (W + 2 * pw), P = OH * OW, ogl = L * ((d.og + L - 1) // L), A = cd_wo_acc(L)
+    cdef Py_ssize_t ntl = cd_wo_tiles(&d, NULL, L), i, j, l, ig, tg
     cdef int nt = _threads(N * Co * OH * OW * d.cg * kh * kw)
     cdef Py_ssize_t want = WO_TASKS_PER_THREAD * nt
-    cdef Py_ssize_t nig = max(1, min(N, WO_IMAGE_GROUPS, WO_GROUP_BYTES // (ntl * 96 * 8)))
+    # the image groups by the AVX2 tiles' bytes whatever L (the same groups: the same bits for either)
+    cdef Py_ssize_t nig = max(1, min(N, WO_IMAGE_GROUPS, WO_GROUP_BYTES // (cd_wo_tiles(&d, NULL, 8) * 96 * 8)))
     cdef Py_ssize_t ntg = max(1, min(ntl, (want + nig - 1) // nig)), ntask = nig * ntg
     cdef Py_ssize_t run = (ntl + ntg - 1) // ntg + 1  # the most tiles a task runs
-    cdef Py_ssize_t scratch = C * PX + G * P * og8 + run * 96 + G * og8
+    cdef Py_ssize_t scratch = C * PX + G * P * ogl + run * A + G * ogl
     cdef cd_wotile* tl = <cd_wotile*>malloc(ntl * sizeof(cd_wotile))
-    cdef double* accd = <double*>calloc(nig * ntl * 96, sizeof(double))
+    cdef double* accd = <double*>calloc(nig * ntl * A, sizeof(double))
     cdef double* bsd = <double*>calloc(nig * Co, sizeof(double))
     cdef const float* xs = &x[0]
     cdef const float* dys = &dy[0]
@@ -561,7 +871,7 @@ def backward_weight_oc(const float[::1] x, const float[::1] dy, float[::1] dw,
     try:
         if tl == NULL or accd == NULL or bsd == NULL:
             raise MemoryError()
-        cd_wo_tiles(&d, tl)
+        cd_wo_tiles(&d, tl, L)
         with nogil, parallel(num_threads=nt):
             buf = <float*>malloc(scratch * sizeof(float))
             if buf == NULL:
@@ -572,13 +882,13 @@ def backward_weight_oc(const float[::1] x, const float[::1] dy, float[::1] dw,
                     ig = i // ntg
                     tg = i % ntg
                     cd_wo_task(&d, xs, dys, tl, N * ig // nig, N * (ig + 1) // nig, ntl * tg // ntg,
-                               ntl * (tg + 1) // ntg, buf, buf + C * PX, buf + C * PX + G * P * og8,
-                               accd + ig * ntl * 96, bsd + ig * Co if bias and tg == 0 else NULL)
+                               ntl * (tg + 1) // ntg, buf, buf + C * PX, buf + C * PX + G * P * ogl,
+                               accd + ig * ntl * A, bsd + ig * Co if bias and tg == 0 else NULL, L)
                 free(buf)
         for ig in range(1, nig):  # the image groups' sums, in order (the same for any schedule)
-            for l in range(ntl * 96):
-                accd[l] += accd[ig * ntl * 96 + l]
-        cd_wo_store(&d, tl, ntl, accd, &dw[0])
+            for l in range(ntl * A):
+                accd[l] += accd[ig * ntl * A + l]
+        cd_wo_store(&d, tl, ntl, accd, &dw[0], L)
         if bias:
             for j in range(Co):
                 s = 0.0
