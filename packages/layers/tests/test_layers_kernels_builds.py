@@ -223,3 +223,34 @@ def test_eltwise_max_backward_builds_agree_bit_for_bit(build, n, dtype, seed, in
     for g, w in zip(res[1], res[0]):
         np.testing.assert_array_equal(g.view(np.uint8), w.view(np.uint8))
     np.testing.assert_array_equal(res[0][1].view(np.uint8), np.where(mask == 1, dy, dtype(0)).view(np.uint8))
+
+
+@pytest.mark.parametrize("build", ["avx2", "avx512"])
+@given(shape=st.sampled_from([(2, 5, 3), (3, 17, 1), (2, 33, 70)]), dtype=DTYPES, seed=SEEDS)
+def test_softmax_special_values_as_the_baseline_build(build, shape, dtype, seed):
+    """NaN, +-inf and spreads past exp's range (x - max below ln(FLT_MIN) and ln(DBL_MIN)) through the SIMD builds'
+    softmax forward, backward and loss: NaN exactly where the baseline build has it, the rest within a few ulps."""
+    if not _cpu.cpu_has_avx2("FMA3"):
+        pytest.skip(f"softmax_{build} is built with FMA: this CPU has none")
+    base, avx = _pair("softmax", build)
+    rng = np.random.default_rng(seed)
+    outer, c, inner = shape
+    x = (rng.standard_normal(outer * c * inner) * 40).astype(dtype)
+    pick = rng.random(x.size) < 0.05
+    x[pick] = rng.choice(np.array([np.nan, np.inf, -np.inf, -800.0, 800.0], dtype), int(pick.sum()))
+    dy = rng.standard_normal(x.size).astype(dtype)
+    lab = rng.integers(0, c, outer * inner).astype(np.int64)
+    val = np.ones(outer * inner, np.uint8)
+    res = []
+    for mod in (base, avx):
+        y, dx, p = np.empty_like(x), np.empty_like(x), np.empty_like(x)
+        with np.errstate(all="ignore"):
+            mod.softmax_forward(x, y, *shape)
+            mod.softmax_backward(y, dy, dx, *shape)
+            loss = mod.softmax_loss_forward(x, p, lab, val, *shape)
+        res.append((y, dx, p, np.array([loss])))
+    r = 4e-6 if dtype == np.float32 else 1e-14
+    for got, want in zip(res[1], res[0]):
+        assert np.array_equal(np.isnan(got), np.isnan(want))
+        ok = ~np.isnan(want)
+        np.testing.assert_allclose(got[ok], want[ok], rtol=r, atol=r)
