@@ -2,12 +2,14 @@
 
 Usage:  python packages/layers/bench/ab_kernels.py OLD_KERNELS_DIR [--repeats 25]
         OMP_NUM_THREADS=1 python packages/layers/bench/ab_kernels.py OLD_KERNELS_DIR   # per-thread CPU time
+        python packages/layers/bench/ab_kernels.py --builds avx2,avx512    # two builds of this checkout
 
 OLD_KERNELS_DIR holds the compiled kernels of another checkout, e.g. a worktree of an older commit
 installed with scripts/install.sh: ../before/packages/layers/src/caffe/layers/kernels. The raw kernels
 (the AVX2 builds of pooling, normalization, softmax, elementwise) run at the ResNet res2 shape
 8x256x56x56 float32 (global AVE pooling: 8x2048x7x7), old and new alternating, median of --repeats,
-beside a np.copyto of the bottom (one read and one write of 25.7 MB); then MAX pooling and LRN at the
+beside a np.copyto of the bottom (one read and one write of 25.7 MB), and the neuron layers that call libm
+(Sigmoid, TanH, ELU, Exp, Log, BNLL, Swish) forward and backward; then MAX pooling and LRN at the
 shapes of CaffeNet, SqueezeNet 1.1 and GoogLeNet (batch 8). Each case first runs both
 builds once on the same inputs and says whether their outputs (and returned value) are the same
 bits. With OMP_NUM_THREADS=1 the figures are the thread's CPU time, far less disturbed by other
@@ -31,7 +33,31 @@ S, PH, PW = H * W, 28, 28
 FLT_MIN = np.float32(np.finfo(np.float32).tiny)
 
 
-def pair(name, old_dir):
+def _base(name):
+    """The family of a kernels module name: elementwise_avx2 -> elementwise."""
+    for suffix in ("_avx2", "_avx512"):
+        if name.endswith(suffix):
+            return name[:-len(suffix)]
+    return name
+
+
+def build_pair(name, builds):
+    """Two builds (base, avx2, avx512) of this checkout's kernel family `name`: (old, new), or None where one is
+    not built."""
+    mods = []
+    for b in builds:
+        try:
+            mods.append(importlib.import_module(f"caffe.layers.kernels.{_base(name)}{'' if b == 'base' else '_' + b}"))
+        except ImportError:
+            return None
+    return tuple(mods)
+
+
+def pair(name, old_dir, builds=None):
+    """(old, new): old_dir's build of the kernels module `name` and this checkout's; with builds (two of base,
+    avx2, avx512), those two builds of this checkout's family instead (None where one is not built)."""
+    if builds:
+        return build_pair(name, builds)
     # This checkout's module first: a Cython module registers itself under its name when it loads, so the
     # old one (from its file, under the same name) must come second.
     new = importlib.import_module(f"caffe.layers.kernels.{name}")
@@ -54,7 +80,7 @@ def same_bits(run, old, new, outs) -> bool:
         ret_old == ret_new or (ret_old != ret_old and ret_new != ret_new))
 
 
-def cases(old_dir):
+def cases(old_dir, builds=None):
     rng = np.random.default_rng(0)
     x = rng.standard_normal(N * C * S).astype(np.float32)
     dy = rng.standard_normal(x.size).astype(np.float32)
@@ -66,15 +92,34 @@ def cases(old_dir):
     g, gy = rng.standard_normal(8 * 2048 * 49).astype(np.float32), np.empty(8 * 2048, np.float32)
     m, v, mask = np.zeros(C), np.zeros(C), np.empty(x.size, np.uint8)
     lab, val = rng.integers(0, C, N * S).astype(np.int64), np.ones(N * S, np.uint8)
-    pool, norm, soft, elt = (pair(n, old_dir) for n in ("pooling_avx2", "normalization_avx2", "softmax_avx2",
-                                                        "elementwise_avx2"))
-    new_norm, new_soft = norm[1], soft[1]
+    pool, norm, soft, elt = (pair(n, old_dir, builds) for n in ("pooling_avx2", "normalization_avx2", "softmax_avx2",
+                                                                 "elementwise_avx2"))
+    # (--builds: families without the two builds, pooling and normalization under avx512, are left out; their
+    # setup runs on the checkout's AVX2 / baseline build)
+    new_norm = norm[1] if norm else importlib.import_module("caffe.layers.kernels.normalization")
+    new_soft = soft[1] if soft else importlib.import_module("caffe.layers.kernels.softmax")
     new_norm.batch_norm_train_forward(x, y, e, m, v, N, C, S, 1e-5)
     mf, inv = m.astype(np.float32), (1 / np.sqrt(v + 1e-5)).astype(np.float32)
     sy, ly = np.empty_like(x), np.empty_like(x)
     new_soft.softmax_forward(x, sy, N, C, S)
     new_norm.lrn_across_forward(x, ly, sc, N, C, S, 5, 1e-4, 1.0, 0.75)
-    pool[1].max_pool_forward(x, yp, mk, N * C, H, W, PH, PW, 3, 3, 2, 2, 0, 0)
+    importlib.import_module("caffe.layers.kernels.pooling").max_pool_forward(x, yp, mk, N * C, H, W, PH, PW, 3, 3,
+                                                                              2, 2, 0, 0)
+    # the neuron layers whose kernels call libm (forward, then backward from the forward's top), x ~ 3 N(0, 1)
+    x3, ny, naux = x * 3, np.empty_like(x), np.empty_like(x)
+    neurons = [("Sigmoid", 1, 0, 0, 0, 0), ("TanH", 2, 0, 0, 0, 0), ("ELU", 3, 1.0, 0, 0, 0),
+               ("Exp", 5, 1.0, 1.0, 0, 0), ("Log", 6, 1.0, 10.0, 1.0, 1.0), ("BNLL", 8, 0, 0, 0, 0),
+               ("Swish", 11, 1.0, 0, 0, 0)]
+    elt_new = elt[1] if elt else importlib.import_module("caffe.layers.kernels.elementwise")
+    neuron_cases = []
+    for nname, op, a, b, c, d in neurons:
+        nyf, nauxf = np.empty_like(x), np.empty_like(x)
+        elt_new.neuron_forward(op, x3, nyf, nauxf if op == 11 else e, e, a, b, c)
+        neuron_cases += [
+            (f"{nname} forward", elt, lambda k, op=op, a=a, b=b, c=c: k.neuron_forward(
+                op, x3, ny, naux if op == 11 else e, e, a, b, c), (ny,) + ((naux,) if op == 11 else ())),
+            (f"{nname} backward", elt, lambda k, op=op, a=a, b=b, c=c, d=d, nyf=nyf, nauxf=nauxf: k.neuron_backward(
+                op, x3, nyf, nauxf if op == 11 else e, dy, dx, a, b, c, d), (dx,))]
 
     def softmax_loss(k):
         # A build whose softmax_loss_forward takes the logits computes the probabilities and the loss at once;
@@ -107,7 +152,7 @@ def cases(old_dir):
         ("Eltwise MAX forward", elt, lambda k: k.eltwise_forward(2, [x, dy], e64, y, emk), (y, emk)),
         ("Eltwise MAX backward", elt, lambda k: k.eltwise_backward(2, [x, dy], [dx, sc], e64, e, dy, emk, False),
          (dx, sc)),
-    ] + net_shape_cases(pool, norm, rng), x, y
+    ] + neuron_cases + net_shape_cases(pool, norm, rng), x, y
 
 
 def _pooled(h, k, s, p):
@@ -125,6 +170,8 @@ NET_LRN = [("CaffeNet norm1", 96, 55), ("CaffeNet norm2", 256, 27), ("GoogLeNet 
 
 def net_shape_cases(pool, norm, rng):
     out = []
+    if not (pool and norm):  # (--builds without those families' builds)
+        return out
     for name, c, h, k, s, p in NET_POOL:
         ph = _pooled(h, k, s, p)
         x = rng.standard_normal(8 * c * h * h).astype(np.float32)
@@ -149,13 +196,20 @@ def net_shape_cases(pool, norm, rng):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("old", help="the other build's caffe/layers/kernels folder")
+    ap.add_argument("old", nargs="?", help="the other build's caffe/layers/kernels folder")
+    ap.add_argument("--builds", default="", help="OLD,NEW: two builds of this checkout instead (base, avx2, avx512: "
+                    "e.g. avx2,avx512); the families without both builds are left out")
     ap.add_argument("--repeats", type=int, default=25)
     ap.add_argument("--only", default="", help="comma-separated substrings of the case names to run")
     args = ap.parse_args(argv)
     one = os.environ.get("OMP_NUM_THREADS") == "1"
     clk = time.thread_time if one else time.perf_counter
-    todo, x, y = cases(args.old)
+    builds = [b.strip() for b in args.builds.split(",")] if args.builds else None
+    if builds is None and not args.old:
+        ap.error("give OLD_KERNELS_DIR or --builds OLD,NEW")
+    if builds is not None and len(builds) != 2:
+        ap.error("--builds takes two builds: OLD,NEW")
+    todo, x, y = cases(args.old, builds)
     print(f"# {time.strftime('%Y-%m-%d %H:%M:%S')}  load avg {' '.join(f'{v:.2f}' for v in os.getloadavg())}  "
           f"OMP_NUM_THREADS {os.environ.get('OMP_NUM_THREADS', 'unset')}  {'thread CPU time' if one else 'wall'} ms, "
           f"median of {args.repeats}")
@@ -166,9 +220,12 @@ def main(argv=None):
         times.append(clk() - t0)
     print(f"  np.copyto of 25.7 MB: {statistics.median(times) * 1e3:.2f} ms")
     only = [w.strip().lower() for w in args.only.split(",") if w.strip()]
-    for name, (old, new), run, outs in todo:
+    for name, mods, run, outs in todo:
         if only and not any(w in name.lower() for w in only):
             continue
+        if mods is None:
+            continue
+        old, new = mods
         same = same_bits(run, old, new, outs)
         got = {old: [], new: []}
         for i in range(args.repeats + 2):

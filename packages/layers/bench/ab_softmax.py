@@ -3,6 +3,7 @@ beside the floors: a copy of the data and bare exp passes over it.
 
 Usage:  python packages/layers/bench/ab_softmax.py OLD_KERNELS_DIR [--repeats 41] [--only resnet,fwd]
         OMP_NUM_THREADS=1 python packages/layers/bench/ab_softmax.py OLD_KERNELS_DIR
+        python packages/layers/bench/ab_softmax.py --builds avx2,avx512   # two builds of this checkout
 
 OLD_KERNELS_DIR holds another build's softmax_avx2 (and softmax) .so, e.g. the kernels folder of an older
 worktree. Cases: Softmax forward / backward and SoftmaxWithLoss forward / backward on the raw kernels at the
@@ -128,14 +129,22 @@ def timed(fn, clocks):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("old", help="the other build's caffe/layers/kernels folder")
+    ap.add_argument("old", nargs="?", help="the other build's caffe/layers/kernels folder")
+    ap.add_argument("--builds", default="", help="OLD,NEW: two builds of this checkout's softmax instead (base, avx2, "
+                    "avx512: e.g. avx2,avx512)")
     ap.add_argument("--repeats", type=int, default=41)
     ap.add_argument("--only", default="", help="comma-separated substrings: a case runs when its name has all")
     ap.add_argument("--layers", action="store_true", help="also the layers' Forward / Backward (bench_memory's "
                     "shapes), old kernels + the old label handling against this checkout")
     args = ap.parse_args(argv)
     from caffe.layers import _cpu
-    old, new = pair(os.path.basename(_cpu.softmax.__name__.split(".")[-1]), args.old)
+    builds = [b.strip() for b in args.builds.split(",")] if args.builds else None
+    if (builds is None and not args.old) or (builds is not None and len(builds) != 2):
+        ap.error("give OLD_KERNELS_DIR or --builds OLD,NEW")
+    mods = pair(_cpu.softmax.__name__.split(".")[-1], args.old, builds)
+    if mods is None:
+        ap.error(f"--builds {args.builds}: not built here")
+    old, new = mods
     clocks = (time.perf_counter, time.process_time)
     print(f"# {time.strftime('%Y-%m-%d %H:%M:%S')}  load avg {' '.join(f'{v:.2f}' for v in os.getloadavg())}  "
           f"OMP_NUM_THREADS {os.environ.get('OMP_NUM_THREADS', 'unset')}  {new.__name__}  ms: wall / process CPU, "

@@ -9,11 +9,16 @@ GPU mode would).
 """
 from __future__ import annotations
 
+import contextlib
+import importlib
+
 import numpy as np
+import pytest
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from caffe.blob import context
+from caffe.layers import _cpu
 from caffe.layers.testing import blobs_from_arrays, empty_tops, make_layer
 
 DTYPES = st.sampled_from([np.float32, np.float64])
@@ -88,3 +93,31 @@ def check_paths(type_name, text, bottoms, top_diffs, dtype, rtol=None, mixed=Tru
         for key in ref:
             assert_close(got[key], ref[key], dtype, rtol, what=f"{type_name} {f}/{b} {key}")
     return ref
+
+
+# The builds of a kernel family (kernels.elementwise, kernels.softmax): the baseline, AVX2, AVX-512 (same sources).
+BUILDS = ["base", "avx2", "avx512"]
+
+
+def build_module(family, build):
+    """The kernels module `family` in `build` (BUILDS), or a skip where this CPU cannot run that build."""
+    if build == "avx512" and not _cpu.cpu_has_avx512():
+        pytest.skip(f"this CPU lacks AVX-512 ({', '.join(_cpu.AVX512_FEATURES)}): {family}_avx512 cannot run here")
+    if build in ("avx2", "avx512") and not (_cpu.cpu_has_avx2() and _cpu.cpu_has_avx2("FMA3")):
+        pytest.skip(f"this CPU lacks AVX2 / FMA: {family}_{build} cannot run here")
+    name = family if build == "base" else f"{family}_{build}"
+    try:
+        return importlib.import_module(f"caffe.layers.kernels.{name}")
+    except ImportError as e:  # pragma: no cover - a source tree without the build
+        pytest.fail(f"kernel build missing: {e}")
+
+
+@contextlib.contextmanager
+def layers_use(family, module):
+    """The layers' CPU paths call `module` for the kernel family (_cpu.elementwise / _cpu.softmax) inside."""
+    old = getattr(_cpu, family)
+    setattr(_cpu, family, module)
+    try:
+        yield module
+    finally:
+        setattr(_cpu, family, old)

@@ -1,7 +1,10 @@
-"""The AVX2 builds of the kernels (elementwise_avx2, softmax_avx2, normalization_avx2, pooling_avx2)
-against the baseline builds: the same source, so the same results up to libm's ulps (bit for bit
-elsewhere)."""
+"""The AVX2 builds of the kernels (elementwise_avx2, softmax_avx2, normalization_avx2, pooling_avx2) and the
+AVX-512 ones (elementwise_avx512, softmax_avx512) against the baseline builds: the same source, so the same
+results up to libm's ulps (bit for bit elsewhere); and which build the layers load."""
 import importlib
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -13,12 +16,14 @@ SEEDS = st.integers(0, 2**31 - 1)
 DTYPES = st.sampled_from([np.float32, np.float64])
 
 
-def _pair(name):
+def _pair(name, build="avx2"):
     if not _cpu.cpu_has_avx2():
         pytest.skip("this CPU has no AVX2: only the baseline builds run here")
+    if build == "avx512" and not _cpu.cpu_has_avx512():
+        pytest.skip(f"this CPU lacks AVX-512 ({', '.join(_cpu.AVX512_FEATURES)}): {name}_avx512 cannot run here")
     try:
         return importlib.import_module(f"caffe.layers.kernels.{name}"), \
-            importlib.import_module(f"caffe.layers.kernels.{name}_avx2")
+            importlib.import_module(f"caffe.layers.kernels.{name}_{build}")
     except ImportError as e:  # pragma: no cover
         pytest.fail(f"kernel build missing: {e}")
 
@@ -40,10 +45,11 @@ OPS = [(0, 0.1, 0, 0, 0, (-2, 2), False), (1, 0, 0, 0, 0, (-8, 8), True), (2, 0,
        (12, 1.5, -0.5, 0, 0, (-2, 2), False)]
 
 
+@pytest.mark.parametrize("build", ["avx2", "avx512"])
 @pytest.mark.parametrize("op, a, b, c, d, bounds, libm", OPS, ids=[str(o[0]) + "-" + str(i) for i, o in enumerate(OPS)])
 @given(n=st.sampled_from([1, 7, 4096, 4103, 40000]), dtype=DTYPES, seed=SEEDS)
-def test_neuron_builds_agree(op, a, b, c, d, bounds, libm, n, dtype, seed):
-    base, avx = _pair("elementwise")
+def test_neuron_builds_agree(build, op, a, b, c, d, bounds, libm, n, dtype, seed):
+    base, avx = _pair("elementwise", build)
     rng = np.random.default_rng(seed)
     x = rng.uniform(*bounds, n).astype(dtype)
     dy = rng.uniform(-1, 1, n).astype(dtype)
@@ -59,11 +65,12 @@ def test_neuron_builds_agree(op, a, b, c, d, bounds, libm, n, dtype, seed):
     _close(outs[1][1], outs[0][1], dtype, not libm)
 
 
+@pytest.mark.parametrize("build", ["avx2", "avx512"])
 @given(shape=st.sampled_from([(3, 7, 5), (2, 1000, 1), (2, 33, 300)]), dtype=DTYPES, seed=SEEDS)
-def test_softmax_builds_agree(shape, dtype, seed):
+def test_softmax_builds_agree(build, shape, dtype, seed):
     if not _cpu.cpu_has_avx2("FMA3"):
-        pytest.skip("softmax_avx2 is built with FMA: this CPU has none")
-    base, avx = _pair("softmax")
+        pytest.skip(f"softmax_{build} is built with FMA: this CPU has none")
+    base, avx = _pair("softmax", build)
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal(shape) * 5).astype(dtype).ravel()
     dy = rng.standard_normal(x.size).astype(dtype)
@@ -124,3 +131,126 @@ def test_pooling_builds_agree_bit_for_bit(hw, k, s, pad, dtype, seed):
         res.append((y, m, dx, ya, dxa))
     for g, e in zip(res[1], res[0]):
         np.testing.assert_array_equal(g, e)
+
+
+@given(shape=st.sampled_from([(3, 7, 5), (2, 1000, 1), (2, 33, 300), (2, 21, 4099), (1, 64, 3 * 1024 + 5)]), seed=SEEDS,
+       stream=st.booleans())
+def test_softmax_avx512_float32_is_the_avx2_bits(shape, seed, stream):
+    """float32 softmax: the AVX-512 build is the AVX2 one 16 lanes wide (the same FMA exp, IEEE divisions, sums
+    over channels per position in the same order), so the probabilities and gradients are the same bits; the
+    loss (libm's logf per position) is summed per piece, and the AVX-512 build's pieces are half as large: the
+    same up to the grouping of a double sum."""
+    avx2, avx512 = _pair("softmax", "avx2")[1], _pair("softmax", "avx512")[1]
+    rng = np.random.default_rng(seed)
+    outer, c, inner = shape
+    x = (rng.standard_normal(outer * c * inner) * 5).astype(np.float32)
+    dy = rng.standard_normal(x.size).astype(np.float32)
+    lab = rng.integers(0, c, outer * inner).astype(np.int64)
+    val = (rng.random(outer * inner) > 0.2).astype(np.uint8)
+    res = []
+    for mod in (avx2, avx512):
+        old = mod._set_stream_min_bytes(0 if stream else 1 << 62)
+        try:
+            y, dx, p = np.empty_like(x), np.empty_like(x), np.empty_like(x)
+            mod.softmax_forward(x, y, *shape)
+            mod.softmax_backward(y, dy, dx, *shape)
+            loss = mod.softmax_loss_forward(x, p, lab, val, *shape)
+        finally:
+            mod._set_stream_min_bytes(*old)
+        res.append((y, dx, p, loss))
+    for g, e in zip(res[1][:3], res[0][:3]):
+        np.testing.assert_array_equal(g, e)
+    assert res[1][3] == pytest.approx(res[0][3], rel=1e-13)
+
+
+def _expected_builds():
+    """What _cpu should have loaded for elementwise / softmax under this process's environment."""
+    if not _cpu.USE_AVX2:
+        return ""
+    return "_avx512" if _cpu.USE_AVX512 else "_avx2"
+
+
+def test_the_layers_load_the_avx512_builds_where_the_cpu_has_avx512():
+    """USE_AVX512 is the CPU check (F, DQ, VL, BW, as NumPy's dispatch sees them) unless switched off, and the
+    layers' kernels are then the AVX-512 builds (elementwise and softmax; the other families have none)."""
+    off = os.environ.get("CAFFE_KERNELS_AVX512", "1") == "0" or os.environ.get("CAFFE_KERNELS_AVX2", "1") == "0"
+    assert _cpu.USE_AVX512 == (_cpu.cpu_has_avx512() and _cpu.cpu_has_avx2() and not off)
+    if not _cpu.cpu_has_avx512():
+        pytest.skip(f"this CPU lacks AVX-512 ({', '.join(_cpu.AVX512_FEATURES)}): the AVX2 builds are loaded")
+    if off:
+        pytest.skip("CAFFE_KERNELS_AVX512=0 / CAFFE_KERNELS_AVX2=0 in this environment")
+    assert _cpu.elementwise.__name__ == "caffe.layers.kernels.elementwise_avx512"
+    assert _cpu.softmax.__name__ == "caffe.layers.kernels.softmax_avx512"
+    assert _cpu.normalization.__name__ == "caffe.layers.kernels.normalization_avx2"
+
+
+@pytest.mark.parametrize("env, suffix", [({"CAFFE_KERNELS_AVX512": "0"}, "_avx2"), ({"CAFFE_KERNELS_AVX2": "0"}, ""),
+                                         ({"CAFFE_KERNELS_AVX512": "1"}, None)])
+def test_the_switches_choose_the_builds(env, suffix):
+    """CAFFE_KERNELS_AVX512=0 keeps the AVX2 builds, CAFFE_KERNELS_AVX2=0 the baseline ones (for AVX-512 too), by
+    default the widest build this CPU runs (a fresh process: the choice is made at import)."""
+    if suffix is None:
+        suffix = "_avx512" if _cpu.cpu_has_avx512() else "_avx2"
+    if suffix and not (_cpu.cpu_has_avx2() and _cpu.cpu_has_avx2("FMA3")):
+        suffix = ""
+    full = {k: v for k, v in os.environ.items() if not k.startswith("CAFFE_KERNELS_")}
+    full.update(env)
+    out = subprocess.run([sys.executable, "-c", "from caffe.layers import _cpu; "
+                          "print(_cpu.elementwise.__name__, _cpu.softmax.__name__)"],
+                         env=full, capture_output=True, text=True, check=True).stdout.split()
+    assert out == [f"caffe.layers.kernels.elementwise{suffix}", f"caffe.layers.kernels.softmax{suffix}"]
+
+
+@pytest.mark.parametrize("build", ["avx2", "avx512"])
+@given(n=st.sampled_from([1, 15, 17, 4096, 4103, 40000]), dtype=DTYPES, seed=SEEDS, in_place=st.booleans())
+def test_eltwise_max_backward_builds_agree_bit_for_bit(build, n, dtype, seed, in_place):
+    """Eltwise MAX backward with two bottoms (the AVX-512 build ANDs dy's bits with the mask's words, the others
+    select): the same bits as the baseline build, NaN and -0 in dy passed where chosen, +0 elsewhere; also with a
+    bottom diff that is the top diff (in place)."""
+    base, avx = _pair("elementwise", build)
+    rng = np.random.default_rng(seed)
+    dy = rng.standard_normal(n).astype(dtype)
+    dy[rng.random(n) < 0.1] = np.nan
+    dy[rng.random(n) < 0.1] = -0.0
+    mask = rng.integers(0, 2, n).astype(np.int32)
+    e, e64 = np.empty(0, dtype), np.empty(0)
+    res = []
+    for mod in (base, avx):
+        d = dy.copy()
+        g0, g1 = (d if in_place else np.full_like(dy, 7)), np.full_like(dy, 7)
+        mod.eltwise_backward(2, [e, e], [g0, g1], e64, e, d, mask, False)
+        res.append((g0.copy(), g1))
+    for g, w in zip(res[1], res[0]):
+        np.testing.assert_array_equal(g.view(np.uint8), w.view(np.uint8))
+    np.testing.assert_array_equal(res[0][1].view(np.uint8), np.where(mask == 1, dy, dtype(0)).view(np.uint8))
+
+
+@pytest.mark.parametrize("build", ["avx2", "avx512"])
+@given(shape=st.sampled_from([(2, 5, 3), (3, 17, 1), (2, 33, 70)]), dtype=DTYPES, seed=SEEDS)
+def test_softmax_special_values_as_the_baseline_build(build, shape, dtype, seed):
+    """NaN, +-inf and spreads past exp's range (x - max below ln(FLT_MIN) and ln(DBL_MIN)) through the SIMD builds'
+    softmax forward, backward and loss: NaN exactly where the baseline build has it, the rest within a few ulps."""
+    if not _cpu.cpu_has_avx2("FMA3"):
+        pytest.skip(f"softmax_{build} is built with FMA: this CPU has none")
+    base, avx = _pair("softmax", build)
+    rng = np.random.default_rng(seed)
+    outer, c, inner = shape
+    x = (rng.standard_normal(outer * c * inner) * 40).astype(dtype)
+    pick = rng.random(x.size) < 0.05
+    x[pick] = rng.choice(np.array([np.nan, np.inf, -np.inf, -800.0, 800.0], dtype), int(pick.sum()))
+    dy = rng.standard_normal(x.size).astype(dtype)
+    lab = rng.integers(0, c, outer * inner).astype(np.int64)
+    val = np.ones(outer * inner, np.uint8)
+    res = []
+    for mod in (base, avx):
+        y, dx, p = np.empty_like(x), np.empty_like(x), np.empty_like(x)
+        with np.errstate(all="ignore"):
+            mod.softmax_forward(x, y, *shape)
+            mod.softmax_backward(y, dy, dx, *shape)
+            loss = mod.softmax_loss_forward(x, p, lab, val, *shape)
+        res.append((y, dx, p, np.array([loss])))
+    r = 4e-6 if dtype == np.float32 else 1e-14
+    for got, want in zip(res[1], res[0]):
+        assert np.array_equal(np.isnan(got), np.isnan(want))
+        ok = ~np.isnan(want)
+        np.testing.assert_allclose(got[ok], want[ok], rtol=r, atol=r)

@@ -11,23 +11,29 @@ from caffe.layers.kernels import softmax
 from caffe.layers.testing import blobs_from_arrays, empty_tops, make_layer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # for the helper module kernels_harness
-from kernels_harness import DTYPES, arrays, assert_close, check_paths, run, shapes  # noqa: E402
+from kernels_harness import (BUILDS, DTYPES, arrays, assert_close, build_module, check_paths, layers_use,  # noqa: E402
+                             run, shapes)
 
 SEEDS = st.integers(0, 2**31 - 1)
 BIG = [(2, 5, 67, 101), (3, 40011), (70, 1000)]
 
 
+@pytest.mark.parametrize("build", BUILDS)
 @given(shape=shapes(big=BIG), dtype=DTYPES, seed=SEEDS, data=st.data(), spread=st.sampled_from([1.0, 40.0]))
-def test_softmax_kernels_match_numpy(shape, dtype, seed, data, spread):
+def test_softmax_kernels_match_numpy(build, shape, dtype, seed, data, spread):
+    """Every build (the AVX2 / AVX-512 ones: float32 exp by the FMA polynomial, within 1 ulp; float64 exp by
+    libmvec, within 4 ulp) against the NumPy reference within the harness's tolerance, forward and backward."""
     axis = data.draw(st.integers(-len(shape), len(shape) - 1))
     x = arrays(seed, shape) * spread  # a wide spread: exp would overflow without the max subtracted
-    ref = check_paths("Softmax", f"softmax_param {{ axis: {axis} }}", [x], [arrays(seed + 1, shape)], dtype)
-    np.testing.assert_allclose(ref["top"][0].sum(axis=axis), 1, rtol=1e-5 if dtype == np.float32 else 1e-12)
+    with layers_use("softmax", build_module("softmax", build)):
+        got = check_paths("Softmax", f"softmax_param {{ axis: {axis} }}", [x], [arrays(seed + 1, shape)], dtype)
+    np.testing.assert_allclose(got["top"][0].sum(axis=axis), 1, rtol=1e-5 if dtype == np.float32 else 1e-12)
 
 
+@pytest.mark.parametrize("build", BUILDS)
 @given(shape=shapes(min_dims=2, big=BIG), dtype=DTYPES, seed=SEEDS, data=st.data(),
        norm=st.sampled_from(["FULL", "VALID", "BATCH_SIZE", "NONE"]), ignore=st.booleans(), two_tops=st.booleans())
-def test_softmax_loss_kernels_match_numpy(shape, dtype, seed, data, norm, ignore, two_tops):
+def test_softmax_loss_kernels_match_numpy(build, shape, dtype, seed, data, norm, ignore, two_tops):
     axis = data.draw(st.integers(1, len(shape) - 1))  # the labels share the first axis
     c = shape[axis]
     labels = np.random.default_rng(seed).integers(0, c, shape[:axis] + shape[axis + 1:]).astype(np.float64)
@@ -38,8 +44,9 @@ def test_softmax_loss_kernels_match_numpy(shape, dtype, seed, data, norm, ignore
     if two_tops:
         text += " loss_weight: 0"
     diffs = [np.array(1.7)] + ([np.zeros(shape)] if two_tops else [])
-    check_paths("SoftmaxWithLoss", text, [arrays(seed, shape) * 5, labels], diffs, dtype,
-                n_top=2 if two_tops else 1, propagate_down=[True, False])
+    with layers_use("softmax", build_module("softmax", build)):
+        check_paths("SoftmaxWithLoss", text, [arrays(seed, shape) * 5, labels], diffs, dtype,
+                    n_top=2 if two_tops else 1, propagate_down=[True, False])
 
 
 @pytest.mark.parametrize("shape", [(2, 64, 2048 + 37), (1, 3, 2 * 43690 + 5)])
@@ -79,15 +86,11 @@ def test_softmax_loss_forward_kernel_clamps_and_keeps_nan(dtype, inner):
         softmax.softmax_loss_forward(x.ravel(), prob, label.ravel(), valid.ravel(), 2, 2, inner)
 
 
-@pytest.mark.parametrize("build", ["softmax", "softmax_avx2"])
+@pytest.mark.parametrize("build", BUILDS)
 def test_softmax_exp_is_within_an_ulp_or_two(build):
-    """The exp the softmax kernels use on x - max <= 0 (the FMA kernel in the AVX2 build, libm's elsewhere):
-    within 3 ulp of exp in float64 down to ln(FLT_MIN), 0 or a denormal below it, exp(0) = 1, NaN kept."""
-    import importlib
-    from caffe.layers import _cpu
-    if build.endswith("avx2") and not (_cpu.cpu_has_avx2() and _cpu.cpu_has_avx2("FMA3")):
-        pytest.skip("this CPU cannot run the AVX2 + FMA build")
-    mod = importlib.import_module(f"caffe.layers.kernels.{build}")
+    """The exp the softmax kernels use on x - max <= 0 (the FMA kernel in the AVX2 and AVX-512 builds, libm's
+    elsewhere): within 3 ulp of exp in float64 down to ln(FLT_MIN), 0 or a denormal below it, exp(0) = 1, NaN kept."""
+    mod = build_module("softmax", build)
     rng = np.random.default_rng(0)
     x = -np.concatenate([np.linspace(0, 100, 200_001), rng.exponential(5, 100_000), [0.0, 1e-30, 87.3, 87.34, np.inf]])
     x = np.concatenate([x, [np.nan]]).astype(np.float32)
@@ -155,11 +158,11 @@ def test_softmax_cpu_path_without_the_kernels(dtype, monkeypatch):
 # with the next piece prefetched), switched on for small shapes by the kernels' test hook -----------------
 
 @contextlib.contextmanager
-def stream_from(nbytes, scratch_nbytes=None):
-    """Both builds' kernels stream outputs of at least nbytes (0: always) and (forward) use the scratch block
-    from scratch_nbytes (default: nbytes) inside the block."""
+def stream_from(nbytes, scratch_nbytes=None, mods=()):
+    """The baseline build's, the layers' and `mods`' kernels stream outputs of at least nbytes (0: always) and
+    (forward) use the scratch block from scratch_nbytes (default: nbytes) inside the block."""
     from caffe.layers import _cpu
-    mods = {m for m in (softmax, _cpu.softmax) if m is not None}
+    mods = {m for m in (softmax, _cpu.softmax, *mods) if m is not None}
     old = {m: m._set_stream_min_bytes(nbytes, scratch_nbytes) for m in mods}
     try:
         yield
@@ -173,10 +176,13 @@ def stream_from(nbytes, scratch_nbytes=None):
 STREAM_SHAPES = [(2, 5, 67, 101), (3, 257, 9, 61), (2, 64, 2048 + 37), (1, 4100, 70), (5, 3, 7)]
 
 
+@pytest.mark.parametrize("build", BUILDS)
 @given(shape=shapes(min_dims=2, big=STREAM_SHAPES), dtype=DTYPES, seed=SEEDS, data=st.data())
-def test_streaming_softmax_matches_numpy_and_the_cached_path(shape, dtype, seed, data):
-    """Forward and backward (also in place: dx = dy) through the streaming code: the NumPy reference within
-    tolerance, and the same bits as the in-cache code on the same inputs."""
+def test_streaming_softmax_matches_numpy_and_the_cached_path(build, shape, dtype, seed, data):
+    """Forward and backward (also in place: dx = dy) through the streaming code of each build (the AVX2 / AVX-512
+    builds' non-temporal vector stores): the NumPy reference within tolerance, and the same bits as the in-cache
+    code on the same inputs."""
+    mod = build_module("softmax", build)
     axis = data.draw(st.integers(-len(shape), len(shape) - 1))
     x, dy = arrays(seed, shape) * 8, arrays(seed + 1, shape)
     a = axis % len(shape)
@@ -184,25 +190,27 @@ def test_streaming_softmax_matches_numpy_and_the_cached_path(shape, dtype, seed,
     xf, dyf = x.astype(dtype).ravel(), dy.astype(dtype).ravel()
     y_s, dx_s, y_c, dx_c, y_n = (np.empty_like(xf) for _ in range(5))
     in_place = dyf.copy()
-    with stream_from(0):
+    with layers_use("softmax", mod), stream_from(0, mods=[mod]):
         check_paths("Softmax", f"softmax_param {{ axis: {axis} }}", [x], [dy], dtype, mixed=False)
-        softmax.softmax_forward(xf, y_s, outer, c, inner)
-        softmax.softmax_backward(y_s, dyf, dx_s, outer, c, inner)
-        softmax.softmax_backward(y_s, in_place, in_place, outer, c, inner)
-    with stream_from(1 << 62):
-        softmax.softmax_forward(xf, y_c, outer, c, inner)
-        softmax.softmax_backward(y_c, dyf, dx_c, outer, c, inner)
-    with stream_from(1 << 62, 0):  # the scratch block with normal stores
-        softmax.softmax_forward(xf, y_n, outer, c, inner)
+        mod.softmax_forward(xf, y_s, outer, c, inner)
+        mod.softmax_backward(y_s, dyf, dx_s, outer, c, inner)
+        mod.softmax_backward(y_s, in_place, in_place, outer, c, inner)
+    with stream_from(1 << 62, mods=[mod]):
+        mod.softmax_forward(xf, y_c, outer, c, inner)
+        mod.softmax_backward(y_c, dyf, dx_c, outer, c, inner)
+    with stream_from(1 << 62, 0, mods=[mod]):  # the scratch block with normal stores
+        mod.softmax_forward(xf, y_n, outer, c, inner)
     np.testing.assert_array_equal(y_n, y_c)
     np.testing.assert_array_equal(y_s, y_c)
     np.testing.assert_array_equal(dx_s, dx_c)
     np.testing.assert_array_equal(in_place, dx_c)
 
 
+@pytest.mark.parametrize("build", BUILDS)
 @given(shape=shapes(min_dims=2, big=STREAM_SHAPES), dtype=DTYPES, seed=SEEDS, data=st.data(),
        norm=st.sampled_from(["FULL", "VALID", "BATCH_SIZE", "NONE"]), ignore=st.sampled_from([None, 0, 2, -1]))
-def test_streaming_softmax_loss_matches_numpy(shape, dtype, seed, data, norm, ignore):
+def test_streaming_softmax_loss_matches_numpy(build, shape, dtype, seed, data, norm, ignore):
+    mod = build_module("softmax", build)
     axis = data.draw(st.integers(1, len(shape) - 1))
     c = shape[axis]
     rng = np.random.default_rng(seed)
@@ -211,7 +219,7 @@ def test_streaming_softmax_loss_matches_numpy(shape, dtype, seed, data, norm, ig
     if ignore is not None:
         labels.flat[rng.integers(0, labels.size, max(1, labels.size // 4))] = ignore
         text += f"ignore_label: {ignore} "
-    with stream_from(0):
+    with layers_use("softmax", mod), stream_from(0, mods=[mod]):
         check_paths("SoftmaxWithLoss", text + "} loss_weight: 1", [arrays(seed, shape) * 5, labels],
                     [np.array(0.7)], dtype, mixed=False, propagate_down=[True, False])
 

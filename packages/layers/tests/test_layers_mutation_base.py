@@ -651,6 +651,19 @@ def test_kernel_loader_prefers_the_avx2_build_and_falls_back():
     assert _cpu._load("no_such_kernels", avx2=True) is None
 
 
+def test_kernel_loader_prefers_the_avx512_build_and_falls_back():
+    """_load takes name_avx512 when asked and built, else name_avx2 (when asked), else the baseline build; the
+    AVX-512 probe asks NumPy for every subset the builds are compiled for."""
+    from caffe.layers import _cpu
+    base = "caffe.layers.kernels."
+    assert _cpu._load("elementwise", avx2=True, avx512=True).__name__ == base + "elementwise_avx512"
+    assert _cpu._load("softmax", avx2=False, avx512=True).__name__ == base + "softmax_avx512"
+    assert _cpu._load("normalization", avx2=True, avx512=True).__name__ == base + "normalization_avx2"  # none
+    assert _cpu._load("normalization", avx2=False, avx512=True).__name__ == base + "normalization"
+    assert _cpu._load("elementwise", avx2=True, avx512=False).__name__ == base + "elementwise_avx2"
+    assert _cpu.cpu_has_avx512() == all(_cpu.cpu_has_avx2(f) for f in ("AVX512F", "AVX512DQ", "AVX512VL", "AVX512BW"))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not context.gpu_available(), reason="needs a usable CUDA GPU (CuPy)")
 def test_gpu_forward_returns_the_loss_as_a_deferred_device_scalar():

@@ -32,13 +32,26 @@ def cpu_has_avx2(feature="AVX2") -> bool:
     return bool(__cpu_features__.get(feature))
 
 
+# The AVX-512 subsets the *_avx512 builds are compiled for (GCC target avx512f,avx512dq,avx512vl,avx512bw).
+AVX512_FEATURES = ("AVX512F", "AVX512DQ", "AVX512VL", "AVX512BW")
+
+
+def cpu_has_avx512() -> bool:
+    """Whether this CPU (and OS: the zmm state saved) runs the *_avx512 builds, as NumPy's dispatch sees it."""
+    return all(cpu_has_avx2(f) for f in AVX512_FEATURES)
+
+
 # CAFFE_KERNELS_AVX2=0 keeps the baseline (SSE2) builds of the kernels whose loops call libm (exp, tanh,
 # log, pow, sqrt); by default they come in the AVX2 build where the CPU has it (see elementwise_avx2.pyx).
 USE_AVX2 = os.environ.get("CAFFE_KERNELS_AVX2", "1") != "0" and cpu_has_avx2()
+# CAFFE_KERNELS_AVX512=0 keeps the AVX2 builds where the CPU has AVX-512 (elementwise and softmax: libmvec's
+# 16-wide exp/tanh/log, see elementwise_avx512.pyx); CAFFE_KERNELS_AVX2=0 keeps the baseline ones for both.
+USE_AVX512 = USE_AVX2 and os.environ.get("CAFFE_KERNELS_AVX512", "1") != "0" and cpu_has_avx512()
 
 
-def _load(name, avx2=USE_AVX2):
-    for candidate in ((f"{name}_avx2", name) if avx2 else (name,)):
+def _load(name, avx2=USE_AVX2, avx512=False):
+    """The first of name_avx512 (when avx512), name_avx2 (when avx2), name that is built; None if none is."""
+    for candidate in ([f"{name}_avx512"] if avx512 else []) + ([f"{name}_avx2"] if avx2 else []) + [name]:
         try:
             return importlib.import_module(f"caffe.layers.kernels.{candidate}")
         except ImportError:  # not built (a source tree without the build): the NumPy paths serve
@@ -46,8 +59,10 @@ def _load(name, avx2=USE_AVX2):
     return None
 
 
-elementwise, normalization = _load("elementwise"), _load("normalization")
-softmax = _load("softmax", avx2=USE_AVX2 and cpu_has_avx2("FMA3"))  # softmax_avx2 is built with FMA too
+elementwise = _load("elementwise", avx512=USE_AVX512)
+normalization = _load("normalization")
+# softmax_avx2 is built with FMA too (AVX-512 CPUs all have FMA)
+softmax = _load("softmax", avx2=USE_AVX2 and cpu_has_avx2("FMA3"), avx512=USE_AVX512 and cpu_has_avx2("FMA3"))
 channelwise = _load("channelwise", avx2=False)  # memory-bound already: one build
 
 # The neuron operations of kernels.elementwise (its Neuron enum; a test checks they agree).

@@ -159,13 +159,20 @@ def exp_nonpositive(const real[::1] x, real[::1] y):
     for i in range(x.shape[0]):
         y[i] = _sexp(x[i])
 
+# Elements (positions x channels) per work item. 131072 (512 KB of float32 x; its y beside it in L2 and L3), not
+# 32768 (128 KB): with 256 channels the shorter pieces read each channel row in runs of 512 bytes, and two threads
+# then ran slower than one (13.0 against 9.0 ms at 8x256x56x56); these took 0.60-0.80x the time forward and 0.76x
+# backward (session 8, Zen 3: 512 KB of L2 a core; bench in bench/README.md). 524288 measured the same within
+# noise. A build may define CAFFE_SOFTMAX_PIECE before this (softmax_avx512: 65536, for 1 MB of L2).
+cdef extern from *:
+    """
+    #ifndef CAFFE_SOFTMAX_PIECE
+    #define CAFFE_SOFTMAX_PIECE 131072
+    #endif
+    """
+    const Py_ssize_t PIECE "CAFFE_SOFTMAX_PIECE"
+
 cdef enum:
-    # elements (positions x channels) per work item. 131072 (512 KB of float32 x; its y beside it in L2 and
-    # L3), not 32768 (128 KB): with 256 channels the shorter pieces read each channel row in runs of 512
-    # bytes, and two threads then ran slower than one (13.0 against 9.0 ms at 8x256x56x56); these took
-    # 0.60-0.80x the time forward and 0.76x backward (session 8, bench in bench/README.md). 524288 measured
-    # the same within noise.
-    PIECE = 131072
     # Pieces per work item: a thread takes RUN consecutive pieces and prefetches each next piece's x while the
     # current one's exp runs (the max pass then reads from cache, not main memory)
     RUN = 4
