@@ -279,12 +279,132 @@ cdef extern from *:
                           const int* c2, float* yr, int* mr, int pw, int r0, int r1, int r2, int s, int p0) nogil
 
 
+# AVX-512 blocks of sixteen outputs for float32 (pooling_avx512's build): the AVX2 blocks above sixteen lanes
+# wide, the same scans (strictly greater, -FLT_MAX start, taps in order), so the same bits. The stride-2 taps
+# come out of two loads by one two-source permute each (AVX2 needed a shuffle and a cross-lane permute per tap,
+# then put the lanes back in order), and a compare writes a mask register that selects the maximum and the
+# index (AVX2: a compare and two blends). Rows with 8..15 outputs keep the 8-wide blocks.
+cdef extern from *:
+    """
+    #if defined(__AVX512F__)
+    #include <immintrin.h>
+    #include <float.h>
+    #define CAFFE_POOL_AVX512 1
+    static inline void caffe_pool_take16(__m512 v, __m512i at, __m512* m, __m512i* idx) {
+        __mmask16 g = _mm512_cmp_ps_mask(v, *m, _CMP_GT_OQ);
+        *m = _mm512_mask_mov_ps(*m, g, v);
+        *idx = _mm512_mask_mov_epi32(*idx, g, at);
+    }
+    /* src[2i] and src[2i + 1], i < 16, from src[0..31] */
+    static inline void caffe_pool_s2_taps16(const float* src, __m512* t0, __m512* t1) {
+        __m512 a = _mm512_loadu_ps(src), b = _mm512_loadu_ps(src + 16);
+        *t0 = _mm512_permutex2var_ps(a, _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), b);
+        *t1 = _mm512_permutex2var_ps(a, _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31), b);
+    }
+    /* windows 0..15 of a 3-wide, stride-2 row: taps src[2i], src[2i + 1], src[2i + 2] (reads src[0..32]) */
+    static inline void caffe_pool_k3s2_taps16(const float* src, __m512* t0, __m512* t1, __m512* t2) {
+        caffe_pool_s2_taps16(src, t0, t1);
+        /* t0 moved down one lane, src[32] into the top one */
+        *t2 = _mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(_mm512_set1_ps(src[32])),
+                                                      _mm512_castps_si512(*t0), 1));
+    }
+    static inline void caffe_pool_h_k3s2_f16(const float* src, float* hm, int* hc) {
+        __m512 t0, t1, t2, m = _mm512_set1_ps(-FLT_MAX);
+        __m512i c = _mm512_set1_epi32(-1);
+        caffe_pool_k3s2_taps16(src, &t0, &t1, &t2);
+        caffe_pool_take16(t0, _mm512_setzero_si512(), &m, &c);
+        caffe_pool_take16(t1, _mm512_set1_epi32(1), &m, &c);
+        caffe_pool_take16(t2, _mm512_set1_epi32(2), &m, &c);
+        _mm512_storeu_ps(hm, m);
+        _mm512_storeu_si512((void*)hc, c);
+    }
+    static inline void caffe_poolv_h_k3s2_f16(const float* src, float* hm) {
+        __m512 t0, t1, t2;
+        caffe_pool_k3s2_taps16(src, &t0, &t1, &t2);
+        __m512 m = _mm512_max_ps(t0, _mm512_set1_ps(-FLT_MAX));
+        m = _mm512_max_ps(t1, m);
+        _mm512_storeu_ps(hm, _mm512_max_ps(t2, m));
+    }
+    static inline void caffe_pool_v3_f16(const float* h0, const float* h1, const float* h2, const int* c0,
+                                         const int* c1, const int* c2, float* yr, int* mr, int pw, int r0,
+                                         int r1, int r2, int s, int p0) {
+        __m512i w = _mm512_add_epi32(_mm512_set1_epi32(s * pw - p0),
+                                     _mm512_mullo_epi32(_mm512_set1_epi32(s),
+                                                        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)));
+        __m512i t = _mm512_loadu_si512((const void*)(c0 + pw));
+        __m512i idx = _mm512_mask_mov_epi32(_mm512_set1_epi32(-1),
+                                            _mm512_cmpgt_epi32_mask(t, _mm512_set1_epi32(-1)),
+                                            _mm512_add_epi32(_mm512_add_epi32(w, _mm512_set1_epi32(r0)), t));
+        __m512 m = _mm512_loadu_ps(h0 + pw);
+        caffe_pool_take16(_mm512_loadu_ps(h1 + pw),
+                          _mm512_add_epi32(_mm512_add_epi32(w, _mm512_set1_epi32(r1)),
+                                           _mm512_loadu_si512((const void*)(c1 + pw))), &m, &idx);
+        caffe_pool_take16(_mm512_loadu_ps(h2 + pw),
+                          _mm512_add_epi32(_mm512_add_epi32(w, _mm512_set1_epi32(r2)),
+                                           _mm512_loadu_si512((const void*)(c2 + pw))), &m, &idx);
+        _mm512_storeu_ps(yr + pw, m);
+        _mm512_storeu_si512((void*)(mr + pw), idx);
+    }
+    /* outputs 0..15 of a 2x2 / stride 2 output row (reads r0[0..31], r1[0..31]), argmax top + {0, 1, W, W + 1} */
+    static inline void caffe_pool_2x2_f16(const float* r0, const float* r1, float* y, int* mask, int top0,
+                                          int W) {
+        __m512 t0, t1, t2, t3, m = _mm512_set1_ps(-FLT_MAX);
+        __m512i top = _mm512_add_epi32(_mm512_set1_epi32(top0),
+                                       _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30));
+        __m512i idx = _mm512_set1_epi32(-1);
+        caffe_pool_s2_taps16(r0, &t0, &t1);
+        caffe_pool_s2_taps16(r1, &t2, &t3);
+        caffe_pool_take16(t0, top, &m, &idx);
+        caffe_pool_take16(t1, _mm512_add_epi32(top, _mm512_set1_epi32(1)), &m, &idx);
+        caffe_pool_take16(t2, _mm512_add_epi32(top, _mm512_set1_epi32(W)), &m, &idx);
+        caffe_pool_take16(t3, _mm512_add_epi32(top, _mm512_set1_epi32(W + 1)), &m, &idx);
+        _mm512_storeu_ps(y, m);
+        _mm512_storeu_si512((void*)mask, idx);
+    }
+    static inline void caffe_poolv_2x2_f16(const float* r0, const float* r1, float* y) {
+        __m512 t0, t1, t2, t3;
+        caffe_pool_s2_taps16(r0, &t0, &t1);
+        caffe_pool_s2_taps16(r1, &t2, &t3);
+        __m512 m = _mm512_max_ps(t0, _mm512_set1_ps(-FLT_MAX));
+        m = _mm512_max_ps(t1, m);
+        m = _mm512_max_ps(t2, m);
+        _mm512_storeu_ps(y, _mm512_max_ps(t3, m));
+    }
+    #else
+    #define CAFFE_POOL_AVX512 0
+    static inline void caffe_pool_h_k3s2_f16(const float* src, float* hm, int* hc) {}
+    static inline void caffe_poolv_h_k3s2_f16(const float* src, float* hm) {}
+    static inline void caffe_pool_v3_f16(const float* h0, const float* h1, const float* h2, const int* c0,
+                                         const int* c1, const int* c2, float* yr, int* mr, int pw, int r0,
+                                         int r1, int r2, int s, int p0) {}
+    static inline void caffe_pool_2x2_f16(const float* r0, const float* r1, float* y, int* mask, int top0,
+                                          int W) {}
+    static inline void caffe_poolv_2x2_f16(const float* r0, const float* r1, float* y) {}
+    #endif
+    """
+    bint CAFFE_POOL_AVX512
+    void caffe_pool_h_k3s2_f16(const float* src, float* hm, int* hc) nogil
+    void caffe_poolv_h_k3s2_f16(const float* src, float* hm) nogil
+    void caffe_pool_v3_f16(const float* h0, const float* h1, const float* h2, const int* c0, const int* c1,
+                           const int* c2, float* yr, int* mr, int pw, int r0, int r1, int r2, int s, int p0) nogil
+    void caffe_pool_2x2_f16(const float* r0, const float* r1, float* y, int* mask, int top0, int W) nogil
+    void caffe_poolv_2x2_f16(const float* r0, const float* r1, float* y) nogil
+
+
 cdef inline void _max_hrow_k3s2(const real* src, real* hm, int* hc, Py_ssize_t lo,
                                 Py_ssize_t hi) noexcept nogil:
     cdef Py_ssize_t pw
     cdef real m, v
     cdef int c
     if real is float:
+        if CAFFE_POOL_AVX512 and hi - lo >= 16:
+            pw = lo
+            while pw + 16 <= hi:
+                caffe_pool_h_k3s2_f16(src + 2 * pw, hm + pw, hc + pw)
+                pw += 16
+            if pw < hi:
+                caffe_pool_h_k3s2_f16(src + 2 * (hi - 16), hm + hi - 16, hc + hi - 16)
+            return
         if CAFFE_POOL_AVX2 and hi - lo >= 8:
             pw = lo
             while pw + 8 <= hi:
@@ -346,6 +466,14 @@ cdef inline void _maxv_hrow(const real* src, real* hm, Py_ssize_t lo, Py_ssize_t
     cdef real m, v
     if kw == 3 and sw == 2:
         if real is float:
+            if CAFFE_POOL_AVX512 and hi - lo >= 16:
+                pw = lo
+                while pw + 16 <= hi:
+                    caffe_poolv_h_k3s2_f16(src + 2 * pw, hm + pw)
+                    pw += 16
+                if pw < hi:
+                    caffe_poolv_h_k3s2_f16(src + 2 * (hi - 16), hm + hi - 16)
+                return
             if CAFFE_POOL_AVX2 and hi - lo >= 8:
                 pw = lo
                 while pw + 8 <= hi:
@@ -505,6 +633,14 @@ cdef inline void _max_vrows(const real* hm, const int* hc, real* yr, int* mr, Py
         h2 = h1 + PW
         c2 = c1 + PW
         if real is float:
+            if CAFFE_POOL_AVX512 and n >= 16:
+                pw = 0
+                while pw + 16 <= n:
+                    caffe_pool_v3_f16(h0, h1, h2, c0, c1, c2, yr, mr, pw, r0, r1, r2, s, p0)
+                    pw += 16
+                if pw < n:
+                    caffe_pool_v3_f16(h0, h1, h2, c0, c1, c2, yr, mr, n - 16, r0, r1, r2, s, p0)
+                return
             if CAFFE_POOL_AVX2 and n >= 8:
                 pw = 0
                 while pw + 8 <= n:
@@ -688,6 +824,17 @@ cdef inline void _max_plane_2x2(const real* x, real* y, int* mask, Py_ssize_t W,
         r0 = x + 2 * ph * W
         r1 = r0 + W
         if real is float:
+            if CAFFE_POOL_AVX512 and PW >= 16:  # blocks of sixteen; the last one ends at the row's last output
+                pw = 0
+                while pw + 16 <= PW:
+                    caffe_pool_2x2_f16(r0 + 2 * pw, r1 + 2 * pw, y + ph * PW + pw, mask + ph * PW + pw,
+                                       <int>(2 * ph * W + 2 * pw), <int>W)
+                    pw += 16
+                if pw < PW:
+                    pw = PW - 16
+                    caffe_pool_2x2_f16(r0 + 2 * pw, r1 + 2 * pw, y + ph * PW + pw, mask + ph * PW + pw,
+                                       <int>(2 * ph * W + 2 * pw), <int>W)
+                continue
             if CAFFE_POOL_AVX2 and PW >= 8:  # blocks of eight; the last one ends at the row's last output
                 pw = 0
                 while pw + 8 <= PW:
@@ -733,6 +880,15 @@ cdef inline void _maxv_plane_2x2(const real* x, real* y, Py_ssize_t W, Py_ssize_
         r0 = x + 2 * ph * W
         r1 = r0 + W
         if real is float:
+            if CAFFE_POOL_AVX512 and PW >= 16:
+                pw = 0
+                while pw + 16 <= PW:
+                    caffe_poolv_2x2_f16(r0 + 2 * pw, r1 + 2 * pw, y + ph * PW + pw)
+                    pw += 16
+                if pw < PW:
+                    pw = PW - 16
+                    caffe_poolv_2x2_f16(r0 + 2 * pw, r1 + 2 * pw, y + ph * PW + pw)
+                continue
             if CAFFE_POOL_AVX2 and PW >= 8:
                 pw = 0
                 while pw + 8 <= PW:
