@@ -553,10 +553,40 @@ cdef inline void _hrow_edge(const real* xr, real* hr, int* cr, Py_ssize_t W, Py_
         _maxv_hrow_edge(xr, hr, W, pw, kw, sw, pad_w)
 
 
+# The next plane's lines are asked for (into L2) while the vertical pass works on this plane's row maxima, which
+# are in cache: without it the memory bus idles through that pass (the horizontal one reads the plane at full
+# speed, then nothing is read until the next plane starts). Only a hint: the results do not depend on it.
+cdef extern from *:
+    """
+    #if defined(__GNUC__)
+    #define caffe_pool_prefetch(p) __builtin_prefetch((p), 0, 2)
+    #else
+    #define caffe_pool_prefetch(p) ((void)(p))
+    #endif
+    """
+    void caffe_pool_prefetch(const char* p) nogil
+
+cdef enum:
+    PREFETCH_CHUNK = 4  # MAX pooling planes per grab (at least): the plane after this one is the same thread's
+    # planes at least this big (bytes) are prefetched: smaller ones come many to a grab, one contiguous run the
+    # hardware prefetcher follows (27x27: 0.9-0.96x with the hints, 55x55 1.0, 56x56 1.17, 112x112 1.15-1.27)
+    PREFETCH_MIN_BYTES = 8192
+
+
+cdef inline void _prefetch_part(const char* nxt, Py_ssize_t nbytes, Py_ssize_t part, Py_ssize_t parts) noexcept nogil:
+    """Part `part` of `parts` of the 64-byte lines of nxt[0..nbytes)."""
+    cdef Py_ssize_t lines = (nbytes + 63) // 64, per = (lines + parts - 1) // parts, l, end
+    end = (part + 1) * per
+    if end > lines:
+        end = lines
+    for l in range(part * per, end):
+        caffe_pool_prefetch(nxt + 64 * l)
+
+
 cdef inline void _max_plane_sep(const real* x, real* y, int* mask, real* hm, int* hc,
                                 Py_ssize_t H, Py_ssize_t W, Py_ssize_t PH, Py_ssize_t PW,
                                 Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
-                                Py_ssize_t pad_h, Py_ssize_t pad_w) noexcept nogil:
+                                Py_ssize_t pad_h, Py_ssize_t pad_w, const real* nxt) noexcept nogil:
     cdef Py_ssize_t h, ph, pw, lo, hi, hs, he
     cdef const real* xr
     cdef real* hr
@@ -599,6 +629,8 @@ cdef inline void _max_plane_sep(const real* x, real* y, int* mask, real* hm, int
             for pw in range(hi, PW):
                 _hrow_edge(xr, hr, cr, W, pw, kw, sw, pad_w)
     for ph in range(PH):
+        if nxt != NULL:
+            _prefetch_part(<const char*>nxt, H * W * sizeof(real), ph, PH)
         hs = ph * sh - pad_h
         he = hs + kh
         if he > H:
@@ -933,6 +965,7 @@ def max_pool_forward(const real[::1] x, real[::1] y, int[::1] mask, Py_ssize_t p
                            and 2 * PH == H and 2 * PW == W)
     cdef real* hm
     cdef int* hc
+    cdef const real* nxt
     if whole_2x2:
         with nogil:
             for p in prange(planes, schedule="dynamic", chunksize=g, num_threads=nt):
@@ -941,6 +974,9 @@ def max_pool_forward(const real[::1] x, real[::1] y, int[::1] mask, Py_ssize_t p
                 else:
                     _maxv_plane_2x2(xp + p * H * W, yp + p * PH * PW, W, PH, PW)
         return
+    cdef bint prefetch = H * W * sizeof(real) >= PREFETCH_MIN_BYTES
+    if prefetch and g < PREFETCH_CHUNK:
+        g = PREFETCH_CHUNK
     with nogil, parallel(num_threads=nt):
         # per thread: the plane's row maxima and their columns
         hm = <real*>malloc(H * PW * sizeof(real) + H * PW * sizeof(int) + 64)
@@ -949,13 +985,16 @@ def max_pool_forward(const real[::1] x, real[::1] y, int[::1] mask, Py_ssize_t p
                 raise MemoryError()
         else:
             hc = <int*>(hm + H * PW)
+            # dynamic chunks are consecutive planes from a multiple of g: plane p + 1 is this thread's next
+            # unless p ends its chunk
             for p in prange(planes, schedule="dynamic", chunksize=g):
+                nxt = xp + (p + 1) * H * W if prefetch and (p + 1) % g != 0 and p + 1 < planes else NULL
                 if mp != NULL:
                     _max_plane_sep(xp + p * H * W, yp + p * PH * PW, mp + p * PH * PW, hm, hc, H, W, PH, PW,
-                                   kh, kw, sh, sw, pad_h, pad_w)
+                                   kh, kw, sh, sw, pad_h, pad_w, nxt)
                 else:  # the values alone (hc, mask NULL)
                     _max_plane_sep(xp + p * H * W, yp + p * PH * PW, NULL, hm, NULL, H, W, PH, PW,
-                                   kh, kw, sh, sw, pad_h, pad_w)
+                                   kh, kw, sh, sw, pad_h, pad_w, nxt)
             free(hm)
 
 
