@@ -156,6 +156,7 @@ def test_max_pooling_kernel_first_maximum_in_every_window_position(dtype):
 # whole-window 2x2/2 rows (where H and W are even); ties and -inf / -FLT_MAX / NaN as in the property
 # above. Every width is checked on every run. The AVX-512 build's blocks of sixteen (pooling_avx512): rows of
 # 8 to 35 windows (8-15: its 8-wide blocks; 16-35: every remainder of a 16-block, rows of one and two blocks).
+# The values-alone forward (its horizontal blocks and its vertical blocks of 8 / 16) against the masked one.
 @pytest.mark.parametrize("build", ["avx2", "avx512"])
 @pytest.mark.parametrize("k, s, p", [(3, 2, 0), (3, 2, 1), (3, 1, 1), (2, 2, 0)])
 @pytest.mark.parametrize("specials", [False, True])
@@ -164,8 +165,14 @@ def test_max_pooling_eight_output_blocks_every_remainder(build, k, s, p, special
     for i, w in enumerate(widths):
         x = _values(100 + w, (1, 2, 19 + i % 3, w), specials)
         text = f"pooling_param {{ pool: MAX kernel_size: {k} stride: {s} pad: {p} }}"
-        with _build(build):
+        with _build(build) as mod:
             tops_k, dx_k = _run(text, x, None, np.float32, True, n_top=2)
+            # the values alone (a TEST-phase forward: its own horizontal and vertical blocks): the same bits
+            (n, c, h, _), (ph, pw) = x.shape, tops_k[0].shape[2:]
+            y_values = np.full(n * c * ph * pw, 7, np.float32)
+            mod.max_pool_forward(x.astype(np.float32).reshape(-1), y_values, None, n * c, h, w, ph, pw, k, k, s, s,
+                                 p, p)
+            np.testing.assert_array_equal(_bits(y_values), _bits(tops_k[0].reshape(-1)), err_msg=f"width {w}")
         tops_n, dx_n = _run(text, x, None, np.float32, False, n_top=2)
         np.testing.assert_array_equal(tops_k[0], tops_n[0], err_msg=f"width {w}")
         np.testing.assert_array_equal(tops_k[1], tops_n[1], err_msg=f"width {w}")

@@ -258,8 +258,24 @@ cdef extern from *:
         /* the lanes came out in the shuffles' order (0 1 4 5 2 3 6 7): one permute puts them back */
         _mm256_storeu_ps(y, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(m), _MM_SHUFFLE(3, 1, 2, 0))));
     }
+    /* caffe_poolv_vrows_f16 (below) eight wide, for the AVX2 build (PW >= 8) */
+    static inline void caffe_poolv_vrows_f8(const float* h0, Py_ssize_t rows, Py_ssize_t PW, float* yr) {
+        Py_ssize_t pw = 0, r;
+        for (;;) {
+            if (pw + 8 > PW)
+                pw = PW - 8;
+            __m256 m = _mm256_loadu_ps(h0 + pw);
+            for (r = 1; r < rows; r++)
+                m = _mm256_max_ps(_mm256_loadu_ps(h0 + r * PW + pw), m);
+            _mm256_storeu_ps(yr + pw, m);
+            if (pw + 8 >= PW)
+                break;
+            pw += 8;
+        }
+    }
     #else
     #define CAFFE_POOL_AVX2 0
+    static inline void caffe_poolv_vrows_f8(const float* h0, Py_ssize_t rows, Py_ssize_t PW, float* yr) {}
     static inline void caffe_pool_2x2_f8(const float* r0, const float* r1, float* y, int* mask, int top0,
                                          int W) {}
     static inline void caffe_pool_h_k3s2_f8(const float* src, float* hm, int* hc) {}
@@ -274,6 +290,7 @@ cdef extern from *:
     void caffe_pool_h_k3s2_f8(const float* src, float* hm, int* hc) nogil
     void caffe_poolv_h_k3s2_f8(const float* src, float* hm) nogil
     void caffe_poolv_2x2_f8(const float* r0, const float* r1, float* y) nogil
+    void caffe_poolv_vrows_f8(const float* h0, Py_ssize_t rows, Py_ssize_t PW, float* yr) nogil
     void caffe_pool_2x2_f8(const float* r0, const float* r1, float* y, int* mask, int top0, int W) nogil
     void caffe_pool_v3_f8(const float* h0, const float* h1, const float* h2, const int* c0, const int* c1,
                           const int* c2, float* yr, int* mr, int pw, int r0, int r1, int r2, int s, int p0) nogil
@@ -370,8 +387,26 @@ cdef extern from *:
         m = _mm512_max_ps(t2, m);
         _mm512_storeu_ps(y, _mm512_max_ps(t3, m));
     }
+    /* the values alone, one output row: the maximum over `rows` rows of row maxima (stride PW) of v > m ? v : m
+       (MAXPS), rows in order; blocks of sixteen, the last one ending at the row's end (PW >= 16). Spelled out:
+       the compiler's 16-wide loop spent longer in its remainder than in the blocks at the nets' widths */
+    static inline void caffe_poolv_vrows_f16(const float* h0, Py_ssize_t rows, Py_ssize_t PW, float* yr) {
+        Py_ssize_t pw = 0, r;
+        for (;;) {
+            if (pw + 16 > PW)
+                pw = PW - 16;
+            __m512 m = _mm512_loadu_ps(h0 + pw);
+            for (r = 1; r < rows; r++)
+                m = _mm512_max_ps(_mm512_loadu_ps(h0 + r * PW + pw), m);
+            _mm512_storeu_ps(yr + pw, m);
+            if (pw + 16 >= PW)
+                break;
+            pw += 16;
+        }
+    }
     #else
     #define CAFFE_POOL_AVX512 0
+    static inline void caffe_poolv_vrows_f16(const float* h0, Py_ssize_t rows, Py_ssize_t PW, float* yr) {}
     static inline void caffe_pool_h_k3s2_f16(const float* src, float* hm, int* hc) {}
     static inline void caffe_poolv_h_k3s2_f16(const float* src, float* hm) {}
     static inline void caffe_pool_v3_f16(const float* h0, const float* h1, const float* h2, const int* c0,
@@ -389,6 +424,7 @@ cdef extern from *:
                            const int* c2, float* yr, int* mr, int pw, int r0, int r1, int r2, int s, int p0) nogil
     void caffe_pool_2x2_f16(const float* r0, const float* r1, float* y, int* mask, int top0, int W) nogil
     void caffe_poolv_2x2_f16(const float* r0, const float* r1, float* y) nogil
+    void caffe_poolv_vrows_f16(const float* h0, Py_ssize_t rows, Py_ssize_t PW, float* yr) nogil
 
 
 cdef inline void _max_hrow_k3s2(const real* src, real* hm, int* hc, Py_ssize_t lo,
@@ -535,6 +571,13 @@ cdef inline void _maxv_vrows(const real* hm, real* yr, Py_ssize_t hs, Py_ssize_t
             yr[pw] = -FLT_MAX
         return
     h0 = hm + hs * PW
+    if real is float:
+        if CAFFE_POOL_AVX512 and PW >= 16:
+            caffe_poolv_vrows_f16(h0, he - hs, PW, yr)
+            return
+        if CAFFE_POOL_AVX2 and PW >= 8:
+            caffe_poolv_vrows_f8(h0, he - hs, PW, yr)
+            return
     for pw in range(PW):
         yr[pw] = h0[pw]
     for h in range(hs + 1, he):  # contiguous rows, no branch: vectorizes (MAXPS)
