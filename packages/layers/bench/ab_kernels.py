@@ -152,6 +152,11 @@ def cases(old_dir, builds=None):
         ("Eltwise MAX forward", elt, lambda k: k.eltwise_forward(2, [x, dy], e64, y, emk), (y, emk)),
         ("Eltwise MAX backward", elt, lambda k: k.eltwise_backward(2, [x, dy], [dx, sc], e64, e, dy, emk, False),
          (dx, sc)),
+        ("Eltwise SUM forward", elt, lambda k: k.eltwise_forward(1, [x, dy], np.ones(2), y, emk[:0]), (y,)),
+        ("Eltwise SUM backward", elt, lambda k: k.eltwise_backward(1, [x, dy], [dx, sc], np.ones(2), e, dy, emk[:0],
+                                                                   False), (dx, sc)),
+        ("Eltwise PROD backward", elt, lambda k: k.eltwise_backward(0, [x, dy], [dx, sc], e64, e, dy, emk[:0], True),
+         (dx, sc)),
     ] + neuron_cases + channelwise_cases(old_dir, builds, rng) + net_shape_cases(pool, norm, rng), x, y
 
 
