@@ -274,7 +274,7 @@ def _channelwise_reference(op, x, dy, s, b, outer, dim, inner):
     elif op == 1:  # PRELU: the float product dy * min(x, 0), summed in double
         y = np.where(x3 > 0, x3, s3 * x3)
         dx = dy3 * np.where(x3 <= 0, s3, np.ones_like(s3))
-        sum_dyx = (dy3 * np.minimum(x3, 0)).astype(np.float64).sum(axis=(0, 2))
+        sum_dyx = (dy3 * np.where(x3 < 0, x3, 0)).astype(np.float64).sum(axis=(0, 2))  # (NaN x: +0)
     else:  # SHIFT
         y = (x3 - b3) * s3
         dx = dy3 * s3
@@ -305,7 +305,9 @@ def test_channelwise_builds_match_numpy_and_each_other(build, outer, dim, inner,
     rng = np.random.default_rng(seed)
     n = outer * dim * inner
     x = rng.uniform(-2, 2, n).astype(dtype)
-    x[rng.random(n) < 0.05] = 0.0
+    x[rng.random(n) < 0.05] = -0.0
+    if op == 1:  # PReLU's selects: a NaN x is not below 0 (+0 in the sum, dx = dy); its top stays NaN
+        x[rng.random(n) < 0.05] = np.nan
     dy = rng.uniform(-2, 2, n).astype(dtype)
     s = rng.uniform(-1.5, 1.5, dim).astype(dtype) if scale else None
     b = rng.uniform(-1.5, 1.5, dim).astype(dtype) if bias else None
@@ -325,7 +327,8 @@ def test_channelwise_builds_match_numpy_and_each_other(build, outer, dim, inner,
         m.channel_backward(1 if op == 1 else 0, dx if in_place else dy, x if op != 2 else e,
                            s if scale else e, dx, sum_dyx, sum_dy, outer, dim, inner)
         np.testing.assert_array_equal(dx, dx_ref)
-        mag = (np.abs(dy.astype(np.float64)) * (np.abs(x) + 1)).reshape(outer, dim, inner).sum(axis=(0, 2))
+        mag = (np.abs(dy.astype(np.float64)) * (np.nan_to_num(np.abs(x)) + 1)).reshape(outer, dim, inner).sum(
+            axis=(0, 2))
         if op != 2:
             np.testing.assert_allclose(sum_dyx, dyx_ref, rtol=0, atol=1e-12 * mag.max())
         if op == 0:

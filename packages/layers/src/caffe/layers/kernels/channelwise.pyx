@@ -160,8 +160,50 @@ cdef extern from *:
         __builtin_memcpy(al, &a, sizeof a);
         __builtin_memcpy(bl, &b, sizeof b);
     }
+    /* PReLU backward in one pass: a (8 double lanes) sums the float (double) product dy * min(x, +0), lane j
+       taking i + j in order as the baseline loops do; dx = dy * (x <= 0 ? s : 1). The selects are bit masks
+       (a NaN x: +0 for the sum, 1 for dx, as the loops' selects). */
+    typedef int caffe_cw_v8i __attribute__((vector_size(32)));
+    typedef long long caffe_cw_v8l __attribute__((vector_size(64)));
+    static inline void caffe_cw_prelu_f(const float* dy, const float* x, float* dx, ptrdiff_t n8, float sv,
+                                        double* al) {
+        caffe_cw_v8d a;
+        caffe_cw_v8f d, v, z = {0}, one = z + 1.0f, s = z + sv;
+        __builtin_memcpy(&a, al, sizeof a);
+        for (ptrdiff_t i = 0; i < n8; i += 8) {
+            __builtin_memcpy(&d, dy + i, sizeof d);
+            __builtin_memcpy(&v, x + i, sizeof v);
+            caffe_cw_v8i neg = v < z, le = v <= z;
+            caffe_cw_v8f mn = (caffe_cw_v8f)((caffe_cw_v8i)v & neg);
+            a += __builtin_convertvector(d * mn, caffe_cw_v8d);
+            caffe_cw_v8f f = (caffe_cw_v8f)(((caffe_cw_v8i)s & le) | ((caffe_cw_v8i)one & ~le));
+            d = d * f;
+            __builtin_memcpy(dx + i, &d, sizeof d);
+        }
+        __builtin_memcpy(al, &a, sizeof a);
+    }
+    static inline void caffe_cw_prelu_d(const double* dy, const double* x, double* dx, ptrdiff_t n8, double sv,
+                                        double* al) {
+        caffe_cw_v8d a, d, v, z = {0}, one = z + 1.0, s = z + sv;
+        __builtin_memcpy(&a, al, sizeof a);
+        for (ptrdiff_t i = 0; i < n8; i += 8) {
+            __builtin_memcpy(&d, dy + i, sizeof d);
+            __builtin_memcpy(&v, x + i, sizeof v);
+            caffe_cw_v8l neg = v < z, le = v <= z;
+            caffe_cw_v8d mn = (caffe_cw_v8d)((caffe_cw_v8l)v & neg);
+            a += d * mn;
+            caffe_cw_v8d f = (caffe_cw_v8d)(((caffe_cw_v8l)s & le) | ((caffe_cw_v8l)one & ~le));
+            d = d * f;
+            __builtin_memcpy(dx + i, &d, sizeof d);
+        }
+        __builtin_memcpy(al, &a, sizeof a);
+    }
     #else
     #define CAFFE_CW_VECTOR_SUMS 0
+    static inline void caffe_cw_prelu_f(const float* dy, const float* x, float* dx, ptrdiff_t n8, float sv,
+                                        double* al) {}
+    static inline void caffe_cw_prelu_d(const double* dy, const double* x, double* dx, ptrdiff_t n8, double sv,
+                                        double* al) {}
     static inline void caffe_cw_sums_f(const float* dy, const float* x, float* dx, ptrdiff_t n8, float sv,
                                        double* al, double* bl) {}
     static inline void caffe_cw_sums_d(const double* dy, const double* x, double* dx, ptrdiff_t n8, double sv,
@@ -169,6 +211,8 @@ cdef extern from *:
     #endif
     """
     bint CAFFE_CW_VECTOR_SUMS
+    void caffe_cw_prelu_f(const float* dy, const float* x, float* dx, Py_ssize_t n8, float sv, double* al) nogil
+    void caffe_cw_prelu_d(const double* dy, const double* x, double* dx, Py_ssize_t n8, double sv, double* al) nogil
     void caffe_cw_sums_f(const float* dy, const float* x, float* dx, Py_ssize_t n8, float sv, double* al,
                          double* bl) nogil
     void caffe_cw_sums_d(const double* dy, const double* x, double* dx, Py_ssize_t n8, double sv, double* al,
@@ -190,7 +234,17 @@ cdef void _bwd_item(int op, const real* dy, const real* x, real* dx, Py_ssize_t 
     for j in range(LANES):
         al[j] = 0
         bl[j] = 0
-    if op == PRELU:  # sum over x <= 0 of dy * x = sum of dy * min(x, 0); then dx, from cache
+    if op == PRELU and CAFFE_CW_VECTOR_SUMS and sum_dyx != NULL and dx != NULL:
+        if real is float:
+            caffe_cw_prelu_f(dy, x, dx, n8, sv, al)
+        else:
+            caffe_cw_prelu_d(dy, x, dx, n8, sv, al)
+        for i in range(n8, n):
+            v = x[i]
+            d = dy[i]
+            al[0] += d * (v if v < z else z)
+            dx[i] = d * (sv if v <= 0 else 1)
+    elif op == PRELU:  # sum over x <= 0 of dy * x = sum of dy * min(x, 0); then dx, from cache
         if sum_dyx != NULL:  # (a select of dx in the same loop keeps the compiler from vectorizing it)
             for i in range(0, n8, 8):  # LANES
                 for j in range(LANES):
