@@ -154,7 +154,45 @@ def cases(old_dir, builds=None):
         ("Eltwise MAX forward", elt, lambda k: k.eltwise_forward(2, [x, dy], e64, y, emk), (y, emk)),
         ("Eltwise MAX backward", elt, lambda k: k.eltwise_backward(2, [x, dy], [dx, sc], e64, e, dy, emk, False),
          (dx, sc)),
-    ] + neuron_cases + net_shape_cases(pool, norm, rng), x, y
+        ("Eltwise SUM forward", elt, lambda k: k.eltwise_forward(1, [x, dy], np.ones(2), y, emk[:0]), (y,)),
+        ("Eltwise SUM backward", elt, lambda k: k.eltwise_backward(1, [x, dy], [dx, sc], np.ones(2), e, dy, emk[:0],
+                                                                   False), (dx, sc)),
+        ("Eltwise PROD backward", elt, lambda k: k.eltwise_backward(0, [x, dy], [dx, sc], e64, e, dy, emk[:0], True),
+         (dx, sc)),
+    ] + neuron_cases + channelwise_cases(old_dir, builds, rng) + net_shape_cases(pool, norm, rng), x, y
+
+
+def channelwise_cases(old_dir, builds, rng):
+    """Scale+bias, Bias, PReLU, BatchNorm global (kernels.channelwise) forward and backward at the ResNet res2 and
+    the MobileNet 8x64x112x112 shapes (the same 25.7 MB; 3136 and 12544 positions per channel)."""
+    cw = pair("channelwise", old_dir, builds) if builds is None or "base" in builds or "avx512" in builds else None
+    if cw is None:
+        return []
+    out = []
+    e, e64 = np.empty(0, np.float32), np.empty(0)
+    for sname, (n, c, s) in (("resnet", (N, C, S)), ("mobilenet", (8, 64, 112 * 112))):
+        x = rng.standard_normal(n * c * s).astype(np.float32)
+        dy = rng.standard_normal(x.size).astype(np.float32)
+        y, dx = np.empty_like(x), np.empty_like(x)
+        sc, b = rng.standard_normal(c).astype(np.float32), rng.standard_normal(c).astype(np.float32)
+        ds, db = np.empty(c), np.empty(c)
+        out += [
+            (f"Scale+bias forward {sname}", cw, lambda k, x=x, sc=sc, b=b, y=y, n=n, c=c, s=s:
+             k.channel_forward(0, x, sc, b, y, e, n, c, s), (y,)),
+            (f"Scale+bias backward {sname}", cw, lambda k, dy=dy, x=x, sc=sc, dx=dx, ds=ds, db=db, n=n, c=c, s=s:
+             k.channel_backward(0, dy, x, sc, dx, ds, db, n, c, s), (dx, ds, db)),
+            (f"Bias backward {sname}", cw, lambda k, dy=dy, db=db, n=n, c=c, s=s:
+             k.channel_backward(0, dy, e, e, e, e64, db, n, c, s), (db,)),
+            (f"BatchNorm global forward {sname}", cw, lambda k, x=x, sc=sc, b=b, y=y, n=n, c=c, s=s:
+             k.channel_forward(2, x, sc, b, y, e, n, c, s), (y,)),
+            (f"BatchNorm global backward {sname}", cw, lambda k, dy=dy, sc=sc, dx=dx, n=n, c=c, s=s:
+             k.channel_backward(0, dy, e, sc, dx, e64, e64, n, c, s), (dx,)),
+            (f"PReLU forward {sname}", cw, lambda k, x=x, sc=sc, y=y, n=n, c=c, s=s:
+             k.channel_forward(1, x, sc, e, y, e, n, c, s), (y,)),
+            (f"PReLU backward {sname}", cw, lambda k, dy=dy, x=x, sc=sc, dx=dx, ds=ds, n=n, c=c, s=s:
+             k.channel_backward(1, dy, x, sc, dx, ds, e64, n, c, s), (dx, ds)),
+        ]
+    return out
 
 
 def _pooled(h, k, s, p):

@@ -1,7 +1,8 @@
 """The memory-bound layers against the machine's memory bandwidth (run through bench_layers.py --memory).
 
 For each shape a np.copyto of an array of the layer's bottom size gives the bandwidth B
-(bytes read + bytes written per second; the copy runs on one core, as NumPy does). Each
+(bytes read + bytes written per second; the copy runs on one core, as NumPy does; sampled before
+every case, B is the median of all the shape's samples, printed with their spread). Each
 layer's "ideal" time is one read of its inputs and one write of its outputs at B:
 
   forward   read every bottom, write every top          (Split writes nothing: its tops share)
@@ -129,8 +130,8 @@ def _ratio(ms, ideal):
     return f"{ms / ideal:5.2f}" if ideal > 0 and ms == ms else f"{'-':>5s}"
 
 
-def copy_bandwidth(nbytes, repeats):
-    """Bytes read + written per second by np.copyto of an nbytes float32 array (median)."""
+def copy_times(nbytes, repeats):
+    """Seconds of each of `repeats` np.copyto of an nbytes float32 array (after one untimed)."""
     src = np.random.default_rng(0).standard_normal(nbytes // 4, dtype=np.float32)
     dst = np.empty_like(src)
     np.copyto(dst, src)
@@ -139,7 +140,12 @@ def copy_bandwidth(nbytes, repeats):
         t0 = time.perf_counter()
         np.copyto(dst, src)
         times.append(time.perf_counter() - t0)
-    return 2 * src.nbytes / statistics.median(times)
+    return times
+
+
+def copy_bandwidth(nbytes, repeats):
+    """Bytes read + written per second by np.copyto of an nbytes float32 array (median)."""
+    return 2 * (nbytes // 4 * 4) / statistics.median(copy_times(nbytes, repeats))
 
 
 class Instance:
@@ -262,18 +268,19 @@ def run(shape_names, only, repeats, warmup, compare_xp, malloc_default=False, fl
     for sname in shape_names:
         base = SHAPES[sname]
         nbytes = int(np.prod(base)) * 4
-        bw = copy_bandwidth(nbytes, max(repeats, 10))
-        bw_big = copy_bandwidth(256 << 20, 5)
-        print(f"\n{sname} {'x'.join(map(str, base))} float32 ({nbytes / 1e6:.1f} MB): np.copyto bandwidth "
-              f"{bw / 1e9:.1f} GB/s at this size, {bw_big / 1e9:.1f} GB/s at 256 MB (read + write bytes / s)")
+        # The copy is sampled before every case and the ideal takes the median of all samples: one burst of
+        # copies at the start measured anywhere from 22 to 50 GB/s on a shared VM (a 25.7 MB blob partly stays
+        # in a 32 MB L3 between repetitions), and every ratio of the shape moved with it.
+        copies = copy_times(nbytes, max(repeats, 10))
+        rows = []
         head = (f"  {'case':26s} {'bottom':>17s} {'ideal f':>8s} {'fwd':>7s} {'x':>5s} {'x+st':>5s} {'ideal b':>8s} "
                 f"{'bwd':>7s} {'x':>5s}")
         if floor:
             head += f" | {'floor f':>7s} {'x fl':>5s} {'floor b':>7s} {'x fl':>5s}"
         if compare_xp:
             head += f" | {'xp fwd':>7s} {'x':>5s} {'xp bwd':>7s} {'x':>5s}"
-        print(head)
         for case in cases:
+            copies += copy_times(nbytes, 5)
             shape = case.shape(base) if case.shape else base
             inst = Instance(case, shape, rng)
             ref = Instance(case, shape, rng) if compare_xp else None
@@ -285,18 +292,27 @@ def run(shape_names, only, repeats, warmup, compare_xp, malloc_default=False, fl
                     cpu.append(a)
                     if b:
                         xp.append(b)
-            fb, bb = inst.traffic()
+            rows.append((case, shape, inst.traffic(), inst.state_bytes(), cpu, xp,
+                         floor_times(case, shape, rng, repeats) if floor else None))
+            del inst, ref
+        moved = 2 * (nbytes // 4 * 4)
+        ts = sorted(copies)
+        bw, hi, lo = moved / statistics.median(ts), moved / ts[len(ts) // 10], moved / ts[-1 - len(ts) // 10]
+        bw_big = copy_bandwidth(256 << 20, 5)
+        print(f"\n{sname} {'x'.join(map(str, base))} float32 ({nbytes / 1e6:.1f} MB): np.copyto bandwidth "
+              f"{bw / 1e9:.1f} GB/s at this size (median of {len(copies)} copies through the run; 10th-90th "
+              f"percentile {hi / 1e9:.1f}-{lo / 1e9:.1f}), {bw_big / 1e9:.1f} GB/s at 256 MB (read + write bytes / s)")
+        print(head)
+        for case, shape, (fb, bb), st, cpu, xp, floors in rows:
             ideal_f, ideal_b = fb / bw * 1e3, bb / bw * 1e3
             f, b = _median_ms([t[0] for t in cpu]), _median_ms([t[1] for t in cpu])
-            st = inst.state_bytes()
             with_state = _ratio(f, (fb + st) / bw * 1e3) if st else f"{'':>5s}"
             line = (f"  {case.name:26s} {'x'.join(map(str, shape)):>17s} {ideal_f:8.2f} {f:7.2f} {_ratio(f, ideal_f)} "
                     f"{with_state} {ideal_b:8.2f} {b:7.2f} {_ratio(b, ideal_b)}")
             if floor:
-                ff, fbk = floor_times(case, shape, rng, repeats)
+                ff, fbk = floors
                 line += f" | {ff:7.2f} {_ratio(f, max(ff, ideal_f))} {fbk:7.2f} {_ratio(b, max(fbk, ideal_b))}"
             if compare_xp:
                 xf, xb = _median_ms([t[0] for t in xp]), _median_ms([t[1] for t in xp])
                 line += f" | {xf:7.2f} {_ratio(xf, ideal_f)} {xb:7.2f} {_ratio(xb, ideal_b)}"
             print(line, flush=True)
-            del inst, ref

@@ -205,7 +205,7 @@ def _expected_builds():
 
 def test_the_layers_load_the_avx512_builds_where_the_cpu_has_avx512():
     """USE_AVX512 is the CPU check (F, DQ, VL, BW, as NumPy's dispatch sees them) unless switched off, and the
-    layers' kernels are then the AVX-512 builds (elementwise, softmax, normalization, pooling)."""
+    layers' kernels are then the AVX-512 builds (elementwise, softmax, normalization, pooling, channelwise)."""
     off = os.environ.get("CAFFE_KERNELS_AVX512", "1") == "0" or os.environ.get("CAFFE_KERNELS_AVX2", "1") == "0"
     assert _cpu.USE_AVX512 == (_cpu.cpu_has_avx512() and _cpu.cpu_has_avx2() and not off)
     if not _cpu.cpu_has_avx512():
@@ -217,6 +217,7 @@ def test_the_layers_load_the_avx512_builds_where_the_cpu_has_avx512():
     assert _cpu.normalization.__name__ == "caffe.layers.kernels.normalization_avx512"
     from caffe.layers import pooling
     assert pooling._k.__name__ == "caffe.layers.kernels.pooling_avx512"
+    assert _cpu.channelwise.__name__ == "caffe.layers.kernels.channelwise_avx512"
 
 
 @pytest.mark.parametrize("env, suffix", [({"CAFFE_KERNELS_AVX512": "0"}, "_avx2"), ({"CAFFE_KERNELS_AVX2": "0"}, ""),
@@ -231,9 +232,11 @@ def test_the_switches_choose_the_builds(env, suffix):
     full = {k: v for k, v in os.environ.items() if not k.startswith("CAFFE_KERNELS_")}
     full.update(env)
     out = subprocess.run([sys.executable, "-c", "from caffe.layers import _cpu; "
-                          "print(_cpu.elementwise.__name__, _cpu.softmax.__name__)"],
+                          "print(_cpu.elementwise.__name__, _cpu.softmax.__name__, _cpu.channelwise.__name__)"],
                          env=full, capture_output=True, text=True, check=True).stdout.split()
-    assert out == [f"caffe.layers.kernels.elementwise{suffix}", f"caffe.layers.kernels.softmax{suffix}"]
+    # (channelwise has no AVX2 build: the baseline one unless AVX-512)
+    assert out == [f"caffe.layers.kernels.elementwise{suffix}", f"caffe.layers.kernels.softmax{suffix}",
+                   f"caffe.layers.kernels.channelwise{'_avx512' if suffix == '_avx512' else ''}"]
 
 
 @pytest.mark.parametrize("build", ["avx2", "avx512"])
@@ -305,3 +308,110 @@ def test_the_switches_choose_the_normalization_and_pooling_builds(env, suffix):
                           "print(_cpu.normalization.__name__, pooling._k.__name__)"],
                          env=full, capture_output=True, text=True, check=True).stdout.split()
     assert out == [f"caffe.layers.kernels.normalization{suffix}", f"caffe.layers.kernels.pooling{suffix}"]
+
+
+def _channelwise_reference(op, x, dy, s, b, outer, dim, inner):
+    """kernels.channelwise in NumPy: the outputs in the kernel's order of operations (so exactly its bits), the
+    per-channel sums in float64 (the kernel's 8-lane order differs: compared within a tolerance)."""
+    shp = (outer, dim, inner)
+    x3, dy3 = x.reshape(shp), dy.reshape(shp)
+    s3 = s.reshape(1, dim, 1) if s is not None else None
+    b3 = b.reshape(1, dim, 1) if b is not None else None
+    if op == 0:  # AFFINE
+        y = x3 * s3 if s is not None else x3
+        y = y + b3 if b is not None else y
+        dx = dy3 * s3 if s is not None else dy3.copy()
+        sum_dyx = (dy3.astype(np.float64) * x3).sum(axis=(0, 2))
+    elif op == 1:  # PRELU: the float product dy * min(x, 0), summed in double
+        y = np.where(x3 > 0, x3, s3 * x3)
+        dx = dy3 * np.where(x3 <= 0, s3, np.ones_like(s3))
+        sum_dyx = (dy3 * np.where(x3 < 0, x3, 0)).astype(np.float64).sum(axis=(0, 2))  # (NaN x: +0)
+    else:  # SHIFT
+        y = (x3 - b3) * s3
+        dx = dy3 * s3
+        sum_dyx = None
+    return y.ravel(), dx.ravel(), sum_dyx, dy3.astype(np.float64).sum(axis=(0, 2))
+
+
+@pytest.mark.parametrize("build", ["base", "avx512"])
+@given(outer=st.integers(1, 3), dim=st.integers(1, 5), inner=st.sampled_from([1, 7, 8, 9, 23, 64, 16390]),
+       op=st.sampled_from([0, 1, 2]), scale=st.booleans(), bias=st.booleans(), in_place=st.booleans(),
+       dtype=DTYPES, seed=SEEDS)
+def test_channelwise_builds_match_numpy_and_each_other(build, outer, dim, inner, op, scale, bias, in_place, dtype,
+                                                       seed):
+    """kernels.channelwise (forward and backward: Scale, Bias, PReLU, BatchNorm global) in the baseline and the
+    AVX-512 build (backward sums as 8-wide GCC vectors) against NumPy: the outputs bit for bit (the same operations,
+    no FMA), the per-channel sums in double within 1e-12 of the sum of the magnitudes (a different order than
+    NumPy's); and the AVX-512 build's sums the baseline build's bits (the same 8 lanes in the same order). Inner
+    sizes around the 8 lanes and past the 16384-element piece; in place (top is bottom, bottom diff is top diff)."""
+    if build == "avx512" and not _cpu.cpu_has_avx512():
+        pytest.skip(f"this CPU lacks AVX-512 ({', '.join(_cpu.AVX512_FEATURES)}): channelwise_avx512 cannot run here")
+    base = importlib.import_module("caffe.layers.kernels.channelwise")
+    mod = importlib.import_module(f"caffe.layers.kernels.channelwise{'' if build == 'base' else '_' + build}")
+    if op != 0:
+        scale = True
+        bias = bias or op == 2
+    if op == 2:
+        bias = True
+    rng = np.random.default_rng(seed)
+    n = outer * dim * inner
+    x = rng.uniform(-2, 2, n).astype(dtype)
+    x[rng.random(n) < 0.05] = -0.0
+    if op == 1:  # PReLU's selects: a NaN x is not below 0 (+0 in the sum, dx = dy); its top stays NaN
+        x[rng.random(n) < 0.05] = np.nan
+    dy = rng.uniform(-2, 2, n).astype(dtype)
+    s = rng.uniform(-1.5, 1.5, dim).astype(dtype) if scale else None
+    b = rng.uniform(-1.5, 1.5, dim).astype(dtype) if bias else None
+    e, e64 = np.empty(0, dtype), np.empty(0)
+    y_ref, dx_ref, dyx_ref, dy_ref = _channelwise_reference(op, x, dy, s, b, outer, dim, inner)
+    got = []
+    for m in (base, mod):
+        y = x.copy() if in_place else np.empty_like(x)
+        save = np.empty_like(x) if in_place else e
+        m.channel_forward(op, y if in_place else x, s if scale else e, b if bias else e, y, save, outer, dim, inner)
+        np.testing.assert_array_equal(y, y_ref)
+        if in_place:
+            np.testing.assert_array_equal(save, x)
+        dx = dy.copy() if in_place else np.empty_like(dy)
+        sum_dyx = np.full(dim, np.nan) if op != 2 else e64
+        sum_dy = np.full(dim, np.nan) if op == 0 else e64
+        m.channel_backward(1 if op == 1 else 0, dx if in_place else dy, x if op != 2 else e,
+                           s if scale else e, dx, sum_dyx, sum_dy, outer, dim, inner)
+        np.testing.assert_array_equal(dx, dx_ref)
+        mag = (np.abs(dy.astype(np.float64)) * (np.nan_to_num(np.abs(x)) + 1)).reshape(outer, dim, inner).sum(
+            axis=(0, 2))
+        if op != 2:
+            np.testing.assert_allclose(sum_dyx, dyx_ref, rtol=0, atol=1e-12 * mag.max())
+        if op == 0:
+            np.testing.assert_allclose(sum_dy, dy_ref, rtol=0, atol=1e-12 * mag.max())
+        got.append((sum_dyx, sum_dy))
+    for a, c in zip(got[0], got[1]):
+        np.testing.assert_array_equal(a, c)
+
+
+@pytest.mark.parametrize("build", ["avx2", "avx512"])
+@given(n=st.sampled_from([1, 15, 17, 4096, 4103, 40000]), dtype=DTYPES, seed=SEEDS, in_place=st.sampled_from([0, 1, 2]),
+       op=st.sampled_from([0, 1]))
+def test_eltwise_sum_prod_backward_builds_agree_bit_for_bit(build, n, dtype, seed, in_place, op):
+    """Eltwise SUM (coefficients) and stable PROD backward with two bottoms (one vector pass in the AVX2 / AVX-512
+    builds): the baseline build's bits and NumPy's (c_i dy; the other bottom times dy), NaN and -0 included; also
+    with bottom diff 0 or 1 being the top diff (in place), on sizes around the 16- and 8-wide vectors and pieces."""
+    base, avx = _pair("elementwise", build)
+    rng = np.random.default_rng(seed)
+    x0, x1, dy = (rng.standard_normal(n).astype(dtype) for _ in range(3))
+    dy[rng.random(n) < 0.05] = np.nan
+    dy[rng.random(n) < 0.05] = -0.0
+    coeff = np.array([0.5, -1.7]) if op == 1 else np.empty(0)
+    want = ((dtype(0.5) * dy, dtype(-1.7) * dy) if op == 1 else (x1 * dy, x0 * dy))
+    e = np.empty(0, dtype)
+    res = []
+    for mod in (base, avx):
+        d = dy.copy()
+        g = [np.full_like(dy, 7), np.full_like(dy, 7)]
+        if in_place:
+            g[in_place - 1] = d
+        mod.eltwise_backward(op, [x0, x1] if op == 0 else [e, e], g, coeff, e, d, np.empty(0, np.int32), True)
+        res.append([a.copy() for a in g])
+    for got in res:
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g.view(np.uint8), w.view(np.uint8))

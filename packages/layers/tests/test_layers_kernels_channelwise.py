@@ -14,7 +14,11 @@ from caffe.layers.testing import blobs_from_arrays, empty_tops, make_layer
 from caffe.proto import caffe_pb2
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # for the helper module kernels_harness
-from kernels_harness import DTYPES, arrays, check_paths, run, shapes  # noqa: E402
+from kernels_harness import DTYPES, arrays, build_module, check_paths, layers_use, run, shapes  # noqa: E402
+
+# The builds of kernels.channelwise: the baseline and the AVX-512 one (no AVX2 build; the AVX-512 cases skip, with
+# the reason, on a CPU without it). The layers' NumPy paths are the reference for both.
+CW_BUILDS = ["base", "avx512"]
 
 SEEDS = st.integers(0, 2**31 - 1)
 
@@ -29,46 +33,54 @@ def _fill_params(seed):
     return setup
 
 
+@pytest.mark.parametrize("build", CW_BUILDS)
 @given(shape=shapes(min_dims=2), dtype=DTYPES, seed=SEEDS, bias=st.booleans(), in_place=st.booleans(),
        data=st.data())
-def test_scale_kernels_match_numpy(shape, dtype, seed, bias, in_place, data):
-    axis = data.draw(st.integers(0, len(shape) - 1))
-    num_axes = data.draw(st.integers(-1, len(shape) - axis))
-    text = f"scale_param {{ axis: {axis} num_axes: {num_axes} bias_term: {str(bias).lower()} }}"
-    x, dy = arrays(seed, shape), arrays(seed + 1, shape)
-    check_paths("Scale", text, [x], [dy], dtype, in_place=in_place, setup=_fill_params(seed))
+def test_scale_kernels_match_numpy(build, shape, dtype, seed, bias, in_place, data):
+    with layers_use("channelwise", build_module("channelwise", build)):
+        axis = data.draw(st.integers(0, len(shape) - 1))
+        num_axes = data.draw(st.integers(-1, len(shape) - axis))
+        text = f"scale_param {{ axis: {axis} num_axes: {num_axes} bias_term: {str(bias).lower()} }}"
+        x, dy = arrays(seed, shape), arrays(seed + 1, shape)
+        check_paths("Scale", text, [x], [dy], dtype, in_place=in_place, setup=_fill_params(seed))
 
 
+@pytest.mark.parametrize("build", CW_BUILDS)
 @given(shape=shapes(min_dims=2), dtype=DTYPES, seed=SEEDS, bias=st.booleans(), pd=st.sampled_from(
     [(True, True), (True, False), (False, True)]), data=st.data())
-def test_scale_by_a_second_bottom_matches_numpy(shape, dtype, seed, bias, pd, data):
-    axis = data.draw(st.integers(0, len(shape) - 1))
-    end = data.draw(st.integers(axis, len(shape)))
-    s = arrays(seed + 2, shape[axis:end])
-    text = f"scale_param {{ axis: {axis} bias_term: {str(bias).lower()} }}"
-    check_paths("Scale", text, [arrays(seed, shape), s], [arrays(seed + 1, shape)], dtype, propagate_down=pd,
-                setup=_fill_params(seed))
-
-
-@given(shape=shapes(min_dims=1), dtype=DTYPES, seed=SEEDS, in_place=st.booleans(), two=st.booleans(),
-       data=st.data())
-def test_bias_kernels_match_numpy(shape, dtype, seed, in_place, two, data):
-    axis = data.draw(st.integers(0, len(shape) - 1))
-    x, dy = arrays(seed, shape), arrays(seed + 1, shape)
-    if two:
+def test_scale_by_a_second_bottom_matches_numpy(build, shape, dtype, seed, bias, pd, data):
+    with layers_use("channelwise", build_module("channelwise", build)):
+        axis = data.draw(st.integers(0, len(shape) - 1))
         end = data.draw(st.integers(axis, len(shape)))
-        check_paths("Bias", f"bias_param {{ axis: {axis} }}", [x, arrays(seed + 2, shape[axis:end])], [dy], dtype,
-                    in_place=in_place, setup=_fill_params(seed))
-    else:
-        check_paths("Bias", f"bias_param {{ axis: {axis} num_axes: 1 }}", [x], [dy], dtype, in_place=in_place,
+        s = arrays(seed + 2, shape[axis:end])
+        text = f"scale_param {{ axis: {axis} bias_term: {str(bias).lower()} }}"
+        check_paths("Scale", text, [arrays(seed, shape), s], [arrays(seed + 1, shape)], dtype, propagate_down=pd,
                     setup=_fill_params(seed))
 
 
+@pytest.mark.parametrize("build", CW_BUILDS)
+@given(shape=shapes(min_dims=1), dtype=DTYPES, seed=SEEDS, in_place=st.booleans(), two=st.booleans(),
+       data=st.data())
+def test_bias_kernels_match_numpy(build, shape, dtype, seed, in_place, two, data):
+    with layers_use("channelwise", build_module("channelwise", build)):
+        axis = data.draw(st.integers(0, len(shape) - 1))
+        x, dy = arrays(seed, shape), arrays(seed + 1, shape)
+        if two:
+            end = data.draw(st.integers(axis, len(shape)))
+            check_paths("Bias", f"bias_param {{ axis: {axis} }}", [x, arrays(seed + 2, shape[axis:end])], [dy], dtype,
+                        in_place=in_place, setup=_fill_params(seed))
+        else:
+            check_paths("Bias", f"bias_param {{ axis: {axis} num_axes: 1 }}", [x], [dy], dtype, in_place=in_place,
+                        setup=_fill_params(seed))
+
+
+@pytest.mark.parametrize("build", CW_BUILDS)
 @given(shape=shapes(min_dims=2), dtype=DTYPES, seed=SEEDS, shared=st.booleans(), in_place=st.booleans())
-def test_prelu_kernels_match_numpy(shape, dtype, seed, shared, in_place):
-    x = arrays(seed, shape)
-    check_paths("PReLU", f"prelu_param {{ channel_shared: {str(shared).lower()} }}", [x], [arrays(seed + 1, shape)],
-                dtype, in_place=in_place, setup=_fill_params(seed))
+def test_prelu_kernels_match_numpy(build, shape, dtype, seed, shared, in_place):
+    with layers_use("channelwise", build_module("channelwise", build)):
+        x = arrays(seed, shape)
+        check_paths("PReLU", f"prelu_param {{ channel_shared: {str(shared).lower()} }}", [x], [arrays(seed + 1, shape)],
+                    dtype, in_place=in_place, setup=_fill_params(seed))
 
 
 def _bn_stats_setup(seed):
@@ -81,17 +93,19 @@ def _bn_stats_setup(seed):
     return setup
 
 
+@pytest.mark.parametrize("build", CW_BUILDS)
 @given(shape=shapes(min_dims=1), dtype=DTYPES, seed=SEEDS, in_place=st.booleans(),
        mode=st.sampled_from(["train", "global", "test"]), offset=st.sampled_from([0.0, 100.0]))
-def test_batch_norm_kernels_match_numpy(shape, dtype, seed, in_place, mode, offset):
-    x = arrays(seed, shape) * 2 + offset  # an offset far from the spread: the statistics must not cancel
-    dy = arrays(seed + 1, shape)
-    text = "batch_norm_param { use_global_stats: true eps: 0.001 }" if mode == "global" else \
-        "batch_norm_param { moving_average_fraction: 0.9 }"
-    phase = caffe_pb2.TEST if mode == "test" else caffe_pb2.TRAIN  # TEST defaults to the global statistics
-    # float32 backward subtracts means of the order of |dy|: compare relative to that
-    check_paths("BatchNorm", text, [x], [dy], dtype, in_place=in_place, phase=phase, setup=_bn_stats_setup(seed),
-                rtol=1e-4 if dtype == np.float32 else None)
+def test_batch_norm_kernels_match_numpy(build, shape, dtype, seed, in_place, mode, offset):
+    with layers_use("channelwise", build_module("channelwise", build)):  # (global statistics)
+        x = arrays(seed, shape) * 2 + offset  # an offset far from the spread: the statistics must not cancel
+        dy = arrays(seed + 1, shape)
+        text = "batch_norm_param { use_global_stats: true eps: 0.001 }" if mode == "global" else \
+            "batch_norm_param { moving_average_fraction: 0.9 }"
+        phase = caffe_pb2.TEST if mode == "test" else caffe_pb2.TRAIN  # TEST defaults to the global statistics
+        # float32 backward subtracts means of the order of |dy|: compare relative to that
+        check_paths("BatchNorm", text, [x], [dy], dtype, in_place=in_place, phase=phase, setup=_bn_stats_setup(seed),
+                    rtol=1e-4 if dtype == np.float32 else None)
 
 
 def test_batch_norm_train_statistics_are_exact_in_float32_far_from_zero():

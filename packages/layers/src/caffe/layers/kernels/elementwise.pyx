@@ -388,6 +388,72 @@ cdef extern from *:
     void caffe_max2_bwd_d(double* g0, double* g1, const double* dy, const int* mask, Py_ssize_t n) nogil
 
 
+# Eltwise SUM and PROD (stable_prod_grad) backward with two bottoms and both diffs wanted, in one pass over dy (and
+# the bottoms) in the AVX2 / AVX-512 builds: g0 = c0 dy, g1 = c1 dy (SUM); g0 = x1 dy, g1 = x0 dy (PROD: the
+# product of the other bottom and the top diff, as the general path's copy-then-multiply rounds it): the same
+# bits. The general path copied each piece of dy to a local buffer and then wrote one diff per pass (1.5x the
+# time of SUM's forward, which moves as many bytes). GCC's vector types: a vector of dy is loaded before the
+# diffs at its positions are stored, so a diff that is the top diff (in place) is safe, and the compiler needs
+# no alias checks (with exact aliasing they had sent a plain loop to its scalar version).
+cdef extern from *:
+    """
+    #include <stddef.h>
+    #if defined(__AVX2__) && defined(__GNUC__)
+    #define CAFFE_ELT2_BWD_VECTOR 1
+    typedef float caffe_elt_v16f __attribute__((vector_size(64)));
+    typedef double caffe_elt_v8d __attribute__((vector_size(64)));
+    #define CAFFE_ELT2_BWD(NAME, T, V, L)                                                              \
+    static inline void NAME(T* g0, T* g1, const T* x0, const T* x1, const T* dy, T c0, T c1,         \
+                            int prod, ptrdiff_t n) {                                                 \
+        ptrdiff_t j = 0;                                                                             \
+        V d, a, b;                                                                                   \
+        if (prod) {                                                                                  \
+            for (; j + L <= n; j += L) {                                                             \
+                __builtin_memcpy(&d, dy + j, sizeof d);                                              \
+                __builtin_memcpy(&a, x1 + j, sizeof a);                                              \
+                __builtin_memcpy(&b, x0 + j, sizeof b);                                              \
+                a = a * d;                                                                           \
+                b = b * d;                                                                           \
+                __builtin_memcpy(g0 + j, &a, sizeof a);                                              \
+                __builtin_memcpy(g1 + j, &b, sizeof b);                                              \
+            }                                                                                        \
+            for (; j < n; j++) {                                                                     \
+                T v = dy[j], p = x1[j] * v, q = x0[j] * v;                                           \
+                g0[j] = p;                                                                           \
+                g1[j] = q;                                                                           \
+            }                                                                                        \
+        } else {                                                                                     \
+            for (; j + L <= n; j += L) {                                                             \
+                __builtin_memcpy(&d, dy + j, sizeof d);                                              \
+                a = c0 * d;                                                                          \
+                b = c1 * d;                                                                          \
+                __builtin_memcpy(g0 + j, &a, sizeof a);                                              \
+                __builtin_memcpy(g1 + j, &b, sizeof b);                                              \
+            }                                                                                        \
+            for (; j < n; j++) {                                                                     \
+                T v = dy[j];                                                                         \
+                g0[j] = c0 * v;                                                                      \
+                g1[j] = c1 * v;                                                                      \
+            }                                                                                        \
+        }                                                                                            \
+    }
+    CAFFE_ELT2_BWD(caffe_elt2_bwd_f, float, caffe_elt_v16f, 16)
+    CAFFE_ELT2_BWD(caffe_elt2_bwd_d, double, caffe_elt_v8d, 8)
+    #else
+    #define CAFFE_ELT2_BWD_VECTOR 0
+    static inline void caffe_elt2_bwd_f(float* g0, float* g1, const float* x0, const float* x1, const float* dy,
+                                        float c0, float c1, int prod, ptrdiff_t n) {}
+    static inline void caffe_elt2_bwd_d(double* g0, double* g1, const double* x0, const double* x1,
+                                        const double* dy, double c0, double c1, int prod, ptrdiff_t n) {}
+    #endif
+    """
+    bint CAFFE_ELT2_BWD_VECTOR
+    void caffe_elt2_bwd_f(float* g0, float* g1, const float* x0, const float* x1, const float* dy, float c0,
+                          float c1, int prod, Py_ssize_t n) nogil
+    void caffe_elt2_bwd_d(double* g0, double* g1, const double* x0, const double* x1, const double* dy, double c0,
+                          double c1, int prod, Py_ssize_t n) nogil
+
+
 cdef void _eltwise_bwd(int op, real** xs, real** dxs, const double* coeff, int k, bint stable,
                        const real* y, const real* dy, const int* mask, Py_ssize_t lo,
                        Py_ssize_t n) noexcept nogil:
@@ -420,6 +486,17 @@ cdef void _eltwise_bwd(int op, real** xs, real** dxs, const double* coeff, int k
             o = ml[j]
             g[j] = v if o == 0 else 0
             g1[j] = v if o == 1 else 0
+        return
+    if (CAFFE_ELT2_BWD_VECTOR and k == 2 and dxs[0] != NULL and dxs[1] != NULL
+            and (op == SUM or (op == PROD and stable))):
+        if real is float:
+            caffe_elt2_bwd_f(dxs[0] + lo, dxs[1] + lo, xs[0] + lo if op == PROD else NULL,
+                             xs[1] + lo if op == PROD else NULL, dy + lo, <float>coeff[0] if op == SUM else 0,
+                             <float>coeff[1] if op == SUM else 0, op == PROD, n)
+        else:
+            caffe_elt2_bwd_d(dxs[0] + lo, dxs[1] + lo, xs[0] + lo if op == PROD else NULL,
+                             xs[1] + lo if op == PROD else NULL, dy + lo, coeff[0] if op == SUM else 0,
+                             coeff[1] if op == SUM else 0, op == PROD, n)
         return
     memcpy(d, dy + lo, n * sizeof(real))
     for i in range(k):
