@@ -134,6 +134,8 @@ def cases(old_dir, builds=None):
     return [
         ("Pooling MAX 3/2 forward", pool,
          lambda k: k.max_pool_forward(x, yp, mk, N * C, H, W, PH, PW, 3, 3, 2, 2, 0, 0), (yp, mk)),
+        ("Pooling MAX 3/2 fwd values", pool,  # a TEST-phase forward: the values alone
+         lambda k: k.max_pool_forward(x, yp, None, N * C, H, W, PH, PW, 3, 3, 2, 2, 0, 0), (yp,)),
         ("Pooling MAX 3/2 backward", pool, lambda k: k.max_pool_backward(dyp, mk, dx, N * C, S, PH * PW), (dx,)),
         ("Pooling AVE global forward", pool,
          lambda k: k.ave_pool_forward(g, gy, 8 * 2048, 7, 7, 1, 1, 7, 7, 1, 1, 0, 0), (gy,)),
@@ -217,6 +219,10 @@ def net_shape_cases(pool, norm, rng):
         out.append((f"MAX fwd {name} {c}x{h}", pool,
                     lambda km, x=x, y=y, mk=mk, c=c, h=h, ph=ph, k=k, s=s, p=p:
                     km.max_pool_forward(x, y, mk, 8 * c, h, h, ph, ph, k, k, s, s, p, p), (y, mk)))
+        # a TEST-phase forward: the values alone (no argmax)
+        out.append((f"MAX fwd values {name} {c}x{h}", pool,
+                    lambda km, x=x, y=y, c=c, h=h, ph=ph, k=k, s=s, p=p:
+                    km.max_pool_forward(x, y, None, 8 * c, h, h, ph, ph, k, k, s, s, p, p), (y,)))
     for name, c, h in NET_LRN:
         x = rng.standard_normal(8 * c * h * h).astype(np.float32)
         y, sc = np.empty_like(x), np.empty_like(x)
@@ -229,6 +235,26 @@ def net_shape_cases(pool, norm, rng):
         out.append((f"LRN bwd {name} {c}x{h}", norm,
                     lambda km, x=x, yf=yf, scf=scf, dyl=dyl, dxl=dxl, c=c, h=h:
                     km.lrn_across_backward(x, yf, scf, dyl, dxl, 8, c, h * h, 5, 1e-4, 0.75), (dxl,)))
+        out.append((f"LRN fwd values {name} {c}x{h}", norm,  # a TEST-phase forward: no scale written
+                    lambda km, x=x, y=y, c=c, h=h: km.lrn_across_forward(x, y, None, 8, c, h * h, 5, 1e-4, 1.0,
+                                                                       0.75), (y,)))
+    # MobileNet's first feature map (bench_layers --memory's "mobilenet" shapes): BatchNorm with batch statistics
+    # and LRN at 8x64x112x112
+    c, h = 64, 112
+    x = rng.standard_normal(8 * c * h * h).astype(np.float32)
+    y, xn, dyb, dxb = np.empty_like(x), np.empty_like(x), rng.standard_normal(x.size).astype(np.float32), np.empty_like(x)
+    m, v, e = np.zeros(c), np.zeros(c), np.empty(0, np.float32)
+    norm[1].batch_norm_train_forward(x, y, e, m, v, 8, c, h * h, 1e-5)
+    mf, inv = m.astype(np.float32), (1 / np.sqrt(v + 1e-5)).astype(np.float32)
+    out += [
+        (f"BatchNorm train fwd MobileNet {c}x{h}", norm,
+         lambda km: km.batch_norm_train_forward(x, y, e, m, v, 8, c, h * h, 1e-5), (y, m, v)),
+        (f"BatchNorm train bwd MobileNet {c}x{h}", norm,
+         lambda km: km.batch_norm_train_backward(dyb, e, x, mf, inv, dxb, 8, c, h * h), (dxb,)),
+        (f"LRN fwd MobileNet {c}x{h}", norm,
+         lambda km: km.lrn_across_forward(x, y, xn, 8, c, h * h, 5, 1e-4, 1.0, 0.75), (y, xn)),
+        (f"LRN fwd values MobileNet {c}x{h}", norm,
+         lambda km: km.lrn_across_forward(x, y, None, 8, c, h * h, 5, 1e-4, 1.0, 0.75), (y,))]
     return out
 
 

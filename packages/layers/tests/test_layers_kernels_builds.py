@@ -84,9 +84,10 @@ def test_softmax_builds_agree(build, shape, dtype, seed):
         _close(g, e, dtype, False)
 
 
+@pytest.mark.parametrize("build", ["avx2", "avx512"])
 @given(shape=st.sampled_from([(3, 4, 5), (2, 7, 3001), (1, 2, 9)]), dtype=DTYPES, seed=SEEDS)
-def test_normalization_builds_agree(shape, dtype, seed):
-    base, avx = _pair("normalization")
+def test_normalization_builds_agree(build, shape, dtype, seed):
+    base, avx = _pair("normalization", build)
     rng = np.random.default_rng(seed)
     n, c, s = shape
     x = (rng.standard_normal(n * c * s) + 3).astype(dtype)
@@ -106,10 +107,11 @@ def test_normalization_builds_agree(shape, dtype, seed):
         _close(g, e_, dtype, False)
 
 
-@given(hw=st.sampled_from([(7, 7), (13, 17), (56, 56)]), k=st.sampled_from([2, 3]), s=st.sampled_from([1, 2, 3]),
-       pad=st.sampled_from([0, 1]), dtype=DTYPES, seed=SEEDS)
-def test_pooling_builds_agree_bit_for_bit(hw, k, s, pad, dtype, seed):
-    base, avx = _pair("pooling")
+@pytest.mark.parametrize("build", ["avx2", "avx512"])
+@given(hw=st.sampled_from([(7, 7), (13, 17), (56, 56), (40, 70)]), k=st.sampled_from([2, 3]),
+       s=st.sampled_from([1, 2, 3]), pad=st.sampled_from([0, 1]), dtype=DTYPES, seed=SEEDS)
+def test_pooling_builds_agree_bit_for_bit(build, hw, k, s, pad, dtype, seed):
+    base, avx = _pair("pooling", build)
     from caffe.layers.pooling import pooled_size
     H, W = hw
     pad = min(pad, k - 1)
@@ -163,6 +165,37 @@ def test_softmax_avx512_float32_is_the_avx2_bits(shape, seed, stream):
     assert res[1][3] == pytest.approx(res[0][3], rel=1e-13)
 
 
+@given(shape=st.sampled_from([(3, 4, 5), (2, 7, 3001), (1, 2, 9), (2, 33, 300)]), dtype=DTYPES, seed=SEEDS,
+       size=st.sampled_from([1, 3, 5]), stream=st.booleans())
+def test_normalization_avx512_is_the_avx2_bits(shape, dtype, seed, size, stream):
+    """BatchNorm's sums are GCC vector-extension code (the same lanes added in the same order under every build),
+    its normalization and LRN's (beta 0.75: two square roots and a division) are IEEE operations without FMA
+    contraction, so the AVX-512 build gives the AVX2 build's bits: statistics, tops, x_norm (streamed or not),
+    scale and gradients. (Other betas call libmvec's pow: within its ulps, test_normalization_builds_agree.)"""
+    avx2, avx512 = _pair("normalization", "avx2")[1], _pair("normalization", "avx512")[1]
+    rng = np.random.default_rng(seed)
+    n, c, s = shape
+    x = (rng.standard_normal(n * c * s) * 3 + 2).astype(dtype)
+    dy = rng.standard_normal(x.size).astype(dtype)
+    e = np.empty(0, dtype)
+    res = []
+    for mod in (avx2, avx512):
+        y, xn, dx, dx2 = np.empty_like(x), np.empty_like(x), np.empty_like(x), np.empty_like(x)
+        m, v = np.zeros(c), np.zeros(c)
+        mod.batch_norm_train_forward(x, y, xn if stream else e, m, v, n, c, s, 1e-5)
+        inv = (1 / np.sqrt(v + 1e-5)).astype(dtype)
+        mod.batch_norm_train_backward(dy, e, x, m.astype(dtype), inv, dx, n, c, s)
+        if stream:
+            mod.batch_norm_train_backward(dy, xn, e, m.astype(dtype), inv, dx2, n, c, s)
+        sc, yl, yv, dxl = np.empty_like(x), np.empty_like(x), np.empty_like(x), np.empty_like(x)
+        mod.lrn_across_forward(x, yl, sc, n, c, s, size, 0.5, 1.0, 0.75)
+        mod.lrn_across_forward(x, yv, None, n, c, s, size, 0.5, 1.0, 0.75)
+        mod.lrn_across_backward(x, yl, sc, dy, dxl, n, c, s, size, 0.5, 0.75)
+        res.append((m, v, y, dx, sc, yl, yv, dxl) + ((xn, dx2) if stream else ()))
+    for g, e_ in zip(res[1], res[0]):
+        np.testing.assert_array_equal(g, e_)
+
+
 def _expected_builds():
     """What _cpu should have loaded for elementwise / softmax under this process's environment."""
     if not _cpu.USE_AVX2:
@@ -172,7 +205,7 @@ def _expected_builds():
 
 def test_the_layers_load_the_avx512_builds_where_the_cpu_has_avx512():
     """USE_AVX512 is the CPU check (F, DQ, VL, BW, as NumPy's dispatch sees them) unless switched off, and the
-    layers' kernels are then the AVX-512 builds (elementwise and softmax; the other families have none)."""
+    layers' kernels are then the AVX-512 builds (elementwise, softmax, normalization, pooling, channelwise)."""
     off = os.environ.get("CAFFE_KERNELS_AVX512", "1") == "0" or os.environ.get("CAFFE_KERNELS_AVX2", "1") == "0"
     assert _cpu.USE_AVX512 == (_cpu.cpu_has_avx512() and _cpu.cpu_has_avx2() and not off)
     if not _cpu.cpu_has_avx512():
@@ -181,7 +214,9 @@ def test_the_layers_load_the_avx512_builds_where_the_cpu_has_avx512():
         pytest.skip("CAFFE_KERNELS_AVX512=0 / CAFFE_KERNELS_AVX2=0 in this environment")
     assert _cpu.elementwise.__name__ == "caffe.layers.kernels.elementwise_avx512"
     assert _cpu.softmax.__name__ == "caffe.layers.kernels.softmax_avx512"
-    assert _cpu.normalization.__name__ == "caffe.layers.kernels.normalization_avx2"
+    assert _cpu.normalization.__name__ == "caffe.layers.kernels.normalization_avx512"
+    from caffe.layers import pooling
+    assert pooling._k.__name__ == "caffe.layers.kernels.pooling_avx512"
     assert _cpu.channelwise.__name__ == "caffe.layers.kernels.channelwise_avx512"
 
 
@@ -257,6 +292,22 @@ def test_softmax_special_values_as_the_baseline_build(build, shape, dtype, seed)
         assert np.array_equal(np.isnan(got), np.isnan(want))
         ok = ~np.isnan(want)
         np.testing.assert_allclose(got[ok], want[ok], rtol=r, atol=r)
+
+
+@pytest.mark.parametrize("env, suffix", [({"CAFFE_KERNELS_AVX512": "0"}, "_avx2"), ({"CAFFE_KERNELS_AVX2": "0"}, ""),
+                                         ({"CAFFE_KERNELS_AVX512": "1"}, None)])
+def test_the_switches_choose_the_normalization_and_pooling_builds(env, suffix):
+    """The same switches for kernels.normalization (_cpu.normalization) and kernels.pooling (pooling._k)."""
+    if suffix is None:
+        suffix = "_avx512" if _cpu.cpu_has_avx512() else "_avx2"
+    if suffix and not _cpu.cpu_has_avx2():
+        suffix = ""
+    full = {k: v for k, v in os.environ.items() if not k.startswith("CAFFE_KERNELS_")}
+    full.update(env)
+    out = subprocess.run([sys.executable, "-c", "from caffe.layers import _cpu, pooling; "
+                          "print(_cpu.normalization.__name__, pooling._k.__name__)"],
+                         env=full, capture_output=True, text=True, check=True).stdout.split()
+    assert out == [f"caffe.layers.kernels.normalization{suffix}", f"caffe.layers.kernels.pooling{suffix}"]
 
 
 def _channelwise_reference(op, x, dy, s, b, outer, dim, inner):

@@ -6,6 +6,10 @@ both on the same blobs. MAX must agree bit for bit, argmax mask included: values
 (never taken: Caffe's strict greater-than from -FLT_MAX). Shapes: tiny and odd ones, and a few large enough
 for both threads and for the kernels' whole-plane fast paths (W a multiple of the stride, global pooling).
 """
+import contextlib
+import os
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
@@ -13,11 +17,25 @@ from hypothesis import given, strategies as st
 from caffe.layers import pooling
 from caffe.layers.testing import blobs_from_arrays, empty_tops, make_layer
 
+sys.path.insert(0, os.path.dirname(__file__))
+from kernels_harness import BUILDS, build_module  # noqa: E402
+
 FLT_MAX = float(np.finfo(np.float32).max)
 DTYPES = st.sampled_from([np.float32, np.float64])
 SEEDS = st.integers(0, 2**31 - 1)
 # (N, C, H, W) past PARALLEL_MIN_WORK (32768): both threads; 56 / 112 even (3x3/2 rows tile), 55 odd.
 BIG = [(2, 9, 56, 56), (1, 4, 112, 112), (2, 5, 55, 55), (1, 3, 57, 64)]
+
+
+@contextlib.contextmanager
+def _build(build):
+    """The layer's CPU path runs kernels.pooling's `build` (base, avx2, avx512; a skip where this CPU cannot)."""
+    saved = pooling._k
+    pooling._k = build_module("pooling", build)
+    try:
+        yield pooling._k
+    finally:
+        pooling._k = saved
 
 
 def _run(text, x, dy, dtype, kernel, n_top=1):
@@ -66,11 +84,13 @@ def max_cases(draw):
     return shape, text
 
 
+@pytest.mark.parametrize("build", BUILDS)
 @given(case=max_cases(), dtype=DTYPES, seed=SEEDS, specials=st.booleans())
-def test_max_pooling_kernel_matches_numpy(case, dtype, seed, specials):
+def test_max_pooling_kernel_matches_numpy(build, case, dtype, seed, specials):
     shape, text = case
     x = _values(seed, shape, specials)
-    tops_k, dx_k = _run(text, x, None, dtype, True, n_top=2)
+    with _build(build):
+        tops_k, dx_k = _run(text, x, None, dtype, True, n_top=2)
     tops_n, dx_n = _run(text, x, None, dtype, False, n_top=2)
     np.testing.assert_array_equal(tops_k[0], tops_n[0])  # values (NaN never taken: none in the tops)
     np.testing.assert_array_equal(tops_k[1], tops_n[1])  # Caffe's argmax: the first maximum
@@ -80,12 +100,14 @@ def test_max_pooling_kernel_matches_numpy(case, dtype, seed, specials):
 @given(shape=st.one_of(st.tuples(st.integers(1, 3), st.integers(1, 40), st.integers(1, 9), st.integers(1, 9)),
                        st.sampled_from([(8, 64, 7, 7), (2, 33, 13, 13), (1, 5, 56, 56)])),
        dtype=DTYPES, seed=SEEDS)
-def test_global_ave_pooling_kernel_matches_numpy(shape, dtype, seed):
+@pytest.mark.parametrize("build", BUILDS)
+def test_global_ave_pooling_kernel_matches_numpy(build, shape, dtype, seed):
     rng = np.random.default_rng(seed)
     x = rng.normal(size=shape) * 3 + 1
     dy = rng.normal(size=shape[:2] + (1, 1))
     text = "pooling_param { pool: AVE global_pooling: true }"
-    (yk,), dxk = _run(text, x, dy, dtype, True)
+    with _build(build):
+        (yk,), dxk = _run(text, x, dy, dtype, True)
     (yn,), dxn = _run(text, x, dy, dtype, False)
     tol = 2e-6 if dtype == np.float32 else 1e-13  # the sum's order differs from NumPy's
     np.testing.assert_allclose(yk, yn, rtol=tol, atol=tol * max(1.0, float(np.abs(x).max())))
@@ -132,14 +154,25 @@ def test_max_pooling_kernel_first_maximum_in_every_window_position(dtype):
 # row's last block (done as the block ending at the row's last window) and rows of exactly one block come
 # up, for the horizontal 3x3/2 pass, the vertical 3-row pass, the clipped windows at the borders and the
 # whole-window 2x2/2 rows (where H and W are even); ties and -inf / -FLT_MAX / NaN as in the property
-# above. Every width is checked on every run.
+# above. Every width is checked on every run. The AVX-512 build's blocks of sixteen (pooling_avx512): rows of
+# 8 to 35 windows (8-15: its 8-wide blocks; 16-35: every remainder of a 16-block, rows of one and two blocks).
+# The values-alone forward (its horizontal blocks and its vertical blocks of 8 / 16) against the masked one.
+@pytest.mark.parametrize("build", ["avx2", "avx512"])
 @pytest.mark.parametrize("k, s, p", [(3, 2, 0), (3, 2, 1), (3, 1, 1), (2, 2, 0)])
 @pytest.mark.parametrize("specials", [False, True])
-def test_max_pooling_eight_output_blocks_every_remainder(k, s, p, specials):
-    for i, w in enumerate(range(15, 42)):
+def test_max_pooling_eight_output_blocks_every_remainder(build, k, s, p, specials):
+    widths = range(15, 42) if build == "avx2" else range(15, 72, 1 if s == 2 else 3)
+    for i, w in enumerate(widths):
         x = _values(100 + w, (1, 2, 19 + i % 3, w), specials)
         text = f"pooling_param {{ pool: MAX kernel_size: {k} stride: {s} pad: {p} }}"
-        tops_k, dx_k = _run(text, x, None, np.float32, True, n_top=2)
+        with _build(build) as mod:
+            tops_k, dx_k = _run(text, x, None, np.float32, True, n_top=2)
+            # the values alone (a TEST-phase forward: its own horizontal and vertical blocks): the same bits
+            (n, c, h, _), (ph, pw) = x.shape, tops_k[0].shape[2:]
+            y_values = np.full(n * c * ph * pw, 7, np.float32)
+            mod.max_pool_forward(x.astype(np.float32).reshape(-1), y_values, None, n * c, h, w, ph, pw, k, k, s, s,
+                                 p, p)
+            np.testing.assert_array_equal(_bits(y_values), _bits(tops_k[0].reshape(-1)), err_msg=f"width {w}")
         tops_n, dx_n = _run(text, x, None, np.float32, False, n_top=2)
         np.testing.assert_array_equal(tops_k[0], tops_n[0], err_msg=f"width {w}")
         np.testing.assert_array_equal(tops_k[1], tops_n[1], err_msg=f"width {w}")
@@ -159,17 +192,19 @@ def _values_signed_zeros(seed, shape, specials):
     return x
 
 
+@pytest.mark.parametrize("build", BUILDS)
 @given(case=max_cases(), dtype=DTYPES, seed=SEEDS, specials=st.booleans())
-def test_max_pooling_values_kernel_is_the_masked_kernels_values(case, dtype, seed, specials):
+def test_max_pooling_values_kernel_is_the_masked_kernels_values(build, case, dtype, seed, specials):
     shape, text = case
     layer = make_layer("Pooling", text)
     x = _values_signed_zeros(seed, shape, specials).astype(dtype)
     bottom, top = blobs_from_arrays([x], dtype), empty_tops(1, dtype)
     layer.SetUp(bottom, top)
     y, mask = np.empty(top[0].shape, dtype), np.empty(top[0].shape, np.int32)
-    pooling.max_forward(np, layer.spec, x, y, mask)
     y_values = np.full(top[0].shape, 7, dtype)
-    assert pooling.max_forward_values(np, layer.spec, x, y_values) == (pooling._k is not None)
+    with _build(build):
+        pooling.max_forward(np, layer.spec, x, y, mask)
+        assert pooling.max_forward_values(np, layer.spec, x, y_values) == (pooling._k is not None)
     if pooling._k is not None:
         np.testing.assert_array_equal(_bits(y_values), _bits(y))
 

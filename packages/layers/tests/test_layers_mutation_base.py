@@ -658,9 +658,11 @@ def test_kernel_loader_prefers_the_avx512_build_and_falls_back():
     base = "caffe.layers.kernels."
     assert _cpu._load("elementwise", avx2=True, avx512=True).__name__ == base + "elementwise_avx512"
     assert _cpu._load("softmax", avx2=False, avx512=True).__name__ == base + "softmax_avx512"
-    assert _cpu._load("normalization", avx2=True, avx512=True).__name__ == base + "normalization_avx2"  # none
-    assert _cpu._load("normalization", avx2=False, avx512=True).__name__ == base + "normalization"
+    assert _cpu._load("depthwise", avx2=True, avx512=True).__name__ == base + "depthwise_avx2"  # none
+    assert _cpu._load("depthwise", avx2=False, avx512=True).__name__ == base + "depthwise"
     assert _cpu._load("elementwise", avx2=True, avx512=False).__name__ == base + "elementwise_avx2"
+    assert _cpu._load("normalization", avx2=True, avx512=True).__name__ == base + "normalization_avx512"
+    assert _cpu._load("pooling", avx2=True, avx512=False).__name__ == base + "pooling_avx2"
     assert _cpu.cpu_has_avx512() == all(_cpu.cpu_has_avx2(f) for f in ("AVX512F", "AVX512DQ", "AVX512VL", "AVX512BW"))
 
 

@@ -12,6 +12,22 @@ from caffe.layers.testing import blobs_from_arrays, empty_tops, make_layer
 TRAIN, TEST = 0, 1
 f32 = lambda v: float(np.float32(v))  # noqa: E731  parameter fields are float32
 PATHS = pytest.mark.parametrize("generic", [False, True], ids=["cpu", "generic"])
+# The CPU path through each build of kernels.normalization too (base, avx2, avx512: a skip where this CPU cannot
+# run it), beside the loaded one ("cpu") and the generic NumPy path.
+BUILD_PATHS = pytest.mark.parametrize("generic, build", [(False, None), (True, None), (False, "base"), (False, "avx2"),
+                                                         (False, "avx512")],
+                                      ids=["cpu", "generic", "base", "avx2", "avx512"])
+
+
+def use_path(monkeypatch, generic, build):
+    if generic:
+        monkeypatch.setattr(_cpu, "normalization", None)
+    elif build is not None:
+        import os
+        import sys
+        sys.path.insert(0, os.path.dirname(__file__))
+        from kernels_harness import build_module
+        monkeypatch.setattr(_cpu, "normalization", build_module("normalization", build))
 DTYPES = pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
 
 
@@ -54,13 +70,12 @@ def bn_reference(x, dy, eps, stats=None):
 BN_SHAPES = [(5,), (4, 3), (3, 2, 5), (2, 3, 2, 3)]
 
 
-@PATHS
+@BUILD_PATHS
 @DTYPES
 @pytest.mark.parametrize("in_place", [False, True], ids=["out", "inplace"])
 @pytest.mark.parametrize("shape", BN_SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_batch_norm_batch_statistics_both_paths(shape, in_place, dtype, generic, monkeypatch):
-    if generic:
-        monkeypatch.setattr(_cpu, "normalization", None)
+def test_batch_norm_batch_statistics_both_paths(shape, in_place, dtype, generic, build, monkeypatch):
+    use_path(monkeypatch, generic, build)
     rng = np.random.default_rng(len(shape))
     x, dy = rng.normal(1.0, 2.0, shape), rng.normal(size=shape)
     maf = 0.5
@@ -215,12 +230,11 @@ LRN_CASES = [  # local_size, alpha, beta, k, region
 ]
 
 
-@PATHS
+@BUILD_PATHS
 @DTYPES
 @pytest.mark.parametrize("case", LRN_CASES, ids=lambda c: f"{c[4][:6]}-{c[0]}-{c[2]}")
-def test_lrn_both_paths_match_caffe(case, dtype, generic, monkeypatch):
-    if generic:
-        monkeypatch.setattr(_cpu, "normalization", None)
+def test_lrn_both_paths_match_caffe(case, dtype, generic, build, monkeypatch):
+    use_path(monkeypatch, generic, build)
     size, alpha, beta, k, region = case
     rng = np.random.default_rng(size)
     x, dy = rng.normal(size=(2, 6, 4, 5)), rng.normal(size=(2, 6, 4, 5))

@@ -34,8 +34,9 @@ from caffe.layers.registry import register_layer
 
 # (OMP_WAIT_POLICY / OPENBLAS_THREAD_TIMEOUT are set in caffe/__init__.py, before any thread pool loads.)
 
-# The kernels' AVX2 build where the CPU has it (caffe.layers._cpu); None in a source tree without the build.
-_k = _cpu._load("pooling")
+# The kernels' AVX-512 / AVX2 build where the CPU has it (caffe.layers._cpu); None in a source tree without
+# the build.
+_k = _cpu._load("pooling", avx512=_cpu.USE_AVX512)
 
 FLT_MAX = float(np.finfo(np.float32).max)
 FLT_MIN = float(np.finfo(np.float32).tiny)

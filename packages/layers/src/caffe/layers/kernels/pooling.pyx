@@ -258,8 +258,24 @@ cdef extern from *:
         /* the lanes came out in the shuffles' order (0 1 4 5 2 3 6 7): one permute puts them back */
         _mm256_storeu_ps(y, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(m), _MM_SHUFFLE(3, 1, 2, 0))));
     }
+    /* caffe_poolv_vrows_f16 (below) eight wide, for the AVX2 build (PW >= 8) */
+    static inline void caffe_poolv_vrows_f8(const float* h0, Py_ssize_t rows, Py_ssize_t PW, float* yr) {
+        Py_ssize_t pw = 0, r;
+        for (;;) {
+            if (pw + 8 > PW)
+                pw = PW - 8;
+            __m256 m = _mm256_loadu_ps(h0 + pw);
+            for (r = 1; r < rows; r++)
+                m = _mm256_max_ps(_mm256_loadu_ps(h0 + r * PW + pw), m);
+            _mm256_storeu_ps(yr + pw, m);
+            if (pw + 8 >= PW)
+                break;
+            pw += 8;
+        }
+    }
     #else
     #define CAFFE_POOL_AVX2 0
+    static inline void caffe_poolv_vrows_f8(const float* h0, Py_ssize_t rows, Py_ssize_t PW, float* yr) {}
     static inline void caffe_pool_2x2_f8(const float* r0, const float* r1, float* y, int* mask, int top0,
                                          int W) {}
     static inline void caffe_pool_h_k3s2_f8(const float* src, float* hm, int* hc) {}
@@ -274,9 +290,141 @@ cdef extern from *:
     void caffe_pool_h_k3s2_f8(const float* src, float* hm, int* hc) nogil
     void caffe_poolv_h_k3s2_f8(const float* src, float* hm) nogil
     void caffe_poolv_2x2_f8(const float* r0, const float* r1, float* y) nogil
+    void caffe_poolv_vrows_f8(const float* h0, Py_ssize_t rows, Py_ssize_t PW, float* yr) nogil
     void caffe_pool_2x2_f8(const float* r0, const float* r1, float* y, int* mask, int top0, int W) nogil
     void caffe_pool_v3_f8(const float* h0, const float* h1, const float* h2, const int* c0, const int* c1,
                           const int* c2, float* yr, int* mr, int pw, int r0, int r1, int r2, int s, int p0) nogil
+
+
+# AVX-512 blocks of sixteen outputs for float32 (pooling_avx512's build): the AVX2 blocks above sixteen lanes
+# wide, the same scans (strictly greater, -FLT_MAX start, taps in order), so the same bits. The stride-2 taps
+# come out of two loads by one two-source permute each (AVX2 needed a shuffle and a cross-lane permute per tap,
+# then put the lanes back in order), and a compare writes a mask register that selects the maximum and the
+# index (AVX2: a compare and two blends). Rows with 8..15 outputs keep the 8-wide blocks.
+cdef extern from *:
+    """
+    #if defined(__AVX512F__)
+    #include <immintrin.h>
+    #include <float.h>
+    #define CAFFE_POOL_AVX512 1
+    static inline void caffe_pool_take16(__m512 v, __m512i at, __m512* m, __m512i* idx) {
+        __mmask16 g = _mm512_cmp_ps_mask(v, *m, _CMP_GT_OQ);
+        *m = _mm512_mask_mov_ps(*m, g, v);
+        *idx = _mm512_mask_mov_epi32(*idx, g, at);
+    }
+    /* src[2i] and src[2i + 1], i < 16, from src[0..31] */
+    static inline void caffe_pool_s2_taps16(const float* src, __m512* t0, __m512* t1) {
+        __m512 a = _mm512_loadu_ps(src), b = _mm512_loadu_ps(src + 16);
+        *t0 = _mm512_permutex2var_ps(a, _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), b);
+        *t1 = _mm512_permutex2var_ps(a, _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31), b);
+    }
+    /* windows 0..15 of a 3-wide, stride-2 row: taps src[2i], src[2i + 1], src[2i + 2] (reads src[0..32]) */
+    static inline void caffe_pool_k3s2_taps16(const float* src, __m512* t0, __m512* t1, __m512* t2) {
+        caffe_pool_s2_taps16(src, t0, t1);
+        /* t0 moved down one lane, src[32] into the top one */
+        *t2 = _mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(_mm512_set1_ps(src[32])),
+                                                      _mm512_castps_si512(*t0), 1));
+    }
+    static inline void caffe_pool_h_k3s2_f16(const float* src, float* hm, int* hc) {
+        __m512 t0, t1, t2, m = _mm512_set1_ps(-FLT_MAX);
+        __m512i c = _mm512_set1_epi32(-1);
+        caffe_pool_k3s2_taps16(src, &t0, &t1, &t2);
+        caffe_pool_take16(t0, _mm512_setzero_si512(), &m, &c);
+        caffe_pool_take16(t1, _mm512_set1_epi32(1), &m, &c);
+        caffe_pool_take16(t2, _mm512_set1_epi32(2), &m, &c);
+        _mm512_storeu_ps(hm, m);
+        _mm512_storeu_si512((void*)hc, c);
+    }
+    static inline void caffe_poolv_h_k3s2_f16(const float* src, float* hm) {
+        __m512 t0, t1, t2;
+        caffe_pool_k3s2_taps16(src, &t0, &t1, &t2);
+        __m512 m = _mm512_max_ps(t0, _mm512_set1_ps(-FLT_MAX));
+        m = _mm512_max_ps(t1, m);
+        _mm512_storeu_ps(hm, _mm512_max_ps(t2, m));
+    }
+    static inline void caffe_pool_v3_f16(const float* h0, const float* h1, const float* h2, const int* c0,
+                                         const int* c1, const int* c2, float* yr, int* mr, int pw, int r0,
+                                         int r1, int r2, int s, int p0) {
+        __m512i w = _mm512_add_epi32(_mm512_set1_epi32(s * pw - p0),
+                                     _mm512_mullo_epi32(_mm512_set1_epi32(s),
+                                                        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)));
+        __m512i t = _mm512_loadu_si512((const void*)(c0 + pw));
+        __m512i idx = _mm512_mask_mov_epi32(_mm512_set1_epi32(-1),
+                                            _mm512_cmpgt_epi32_mask(t, _mm512_set1_epi32(-1)),
+                                            _mm512_add_epi32(_mm512_add_epi32(w, _mm512_set1_epi32(r0)), t));
+        __m512 m = _mm512_loadu_ps(h0 + pw);
+        caffe_pool_take16(_mm512_loadu_ps(h1 + pw),
+                          _mm512_add_epi32(_mm512_add_epi32(w, _mm512_set1_epi32(r1)),
+                                           _mm512_loadu_si512((const void*)(c1 + pw))), &m, &idx);
+        caffe_pool_take16(_mm512_loadu_ps(h2 + pw),
+                          _mm512_add_epi32(_mm512_add_epi32(w, _mm512_set1_epi32(r2)),
+                                           _mm512_loadu_si512((const void*)(c2 + pw))), &m, &idx);
+        _mm512_storeu_ps(yr + pw, m);
+        _mm512_storeu_si512((void*)(mr + pw), idx);
+    }
+    /* outputs 0..15 of a 2x2 / stride 2 output row (reads r0[0..31], r1[0..31]), argmax top + {0, 1, W, W + 1} */
+    static inline void caffe_pool_2x2_f16(const float* r0, const float* r1, float* y, int* mask, int top0,
+                                          int W) {
+        __m512 t0, t1, t2, t3, m = _mm512_set1_ps(-FLT_MAX);
+        __m512i top = _mm512_add_epi32(_mm512_set1_epi32(top0),
+                                       _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30));
+        __m512i idx = _mm512_set1_epi32(-1);
+        caffe_pool_s2_taps16(r0, &t0, &t1);
+        caffe_pool_s2_taps16(r1, &t2, &t3);
+        caffe_pool_take16(t0, top, &m, &idx);
+        caffe_pool_take16(t1, _mm512_add_epi32(top, _mm512_set1_epi32(1)), &m, &idx);
+        caffe_pool_take16(t2, _mm512_add_epi32(top, _mm512_set1_epi32(W)), &m, &idx);
+        caffe_pool_take16(t3, _mm512_add_epi32(top, _mm512_set1_epi32(W + 1)), &m, &idx);
+        _mm512_storeu_ps(y, m);
+        _mm512_storeu_si512((void*)mask, idx);
+    }
+    static inline void caffe_poolv_2x2_f16(const float* r0, const float* r1, float* y) {
+        __m512 t0, t1, t2, t3;
+        caffe_pool_s2_taps16(r0, &t0, &t1);
+        caffe_pool_s2_taps16(r1, &t2, &t3);
+        __m512 m = _mm512_max_ps(t0, _mm512_set1_ps(-FLT_MAX));
+        m = _mm512_max_ps(t1, m);
+        m = _mm512_max_ps(t2, m);
+        _mm512_storeu_ps(y, _mm512_max_ps(t3, m));
+    }
+    /* the values alone, one output row: the maximum over `rows` rows of row maxima (stride PW) of v > m ? v : m
+       (MAXPS), rows in order; blocks of sixteen, the last one ending at the row's end (PW >= 16). Spelled out:
+       the compiler's 16-wide loop spent longer in its remainder than in the blocks at the nets' widths */
+    static inline void caffe_poolv_vrows_f16(const float* h0, Py_ssize_t rows, Py_ssize_t PW, float* yr) {
+        Py_ssize_t pw = 0, r;
+        for (;;) {
+            if (pw + 16 > PW)
+                pw = PW - 16;
+            __m512 m = _mm512_loadu_ps(h0 + pw);
+            for (r = 1; r < rows; r++)
+                m = _mm512_max_ps(_mm512_loadu_ps(h0 + r * PW + pw), m);
+            _mm512_storeu_ps(yr + pw, m);
+            if (pw + 16 >= PW)
+                break;
+            pw += 16;
+        }
+    }
+    #else
+    #define CAFFE_POOL_AVX512 0
+    static inline void caffe_poolv_vrows_f16(const float* h0, Py_ssize_t rows, Py_ssize_t PW, float* yr) {}
+    static inline void caffe_pool_h_k3s2_f16(const float* src, float* hm, int* hc) {}
+    static inline void caffe_poolv_h_k3s2_f16(const float* src, float* hm) {}
+    static inline void caffe_pool_v3_f16(const float* h0, const float* h1, const float* h2, const int* c0,
+                                         const int* c1, const int* c2, float* yr, int* mr, int pw, int r0,
+                                         int r1, int r2, int s, int p0) {}
+    static inline void caffe_pool_2x2_f16(const float* r0, const float* r1, float* y, int* mask, int top0,
+                                          int W) {}
+    static inline void caffe_poolv_2x2_f16(const float* r0, const float* r1, float* y) {}
+    #endif
+    """
+    bint CAFFE_POOL_AVX512
+    void caffe_pool_h_k3s2_f16(const float* src, float* hm, int* hc) nogil
+    void caffe_poolv_h_k3s2_f16(const float* src, float* hm) nogil
+    void caffe_pool_v3_f16(const float* h0, const float* h1, const float* h2, const int* c0, const int* c1,
+                           const int* c2, float* yr, int* mr, int pw, int r0, int r1, int r2, int s, int p0) nogil
+    void caffe_pool_2x2_f16(const float* r0, const float* r1, float* y, int* mask, int top0, int W) nogil
+    void caffe_poolv_2x2_f16(const float* r0, const float* r1, float* y) nogil
+    void caffe_poolv_vrows_f16(const float* h0, Py_ssize_t rows, Py_ssize_t PW, float* yr) nogil
 
 
 cdef inline void _max_hrow_k3s2(const real* src, real* hm, int* hc, Py_ssize_t lo,
@@ -285,6 +433,14 @@ cdef inline void _max_hrow_k3s2(const real* src, real* hm, int* hc, Py_ssize_t l
     cdef real m, v
     cdef int c
     if real is float:
+        if CAFFE_POOL_AVX512 and hi - lo >= 16:
+            pw = lo
+            while pw + 16 <= hi:
+                caffe_pool_h_k3s2_f16(src + 2 * pw, hm + pw, hc + pw)
+                pw += 16
+            if pw < hi:
+                caffe_pool_h_k3s2_f16(src + 2 * (hi - 16), hm + hi - 16, hc + hi - 16)
+            return
         if CAFFE_POOL_AVX2 and hi - lo >= 8:
             pw = lo
             while pw + 8 <= hi:
@@ -346,6 +502,14 @@ cdef inline void _maxv_hrow(const real* src, real* hm, Py_ssize_t lo, Py_ssize_t
     cdef real m, v
     if kw == 3 and sw == 2:
         if real is float:
+            if CAFFE_POOL_AVX512 and hi - lo >= 16:
+                pw = lo
+                while pw + 16 <= hi:
+                    caffe_poolv_h_k3s2_f16(src + 2 * pw, hm + pw)
+                    pw += 16
+                if pw < hi:
+                    caffe_poolv_h_k3s2_f16(src + 2 * (hi - 16), hm + hi - 16)
+                return
             if CAFFE_POOL_AVX2 and hi - lo >= 8:
                 pw = lo
                 while pw + 8 <= hi:
@@ -407,6 +571,13 @@ cdef inline void _maxv_vrows(const real* hm, real* yr, Py_ssize_t hs, Py_ssize_t
             yr[pw] = -FLT_MAX
         return
     h0 = hm + hs * PW
+    if real is float:
+        if CAFFE_POOL_AVX512 and PW >= 16:
+            caffe_poolv_vrows_f16(h0, he - hs, PW, yr)
+            return
+        if CAFFE_POOL_AVX2 and PW >= 8:
+            caffe_poolv_vrows_f8(h0, he - hs, PW, yr)
+            return
     for pw in range(PW):
         yr[pw] = h0[pw]
     for h in range(hs + 1, he):  # contiguous rows, no branch: vectorizes (MAXPS)
@@ -425,10 +596,40 @@ cdef inline void _hrow_edge(const real* xr, real* hr, int* cr, Py_ssize_t W, Py_
         _maxv_hrow_edge(xr, hr, W, pw, kw, sw, pad_w)
 
 
+# The next plane's lines are asked for (into L2) while the vertical pass works on this plane's row maxima, which
+# are in cache: without it the memory bus idles through that pass (the horizontal one reads the plane at full
+# speed, then nothing is read until the next plane starts). Only a hint: the results do not depend on it.
+cdef extern from *:
+    """
+    #if defined(__GNUC__)
+    #define caffe_pool_prefetch(p) __builtin_prefetch((p), 0, 2)
+    #else
+    #define caffe_pool_prefetch(p) ((void)(p))
+    #endif
+    """
+    void caffe_pool_prefetch(const char* p) nogil
+
+cdef enum:
+    PREFETCH_CHUNK = 4  # MAX pooling planes per grab (at least): the plane after this one is the same thread's
+    # planes at least this big (bytes) are prefetched: smaller ones come many to a grab, one contiguous run the
+    # hardware prefetcher follows (27x27: 0.9-0.96x with the hints, 55x55 1.0, 56x56 1.17, 112x112 1.15-1.27)
+    PREFETCH_MIN_BYTES = 8192
+
+
+cdef inline void _prefetch_part(const char* nxt, Py_ssize_t nbytes, Py_ssize_t part, Py_ssize_t parts) noexcept nogil:
+    """Part `part` of `parts` of the 64-byte lines of nxt[0..nbytes)."""
+    cdef Py_ssize_t lines = (nbytes + 63) // 64, per = (lines + parts - 1) // parts, l, end
+    end = (part + 1) * per
+    if end > lines:
+        end = lines
+    for l in range(part * per, end):
+        caffe_pool_prefetch(nxt + 64 * l)
+
+
 cdef inline void _max_plane_sep(const real* x, real* y, int* mask, real* hm, int* hc,
                                 Py_ssize_t H, Py_ssize_t W, Py_ssize_t PH, Py_ssize_t PW,
                                 Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t sh, Py_ssize_t sw,
-                                Py_ssize_t pad_h, Py_ssize_t pad_w) noexcept nogil:
+                                Py_ssize_t pad_h, Py_ssize_t pad_w, const real* nxt) noexcept nogil:
     cdef Py_ssize_t h, ph, pw, lo, hi, hs, he
     cdef const real* xr
     cdef real* hr
@@ -471,6 +672,8 @@ cdef inline void _max_plane_sep(const real* x, real* y, int* mask, real* hm, int
             for pw in range(hi, PW):
                 _hrow_edge(xr, hr, cr, W, pw, kw, sw, pad_w)
     for ph in range(PH):
+        if nxt != NULL:
+            _prefetch_part(<const char*>nxt, H * W * sizeof(real), ph, PH)
         hs = ph * sh - pad_h
         he = hs + kh
         if he > H:
@@ -505,6 +708,14 @@ cdef inline void _max_vrows(const real* hm, const int* hc, real* yr, int* mr, Py
         h2 = h1 + PW
         c2 = c1 + PW
         if real is float:
+            if CAFFE_POOL_AVX512 and n >= 16:
+                pw = 0
+                while pw + 16 <= n:
+                    caffe_pool_v3_f16(h0, h1, h2, c0, c1, c2, yr, mr, pw, r0, r1, r2, s, p0)
+                    pw += 16
+                if pw < n:
+                    caffe_pool_v3_f16(h0, h1, h2, c0, c1, c2, yr, mr, n - 16, r0, r1, r2, s, p0)
+                return
             if CAFFE_POOL_AVX2 and n >= 8:
                 pw = 0
                 while pw + 8 <= n:
@@ -688,6 +899,17 @@ cdef inline void _max_plane_2x2(const real* x, real* y, int* mask, Py_ssize_t W,
         r0 = x + 2 * ph * W
         r1 = r0 + W
         if real is float:
+            if CAFFE_POOL_AVX512 and PW >= 16:  # blocks of sixteen; the last one ends at the row's last output
+                pw = 0
+                while pw + 16 <= PW:
+                    caffe_pool_2x2_f16(r0 + 2 * pw, r1 + 2 * pw, y + ph * PW + pw, mask + ph * PW + pw,
+                                       <int>(2 * ph * W + 2 * pw), <int>W)
+                    pw += 16
+                if pw < PW:
+                    pw = PW - 16
+                    caffe_pool_2x2_f16(r0 + 2 * pw, r1 + 2 * pw, y + ph * PW + pw, mask + ph * PW + pw,
+                                       <int>(2 * ph * W + 2 * pw), <int>W)
+                continue
             if CAFFE_POOL_AVX2 and PW >= 8:  # blocks of eight; the last one ends at the row's last output
                 pw = 0
                 while pw + 8 <= PW:
@@ -733,6 +955,15 @@ cdef inline void _maxv_plane_2x2(const real* x, real* y, Py_ssize_t W, Py_ssize_
         r0 = x + 2 * ph * W
         r1 = r0 + W
         if real is float:
+            if CAFFE_POOL_AVX512 and PW >= 16:
+                pw = 0
+                while pw + 16 <= PW:
+                    caffe_poolv_2x2_f16(r0 + 2 * pw, r1 + 2 * pw, y + ph * PW + pw)
+                    pw += 16
+                if pw < PW:
+                    pw = PW - 16
+                    caffe_poolv_2x2_f16(r0 + 2 * pw, r1 + 2 * pw, y + ph * PW + pw)
+                continue
             if CAFFE_POOL_AVX2 and PW >= 8:
                 pw = 0
                 while pw + 8 <= PW:
@@ -777,6 +1008,7 @@ def max_pool_forward(const real[::1] x, real[::1] y, int[::1] mask, Py_ssize_t p
                            and 2 * PH == H and 2 * PW == W)
     cdef real* hm
     cdef int* hc
+    cdef const real* nxt
     if whole_2x2:
         with nogil:
             for p in prange(planes, schedule="dynamic", chunksize=g, num_threads=nt):
@@ -785,6 +1017,9 @@ def max_pool_forward(const real[::1] x, real[::1] y, int[::1] mask, Py_ssize_t p
                 else:
                     _maxv_plane_2x2(xp + p * H * W, yp + p * PH * PW, W, PH, PW)
         return
+    cdef bint prefetch = H * W * sizeof(real) >= PREFETCH_MIN_BYTES
+    if prefetch and g < PREFETCH_CHUNK:
+        g = PREFETCH_CHUNK
     with nogil, parallel(num_threads=nt):
         # per thread: the plane's row maxima and their columns
         hm = <real*>malloc(H * PW * sizeof(real) + H * PW * sizeof(int) + 64)
@@ -793,13 +1028,16 @@ def max_pool_forward(const real[::1] x, real[::1] y, int[::1] mask, Py_ssize_t p
                 raise MemoryError()
         else:
             hc = <int*>(hm + H * PW)
+            # dynamic chunks are consecutive planes from a multiple of g: plane p + 1 is this thread's next
+            # unless p ends its chunk
             for p in prange(planes, schedule="dynamic", chunksize=g):
+                nxt = xp + (p + 1) * H * W if prefetch and (p + 1) % g != 0 and p + 1 < planes else NULL
                 if mp != NULL:
                     _max_plane_sep(xp + p * H * W, yp + p * PH * PW, mp + p * PH * PW, hm, hc, H, W, PH, PW,
-                                   kh, kw, sh, sw, pad_h, pad_w)
+                                   kh, kw, sh, sw, pad_h, pad_w, nxt)
                 else:  # the values alone (hc, mask NULL)
                     _max_plane_sep(xp + p * H * W, yp + p * PH * PW, NULL, hm, NULL, H, W, PH, PW,
-                                   kh, kw, sh, sw, pad_h, pad_w)
+                                   kh, kw, sh, sw, pad_h, pad_w, nxt)
             free(hm)
 
 
