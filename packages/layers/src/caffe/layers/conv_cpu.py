@@ -437,7 +437,8 @@ def dense_products(layer, dtype=np.float32):
 DENSE_MAX_OG = 64
 DENSE_MAX_KD = 1024
 # With the kernels' AVX-512 variant (kernels.conv_direct_avx2.AVX512: 16 lanes, rows of any width fill them)
-# the dense products beat OpenBLAS's GEMM (its Haswell AVX2 kernels on Zen 5) on wider layers too, where the
+# the dense products beat OpenBLAS's GEMM (its Haswell AVX2 kernels, which the development VM's environment
+# selects with OPENBLAS_CORETYPE=Haswell; not re-measured against its SkylakeX ones) on wider layers too, where the
 # output plane has DENSE512_MIN_PLANE positions or more (CPU time, ab_conv_dense.py --modes off,avx512):
 # CaffeNet conv2-5 0.35-0.60x, ResNet-50's 3x3 128x28x28 0.46-0.65x and 256x14x14 0.64x (b8; 0.94x at b1),
 # GoogLeNet 3a / 4a 3x3 0.49 / 0.64x. Not on 7x7 planes (49 positions in 4 vectors of 16): ResNet-50 512x7x7
