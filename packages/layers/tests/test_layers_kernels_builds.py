@@ -223,20 +223,26 @@ def test_the_layers_load_the_avx512_builds_where_the_cpu_has_avx512():
 @pytest.mark.parametrize("env, suffix", [({"CAFFE_KERNELS_AVX512": "0"}, "_avx2"), ({"CAFFE_KERNELS_AVX2": "0"}, ""),
                                          ({"CAFFE_KERNELS_AVX512": "1"}, None)])
 def test_the_switches_choose_the_builds(env, suffix):
-    """CAFFE_KERNELS_AVX512=0 keeps the AVX2 builds, CAFFE_KERNELS_AVX2=0 the baseline ones (for AVX-512 too), by
-    default the widest build this CPU runs (a fresh process: the choice is made at import)."""
+    """CAFFE_KERNELS_AVX512=0 keeps the AVX2 builds (and the dense convolution's AVX2 variant), CAFFE_KERNELS_AVX2=0
+    the baseline ones (for AVX-512 too), by default the widest build this CPU runs, for every family with builds:
+    elementwise, softmax, channelwise, normalization, pooling (a fresh process: the choice is made at import)."""
+    widest = "_avx512" if _cpu.cpu_has_avx512() else "_avx2"
     if suffix is None:
-        suffix = "_avx512" if _cpu.cpu_has_avx512() else "_avx2"
+        suffix = widest
     if suffix and not (_cpu.cpu_has_avx2() and _cpu.cpu_has_avx2("FMA3")):
         suffix = ""
-    full = {k: v for k, v in os.environ.items() if not k.startswith("CAFFE_KERNELS_")}
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("CAFFE_KERNELS_", "CAFFE_CONV_DENSE"))}
     full.update(env)
-    out = subprocess.run([sys.executable, "-c", "from caffe.layers import _cpu; "
-                          "print(_cpu.elementwise.__name__, _cpu.softmax.__name__, _cpu.channelwise.__name__)"],
+    out = subprocess.run([sys.executable, "-c", "from caffe.layers import _cpu, pooling; "
+                          "from caffe.layers.kernels import conv_direct_avx2 as cd; "
+                          "print(_cpu.elementwise.__name__, _cpu.softmax.__name__, _cpu.channelwise.__name__, "
+                          "_cpu.normalization.__name__, pooling._k.__name__, cd.AVX512)"],
                          env=full, capture_output=True, text=True, check=True).stdout.split()
     # (channelwise has no AVX2 build: the baseline one unless AVX-512)
     assert out == [f"caffe.layers.kernels.elementwise{suffix}", f"caffe.layers.kernels.softmax{suffix}",
-                   f"caffe.layers.kernels.channelwise{'_avx512' if suffix == '_avx512' else ''}"]
+                   f"caffe.layers.kernels.channelwise{'_avx512' if suffix == '_avx512' else ''}",
+                   f"caffe.layers.kernels.normalization{suffix}", f"caffe.layers.kernels.pooling{suffix}",
+                   str(widest == "_avx512" and env.get("CAFFE_KERNELS_AVX512") != "0")]
 
 
 @pytest.mark.parametrize("build", ["avx2", "avx512"])
@@ -292,22 +298,6 @@ def test_softmax_special_values_as_the_baseline_build(build, shape, dtype, seed)
         assert np.array_equal(np.isnan(got), np.isnan(want))
         ok = ~np.isnan(want)
         np.testing.assert_allclose(got[ok], want[ok], rtol=r, atol=r)
-
-
-@pytest.mark.parametrize("env, suffix", [({"CAFFE_KERNELS_AVX512": "0"}, "_avx2"), ({"CAFFE_KERNELS_AVX2": "0"}, ""),
-                                         ({"CAFFE_KERNELS_AVX512": "1"}, None)])
-def test_the_switches_choose_the_normalization_and_pooling_builds(env, suffix):
-    """The same switches for kernels.normalization (_cpu.normalization) and kernels.pooling (pooling._k)."""
-    if suffix is None:
-        suffix = "_avx512" if _cpu.cpu_has_avx512() else "_avx2"
-    if suffix and not _cpu.cpu_has_avx2():
-        suffix = ""
-    full = {k: v for k, v in os.environ.items() if not k.startswith("CAFFE_KERNELS_")}
-    full.update(env)
-    out = subprocess.run([sys.executable, "-c", "from caffe.layers import _cpu, pooling; "
-                          "print(_cpu.normalization.__name__, pooling._k.__name__)"],
-                         env=full, capture_output=True, text=True, check=True).stdout.split()
-    assert out == [f"caffe.layers.kernels.normalization{suffix}", f"caffe.layers.kernels.pooling{suffix}"]
 
 
 def _channelwise_reference(op, x, dy, s, b, outer, dim, inner):

@@ -736,10 +736,12 @@ def avx512_supported() -> bool:
 
 # Which variant forward and backward_weight_oc run: True, the AVX-512 ones (16 lanes) where the CPU has
 # AVX-512F, 0.5-0.66x the AVX2 time on Zen 5 at CIFAR10-quick's shapes (bench/ab_conv_dense.py --modes
-# avx2,avx512; bench/README.md, session 10); False, or CAFFE_CONV_DENSE_AVX512=0 in the environment: the
-# AVX2 ones (benchmarks A/B the two). Both give the same bits: each output's FMAs and each weight diff's
-# sums run in the same order. conv_cpu.dense_rule reads it too (AVX-512 takes wider layers dense).
-AVX512 = avx512_supported() and os.environ.get("CAFFE_CONV_DENSE_AVX512", "1") != "0"
+# avx2,avx512; bench/README.md, session 10); False, or CAFFE_CONV_DENSE_AVX512=0 (this module alone) or
+# CAFFE_KERNELS_AVX512=0 (every AVX-512 build, as caffe.layers._cpu reads it) in the environment: the AVX2
+# ones (benchmarks A/B the two). Both give the same bits: each output's FMAs and each weight diff's sums run
+# in the same order. conv_cpu.dense_rule reads it too (AVX-512 takes wider layers dense).
+AVX512 = (avx512_supported() and os.environ.get("CAFFE_CONV_DENSE_AVX512", "1") != "0"
+          and os.environ.get("CAFFE_KERNELS_AVX512", "1") != "0")
 
 
 cdef bint _avx512() except -1:
