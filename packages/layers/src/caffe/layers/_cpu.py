@@ -66,6 +66,9 @@ normalization = _load("normalization", avx512=USE_AVX512)
 softmax = _load("softmax", avx2=USE_AVX2 and cpu_has_avx2("FMA3"), avx512=USE_AVX512 and cpu_has_avx2("FMA3"))
 # channelwise: no AVX2 build (memory-bound there); the AVX-512 one widens the backward's double sums 8 at a time
 channelwise = _load("channelwise", avx2=False, avx512=USE_AVX512)
+# skinny_gemm: InnerProduct at batch 1-16 (float32; FMA in the AVX2 and AVX-512 builds)
+skinny_gemm = _load("skinny_gemm", avx2=USE_AVX2 and cpu_has_avx2("FMA3"),
+                    avx512=USE_AVX512 and cpu_has_avx2("FMA3"))
 
 # The neuron operations of kernels.elementwise (its Neuron enum; a test checks they agree).
 (RELU, SIGMOID, TANH, ELU, POWER, EXP, LOG, ABSVAL, BNLL, THRESHOLD, CLIP, SWISH, AFFINE) = range(13)

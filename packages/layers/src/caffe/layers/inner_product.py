@@ -4,19 +4,35 @@ The bottom is read as (M, K) with M = count(0, axis) and K = count(axis);
 top (M, N) = bottom @ W^T + b with W (N, K), or bottom @ W with W (K, N) when
 inner_product_param.transpose is set. One GEMM each way, written into the blobs'
 memory; parameter gradients accumulate, as in Caffe.
+
+On the CPU, at a short batch (M up to SKINNY_MAX_M) and float32, the three products run in
+caffe.layers.kernels.skinny_gemm, which reads the weights (and reads and writes the weight diff) once;
+NumPy's GEMM (OpenBLAS) packs the weight panel first and is shaped for a long M. The sums round
+differently from OpenBLAS's, within float32 summation error (the kernels' properties bound it).
 """
 from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from caffe.blob import Blob
-from caffe.layers import filler
+from caffe.layers import _cpu, filler
 from caffe.layers.conv_base import adopt_param_shape
 from caffe.layers.layer import Layer, dtype_of
 from caffe.layers.registry import register_layer
 
 
 WGRAD_BLOCK = 1 << 20  # elements of the weight-gradient scratch block
+
+# The batch sizes M at which skinny_gemm's kernels run each product (measured against NumPy's OpenBLAS
+# sgemm on CaffeNet's fc6 / fc7 / fc8 and a 2048 -> 1000 classifier, one and two threads, script in
+# packages/layers/bench/ab_skinny_gemm.py): "dots" (the forward; a transposed layer's bottom diff) and
+# "rank" (the weight diff) from batch 1 or 2 to 16, "combine" (the bottom diff; a transposed layer's
+# forward) to 8. At batch 1 NumPy's GEMV already streams the weights at memory speed; its weight diff
+# (a GER through the scratch block) does not, so "rank" starts at 1.
+SKINNY = True  # False: NumPy's GEMM for every product (A/B and tests)
+SKINNY_M = {"dots": (2, 16), "combine": (2, 8), "rank": (1, 16)}
 
 
 @register_layer("InnerProduct")
@@ -86,29 +102,53 @@ class InnerProductLayer(Layer):
                 xp.full(shape, fill, dtype=dtype)
         return buf
 
+    def _skinny(self, xp, product, *arrays):
+        """kernels.skinny_gemm when it runs this product (CPU, every operand float32, M in SKINNY_M[product]),
+        else None."""
+        lo, hi = SKINNY_M[product]
+        if (SKINNY and xp is np and _cpu.skinny_gemm is not None and lo <= self.M <= hi
+                and all(a.dtype == np.float32 for a in arrays)):
+            return _cpu.skinny_gemm
+        return None
+
     def forward_xp(self, xp, bottom, top):
         x = bottom[0].data_xp(xp).reshape(self.M, self.K)
         w = self._weight2d(self.blobs[0].data_xp(xp))
         y = top[0].mutable_data_xp(xp).reshape(self.M, self.num_output)
+        b = self.blobs[1].data_xp(xp).reshape(-1) if self.bias_term else None
+        sk = self._skinny(xp, "combine" if self.transpose else "dots", x, w, y, *([b] if b is not None else []))
+        if sk is not None:
+            if self.transpose:  # y = x (M, K) @ W (K, N)
+                sk.combine(x.reshape(-1), w.reshape(-1), y.reshape(-1), b, self.M, self.K, self.num_output)
+            else:  # y = x (M, K) @ W (N, K)^T
+                sk.dots(x.reshape(-1), w.reshape(-1), y.reshape(-1), b, self.M, self.num_output, self.K)
+            return
         xp.matmul(x, w if self.transpose else w.T, out=y)
         if self.bias_term:
-            y += self.blobs[1].data_xp(xp).reshape(1, self.num_output)
+            y += b.reshape(1, self.num_output)
 
     def backward_xp(self, xp, top, propagate_down, bottom):
         dy = top[0].diff_xp(xp).reshape(self.M, self.num_output)
         if self.param_propagate_down(0):
             x = bottom[0].data_xp(xp).reshape(self.M, self.K)
             wd = self._weight2d(self.blobs[0].mutable_diff_xp(xp))
-            # Caffe accumulates into the diff (GEMM with beta = 1); NumPy cannot, so the product goes
-            # through a scratch block of at most WGRAD_BLOCK elements, not a second weight-sized array.
-            a, b = (x.T, dy) if self.transpose else (dy.T, x)  # wd = a @ b, (rows, cols)
-            rows = max(1, min(wd.shape[0], WGRAD_BLOCK // max(wd.shape[1], 1)))
-            tmp = self._tmp(xp, (rows, wd.shape[1]), wd.dtype)
-            for r0 in range(0, wd.shape[0], rows):
-                r1 = min(r0 + rows, wd.shape[0])
-                part = tmp[: r1 - r0]
-                xp.matmul(a[r0:r1], b, out=part)
-                wd[r0:r1] += part
+            sk = self._skinny(xp, "rank", x, dy, wd)
+            if sk is not None:
+                if self.transpose:  # wd (K, N) += x^T dy
+                    sk.rank_update(x.reshape(-1), dy.reshape(-1), wd.reshape(-1), self.M, self.K, self.num_output)
+                else:  # wd (N, K) += dy^T x
+                    sk.rank_update(dy.reshape(-1), x.reshape(-1), wd.reshape(-1), self.M, self.num_output, self.K)
+            else:
+                # Caffe accumulates into the diff (GEMM with beta = 1); NumPy cannot, so the product goes
+                # through a scratch block of at most WGRAD_BLOCK elements, not a second weight-sized array.
+                a, b = (x.T, dy) if self.transpose else (dy.T, x)  # wd = a @ b, (rows, cols)
+                rows = max(1, min(wd.shape[0], WGRAD_BLOCK // max(wd.shape[1], 1)))
+                tmp = self._tmp(xp, (rows, wd.shape[1]), wd.dtype)
+                for r0 in range(0, wd.shape[0], rows):
+                    r1 = min(r0 + rows, wd.shape[0])
+                    part = tmp[: r1 - r0]
+                    xp.matmul(a[r0:r1], b, out=part)
+                    wd[r0:r1] += part
         if self.bias_term and self.param_propagate_down(1):
             bd = self.blobs[1].mutable_diff_xp(xp).reshape(self.num_output)
             ones = self._tmp(xp, (self.M,), dy.dtype, fill=1)
@@ -116,4 +156,10 @@ class InnerProductLayer(Layer):
         if propagate_down[0]:
             w = self._weight2d(self.blobs[0].data_xp(xp))
             dx = bottom[0].mutable_diff_xp(xp).reshape(self.M, self.K)
-            xp.matmul(dy, w.T if self.transpose else w, out=dx)
+            sk = self._skinny(xp, "dots" if self.transpose else "combine", dy, w, dx)
+            if sk is None:
+                xp.matmul(dy, w.T if self.transpose else w, out=dx)
+            elif self.transpose:  # dx (M, K) = dy (M, N) @ W (K, N)^T
+                sk.dots(dy.reshape(-1), w.reshape(-1), dx.reshape(-1), None, self.M, self.K, self.num_output)
+            else:  # dx (M, K) = dy (M, N) @ W (N, K)
+                sk.combine(dy.reshape(-1), w.reshape(-1), dx.reshape(-1), None, self.M, self.num_output, self.K)

@@ -13,6 +13,8 @@
   channelwise    per-channel operands on (outer, dim, inner): Scale(+Bias), Bias, PReLU, BatchNorm global stats
   normalization  BatchNorm with batch statistics (sums in double), LRN across channels
   softmax        Softmax forward / backward, SoftmaxWithLoss's gradient
+  skinny_gemm    InnerProduct's three products at a short batch (1-16 rows): one pass over the
+                 weights (float32)
   *_avx2, *_avx512  the same sources compiled for AVX2 / AVX-512 (elementwise_avx2.pyx ...), chosen at
              import by caffe.layers._cpu where the CPU has them
   _threads   (Cython include) how many OpenMP threads a kernel takes
