@@ -293,16 +293,18 @@ cdef inline Py_ssize_t _bound(Py_ssize_t total, Py_ssize_t align, int end) noexc
     return min(total, (units * t // nt) * align)
 
 
-def dots(const float[::1] a, const float[::1] B, float[::1] out, bias, Py_ssize_t M, Py_ssize_t N,
+cdef const float* _optional(const float[::1] bias, Py_ssize_t need) except? NULL:
+    if bias is None:
+        return NULL
+    _need(bias.shape[0], need, "bias")
+    return &bias[0] if need else NULL
+
+
+def dots(const float[::1] a, const float[::1] B, float[::1] out, const float[::1] bias, Py_ssize_t M, Py_ssize_t N,
          Py_ssize_t K):
     """out (M, N) = a (M, K) @ B (N, K)^T (+ bias (N,) when given)."""
     _need(a.shape[0], M * K, "a"); _need(B.shape[0], N * K, "B"); _need(out.shape[0], M * N, "out")
-    cdef const float[::1] bv
-    cdef const float* bp = NULL
-    if bias is not None:
-        bv = bias
-        _need(bv.shape[0], N, "bias")
-        bp = &bv[0]
+    cdef const float* bp = _optional(bias, N)
     if M * N == 0:
         return
     cdef const float* ap = &a[0] if K else NULL
@@ -316,16 +318,11 @@ def dots(const float[::1] a, const float[::1] B, float[::1] out, bias, Py_ssize_
             sg_dots(ap, Bp, op, bp, M, N, K, lo, hi)
 
 
-def combine(const float[::1] a, const float[::1] B, float[::1] out, bias, Py_ssize_t M, Py_ssize_t N,
+def combine(const float[::1] a, const float[::1] B, float[::1] out, const float[::1] bias, Py_ssize_t M, Py_ssize_t N,
             Py_ssize_t K):
     """out (M, K) = a (M, N) @ B (N, K) (+ bias (K,) when given)."""
     _need(a.shape[0], M * N, "a"); _need(B.shape[0], N * K, "B"); _need(out.shape[0], M * K, "out")
-    cdef const float[::1] bv
-    cdef const float* bp = NULL
-    if bias is not None:
-        bv = bias
-        _need(bv.shape[0], K, "bias")
-        bp = &bv[0]
+    cdef const float* bp = _optional(bias, K)
     if M * K == 0:
         return
     cdef float* op = &out[0]
