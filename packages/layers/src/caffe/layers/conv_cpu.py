@@ -11,7 +11,9 @@ products, named from the convolution's side (Deconvolution swaps the roles):
 
 "1x1" (Caffe's is_1x1: every kernel side 1, stride 1, no pad): im already is the column
 buffer, so each image's GEMM reads and writes the blobs directly, no lowering (images of
-fewer than ONE_BY_ONE_VIEW_COLS positions are copied side by side into one wider GEMM).
+fewer than ONE_BY_ONE_VIEW_COLS positions are copied side by side into one wider GEMM). Its float32
+forward runs kernels.gemm (an AVX-512 packed GEMM with the bias and activation in its store) where
+GEMM512 is set: an AVX-512 CPU whose NumPy OpenBLAS runs AVX2 kernels (_gemm512_default).
 
 "direct" (group > 1 with at most DIRECT_MAX_PAIRS channel pairs per group: depthwise,
 MobileNet): the kernels of caffe.layers.kernels.depthwise, one (image, group) per OpenMP task.
@@ -64,6 +66,10 @@ try:
     from caffe.layers.kernels import exact_gemm as _eg
 except ImportError:  # pragma: no cover - a source tree without the build
     _eg = None
+try:
+    from caffe.layers.kernels import gemm as _gm
+except ImportError:  # pragma: no cover - a source tree without the build
+    _gm = None
 
 # The exact short-K forward by kernels.exact_gemm (module doc) where it is vectorized; False, or
 # CAFFE_CONV_EXACT_GEMM=0 in the environment: the float64 lowering and GEMM (benchmarks A/B the two).
@@ -92,13 +98,66 @@ ONE_BY_ONE_BYTES = 8 << 20
 # forward and 2x backward; 16 pairs, forward even, backward 1.6x slower).
 DIRECT_MAX_PAIRS = 8
 
+# OpenBLAS core types whose sgemm kernels are AVX-512 ones (its DYNAMIC_ARCH names; Zen 4/5 map to them).
+BLAS_AVX512_CORES = frozenset({"skylakex", "cooperlake", "sapphirerapids"})
+
+
+def blas_corename():
+    """The core type NumPy's OpenBLAS runs ("Haswell", "SkylakeX", ...: its openblas_get_corename), or None
+    when NumPy's BLAS is not an OpenBLAS this finds (read through ctypes from the loaded library)."""
+    import ctypes
+    paths = []
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = sorted({line.split()[-1] for line in maps if "openblas" in line.lower() and "/" in line})
+    except OSError:  # pragma: no cover - not Linux
+        pass
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:  # pragma: no cover
+            continue
+        for name in ("scipy_openblas_get_corename64_", "scipy_openblas_get_corename", "openblas_get_corename64_",
+                     "openblas_get_corename"):
+            fn = getattr(lib, name, None)
+            if fn is not None:
+                fn.restype = ctypes.c_char_p
+                return fn().decode()
+    return None
+
+
+def _gemm512_default() -> bool:
+    """kernels.gemm for the 1x1 plan's float32 forward: the CPU has AVX-512F and NumPy's OpenBLAS runs AVX2
+    kernels (this VM's OPENBLAS_CORETYPE=Haswell; any core type not in BLAS_AVX512_CORES). Measured
+    (bench/ab_gemm512.py, one thread, min of 21, interleaved): 1.2-2.0x OpenBLAS-Haswell's throughput at
+    ResNet-50's 1x1 shapes; against OpenBLAS's own AVX-512 kernels (SkylakeX) it is even to 0.6x, so where
+    OpenBLAS runs those, or NumPy's BLAS is not an OpenBLAS this can name, the 1x1 plan keeps np.matmul."""
+    if _gm is None or not _gm.supported():
+        return False
+    if os.environ.get("CAFFE_KERNELS_AVX512", "1") == "0" or os.environ.get("CAFFE_CONV_GEMM512", "1") == "0":
+        return False
+    core = blas_corename()
+    return core is not None and core.lower() not in BLAS_AVX512_CORES
+
+
+# The 1x1 plan's float32 forward (not the exact short-K one) by kernels.gemm (AVX-512 packed GEMM, bias and
+# activation in its store): _gemm512_default(); CAFFE_CONV_GEMM512=0 or CAFFE_KERNELS_AVX512=0 in the
+# environment turn it off (benchmarks and tests set it False / True; True needs gemm512_supported()).
+GEMM512 = _gemm512_default()
+
+
+def gemm512_supported() -> bool:
+    return _gm is not None and _gm.supported()
+
+
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _NO_ACT = (0, 0.0, 0.0)  # kernels.lowering.ACT_NONE
 
 
 def tunables():
     """The block-size settings and the exact forward's path (a cache key: tests and benchmarks change them)."""
-    return (COL_BLOCK_BYTES, MIN_BLOCK_COLS, ONE_BY_ONE_VIEW_COLS, ONE_BY_ONE_COLS, ONE_BY_ONE_BYTES, EXACT_GEMM)
+    return (COL_BLOCK_BYTES, MIN_BLOCK_COLS, ONE_BY_ONE_VIEW_COLS, ONE_BY_ONE_COLS, ONE_BY_ONE_BYTES, EXACT_GEMM,
+            GEMM512)
 
 
 def available() -> bool:
@@ -147,6 +206,8 @@ class Blocks:
         # the exact forward by kernels.exact_gemm: float32 column blocks (the kernel widens them itself)
         self.kernel = exact and EXACT_GEMM and np.dtype(dtype) == np.float32
         self.cdtype = np.dtype(np.float64) if exact and not self.kernel else np.dtype(dtype)
+        # a 1x1 layer's float32 GEMMs by kernels.gemm (GEMM512)
+        self.gemm512 = self.one_by_one and GEMM512 and not exact and self.cdtype == np.float32
         self.blocks = plan_blocks(num, self.OH, self.OW, self.rows, self.cdtype.itemsize,
                                   not self.one_by_one)
 
@@ -179,6 +240,18 @@ def _gemm_out(layer, b: Blocks, w3, col, out, bias, n0, n1, oh0, oh1, act=None):
     og = Co // g
     nb, p0, Pb = n1 - n0, oh0 * b.OW, (oh1 - oh0) * b.OW
     code, lo, hi = act if act is not None else _NO_ACT
+    if b.gemm512:  # kernels.gemm: the bias and activation in its store when it writes the blob
+        if nb == 1:
+            dst = out[n0][:, p0:p0 + Pb]
+            for gi in range(g):
+                _gm.gemm(w3[gi], col[gi * kd:(gi + 1) * kd], dst[gi * og:(gi + 1) * og],
+                         None if bias is None else bias[gi * og:(gi + 1) * og], 0, code, lo, hi)
+            return
+        res = layer.buffer(np, "gemm", (Co, nb * Pb), col.dtype)
+        for gi in range(g):
+            _gm.gemm(w3[gi], col[gi * kd:(gi + 1) * kd], res[gi * og:(gi + 1) * og])
+        _k.rows_to_batch(res.reshape(-1), out[n0:n1].reshape(-1), bias, nb, Co, b.P, p0, Pb, code, lo, hi)
+        return
     if nb == 1 and col.dtype == out.dtype:  # straight into the blob (NumPy's matmul takes its row stride)
         dst = out[n0][:, p0:p0 + Pb]
         for gi in range(g):
