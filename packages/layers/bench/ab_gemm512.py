@@ -8,7 +8,8 @@ Usage:  OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python packages/layers/bench/ab
 Each case is one Convolution layer (kernel 1, bias, optionally the fused ReLU epilogue) of ResNet-50's 1x1
 shapes at batch 1 and 8; its Forward runs with np.matmul (NumPy's OpenBLAS, whatever core type the environment
 gives it: printed) and with kernels.gemm, alternating, --repeats times each after a warm-up; the figures are the
-minimum and the median wall time, the GFLOP/s of the minimum, and old / new (the speed-up). Both outputs are
+minimum and the median wall time (--backward: of Backward, the bias, weight and bottom diffs: zeroing the
+parameter diffs included), the GFLOP/s of the minimum, and old / new (the speed-up). Both outputs are
 compared first (max |diff| over max |y|). With one thread, the process's CPU time (min) is printed too: far less
 disturbed by other processes on a shared machine than the wall clock. Both settings run even where the
 default choice (conv_cpu.GEMM512) is False, as long as the CPU has AVX-512F.
@@ -34,6 +35,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=21)
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--relu", action="store_true", help="the fused ReLU epilogue (inference folding)")
+    ap.add_argument("--backward", action="store_true",
+                    help="time Backward (weight, bias and bottom diffs) instead of Forward")
     ap.add_argument("--only", default="", help="substring of the case name (e.g. 7x7, 64->256)")
     args = ap.parse_args()
     if not conv_cpu.gemm512_supported():
@@ -56,22 +59,34 @@ def main():
             layer.SetUp(bottom, top)
             if args.relu:
                 layer.epilogue = (1, 0.0, 0.0)
+            top[0].diff[...] = rng.standard_normal(top[0].shape).astype(np.float32)
+
+            def run():
+                if args.backward:
+                    for blob in layer.blobs:
+                        blob.diff[...] = 0
+                    layer.Backward(top, [True], bottom)
+                else:
+                    layer.Forward(bottom, top)
+
             outs = {}
+            layer.Forward(bottom, top)
             for use in (False, True):
                 conv_cpu.GEMM512 = use
-                layer.Forward(bottom, top)
-                outs[use] = top[0].data.copy()
-            err = float(np.abs(outs[True] - outs[False]).max() / np.abs(outs[False]).max())
+                run()
+                outs[use] = [bottom[0].diff.copy(), layer.blobs[0].diff.copy()] if args.backward \
+                    else [top[0].data.copy()]
+            err = max(float(np.abs(a - b).max() / np.abs(b).max()) for a, b in zip(outs[True], outs[False]))
             wall = {False: [], True: []}
             cpu = {False: [], True: []}
             for i in range(args.repeats):
                 for use in ((False, True) if i % 2 == 0 else (True, False)):
                     conv_cpu.GEMM512 = use
                     t0, c0 = time.perf_counter(), time.process_time()
-                    layer.Forward(bottom, top)
+                    run()
                     wall[use].append(time.perf_counter() - t0)
                     cpu[use].append(time.process_time() - c0)
-            fl = 2 * b * ci * co * s * s / 1e9
+            fl = 2 * b * ci * co * s * s / 1e9 * (2 if args.backward else 1)
             old, new = min(wall[False]), min(wall[True])
             ratios.append(old / new)
             line = (f"{name:22s} matmul {old * 1e3:7.3f} ms (med {statistics.median(wall[False]) * 1e3:7.3f}, "

@@ -12,8 +12,9 @@ products, named from the convolution's side (Deconvolution swaps the roles):
 "1x1" (Caffe's is_1x1: every kernel side 1, stride 1, no pad): im already is the column
 buffer, so each image's GEMM reads and writes the blobs directly, no lowering (images of
 fewer than ONE_BY_ONE_VIEW_COLS positions are copied side by side into one wider GEMM). Its float32
-forward runs kernels.gemm (an AVX-512 packed GEMM with the bias and activation in its store) where
-GEMM512 is set: an AVX-512 CPU whose NumPy OpenBLAS runs AVX2 kernels (_gemm512_default).
+GEMMs (the forward, with the bias and activation in the GEMM's store, and the backward's weight diff,
+accumulated in place, and bottom diff) run kernels.gemm, an AVX-512 packed GEMM, where GEMM512 is set: an
+AVX-512 CPU whose NumPy OpenBLAS runs AVX2 kernels (_gemm512_default); the exact short-K forward stays.
 
 "direct" (group > 1 with at most DIRECT_MAX_PAIRS channel pairs per group: depthwise,
 MobileNet): the kernels of caffe.layers.kernels.depthwise, one (image, group) per OpenMP task.
@@ -127,10 +128,12 @@ def blas_corename():
 
 
 def _gemm512_default() -> bool:
-    """kernels.gemm for the 1x1 plan's float32 forward: the CPU has AVX-512F and NumPy's OpenBLAS runs AVX2
-    kernels (this VM's OPENBLAS_CORETYPE=Haswell; any core type not in BLAS_AVX512_CORES). Measured
-    (bench/ab_gemm512.py, one thread, min of 21, interleaved): 1.2-2.0x OpenBLAS-Haswell's throughput at
-    ResNet-50's 1x1 shapes; against OpenBLAS's own AVX-512 kernels (SkylakeX) it is even to 0.6x, so where
+    """kernels.gemm for the 1x1 plan's float32 GEMMs: the CPU has AVX-512F and NumPy's OpenBLAS runs AVX2
+    kernels (the development VM's OPENBLAS_CORETYPE=Haswell; any core type not in BLAS_AVX512_CORES).
+    Measured on Zen 5 (bench/ab_gemm512.py, one thread, min of 15, interleaved, ResNet-50's nine 1x1 shapes
+    at batch 1 and 8): forward 1.5-2.1x OpenBLAS-Haswell's speed (its AVX2 kernels run at the AVX2 peak,
+    ~100 GF/s; this one at 140-215), backward 1.3-2.0x; against OpenBLAS's own AVX-512 kernels (SkylakeX)
+    the forward is 0.87-1.23x (behind on the 7 x 7 and 14 x 14 planes) and the backward even, so where
     OpenBLAS runs those, or NumPy's BLAS is not an OpenBLAS this can name, the 1x1 plan keeps np.matmul."""
     if _gm is None or not _gm.supported():
         return False
@@ -140,8 +143,8 @@ def _gemm512_default() -> bool:
     return core is not None and core.lower() not in BLAS_AVX512_CORES
 
 
-# The 1x1 plan's float32 forward (not the exact short-K one) by kernels.gemm (AVX-512 packed GEMM, bias and
-# activation in its store): _gemm512_default(); CAFFE_CONV_GEMM512=0 or CAFFE_KERNELS_AVX512=0 in the
+# The 1x1 plan's float32 GEMMs (not the exact short-K forward) by kernels.gemm (AVX-512 packed GEMM, bias
+# and activation in its store): _gemm512_default(); CAFFE_CONV_GEMM512=0 or CAFFE_KERNELS_AVX512=0 in the
 # environment turn it off (benchmarks and tests set it False / True; True needs gemm512_supported()).
 GEMM512 = _gemm512_default()
 
@@ -350,7 +353,10 @@ def blocked_backward(layer, dout, weight, im=None, weight_diff=None, im_diff=Non
         if weight_diff is not None or (fwd_out is not None and (not exact_fwd or bf.kernel)):
             one = len(b.blocks) == 1 and kept is not None and kept.dtype == dout.dtype
             col = kept if one else _lowered(layer, b, im, n0, n1, oh0, oh1, dout.dtype)
-        if weight_diff is not None:
+        if weight_diff is not None and b.gemm512 and weight_diff.dtype == np.float32:
+            for gi in range(g):  # accumulated in place (beta 1): dout's rows times the transposed column block
+                _gm.gemm(rows[gi * og:(gi + 1) * og], col[gi * kd:(gi + 1) * kd].T, wd3[gi], None, 1)
+        elif weight_diff is not None:
             tmp = layer.buffer(np, "wgrad", (og, kd), weight_diff.dtype)
             for gi in range(g):
                 np.matmul(rows[gi * og:(gi + 1) * og], col[gi * kd:(gi + 1) * kd].T, out=tmp)
@@ -372,14 +378,15 @@ def _data_block(layer, b: Blocks, w3, rows, im_diff, n0, n1, oh0, oh1):
     g, kd = layer.group, layer.kernel_dim
     og = w3.shape[1]
     nb, Pb = n1 - n0, (oh1 - oh0) * b.OW
+    mm = _gemm512_mm if b.gemm512 and rows.dtype == np.float32 else np.matmul
     if b.one_by_one and nb == 1:  # straight into the blob
         dst = im_diff[n0].reshape(b.rows, b.P)
         for gi in range(g):
-            np.matmul(w3[gi].T, rows[gi * og:(gi + 1) * og], out=dst[gi * kd:(gi + 1) * kd])
+            mm(w3[gi].T, rows[gi * og:(gi + 1) * og], out=dst[gi * kd:(gi + 1) * kd])
         return
     dcol = layer.buffer(np, "dcol", (b.rows, nb * Pb), rows.dtype)
     for gi in range(g):
-        np.matmul(w3[gi].T, rows[gi * og:(gi + 1) * og], out=dcol[gi * kd:(gi + 1) * kd])
+        mm(w3[gi].T, rows[gi * og:(gi + 1) * og], out=dcol[gi * kd:(gi + 1) * kd])
     if b.one_by_one:
         _k.rows_to_batch(dcol.reshape(-1), im_diff[n0:n1].reshape(-1), None, nb, b.rows, b.P, 0, Pb)
         return
@@ -388,6 +395,11 @@ def _data_block(layer, b: Blocks, w3, rows, im_diff, n0, n1, oh0, oh1):
     H, W = geo.im_shape
     _k.col2im_2d(dcol.reshape(-1), im_diff[n0:n1].reshape(-1), nb, im_diff.shape[1], H, W, kh, kw, ph, pw,
                  sh, sw, dh, dw, b.OH, b.OW, nb * Pb, Pb, oh0, oh1, oh0 > 0)
+
+
+def _gemm512_mm(a, b, out):
+    """np.matmul(a, b, out=out) by kernels.gemm (float32, out's rows contiguous)."""
+    _gm.gemm(a, b, out)
 
 
 def _exact(layer, dtype) -> bool:

@@ -84,40 +84,48 @@ cdef extern from *:
     } gm_args;
 
     #if GM_X86
-    /* rows [r0, r0 + MR) x k [k0, k0 + kc) of A into one panel [k][MR] (zero rows past M). Row-major A
-       (csa 1) goes 8 x 8 blocks at a time through the AVX 8 x 8 transpose (the scalar loop measured ~4x
-       slower: packing all of W is most of the time of a 7 x 7 layer's GEMM at batch 1) */
+    /* dst[j * ds + i] = src[i * rs + j], i, j < 8: the AVX 8 x 8 transpose (the packing of row-major A and
+       of transposed B; scalar loops measured ~4x slower, and packing all of W is a large part of a 7 x 7
+       layer's GEMM at batch 1) */
+    GM_TARGET static inline void gm_t8x8(const float* src, ptrdiff_t rs, float* dst, ptrdiff_t ds) {
+        __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + rs),
+               r2 = _mm256_loadu_ps(src + 2 * rs), r3 = _mm256_loadu_ps(src + 3 * rs),
+               r4 = _mm256_loadu_ps(src + 4 * rs), r5 = _mm256_loadu_ps(src + 5 * rs),
+               r6 = _mm256_loadu_ps(src + 6 * rs), r7 = _mm256_loadu_ps(src + 7 * rs);
+        __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1),
+               t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3),
+               t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
+               t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+        __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE),
+               u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE),
+               u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE),
+               u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+        _mm256_storeu_ps(dst + 0 * ds, _mm256_permute2f128_ps(u0, u4, 0x20));
+        _mm256_storeu_ps(dst + 1 * ds, _mm256_permute2f128_ps(u1, u5, 0x20));
+        _mm256_storeu_ps(dst + 2 * ds, _mm256_permute2f128_ps(u2, u6, 0x20));
+        _mm256_storeu_ps(dst + 3 * ds, _mm256_permute2f128_ps(u3, u7, 0x20));
+        _mm256_storeu_ps(dst + 4 * ds, _mm256_permute2f128_ps(u0, u4, 0x31));
+        _mm256_storeu_ps(dst + 5 * ds, _mm256_permute2f128_ps(u1, u5, 0x31));
+        _mm256_storeu_ps(dst + 6 * ds, _mm256_permute2f128_ps(u2, u6, 0x31));
+        _mm256_storeu_ps(dst + 7 * ds, _mm256_permute2f128_ps(u3, u7, 0x31));
+    }
+
+    /* rows [r0, r0 + MR) x k [k0, k0 + kc) of A into one panel [k][MR] (zero rows past M): row-major A by
+       8 x 8 transposes, column-major A (W^T, the bottom diff's) by runs of MR, any other layout by scalars */
     GM_TARGET static void gm_pack_a(const gm_args* g, ptrdiff_t r0, ptrdiff_t k0, ptrdiff_t kc, float* p) {
         ptrdiff_t i, k, i8, mr = g->M - r0 < GM_MR ? g->M - r0 : GM_MR;
-        if (g->csa == 1 && mr == GM_MR && GM_MR % 8 == 0) {
+        if (mr == GM_MR && GM_MR % 8 == 0 && (g->csa == 1 || g->rsa == 1)) {
+            if (g->rsa == 1) {
+                for (k = 0; k < kc; k++)
+                    memcpy(p + k * GM_MR, g->a + r0 + (k0 + k) * g->csa, GM_MR * sizeof(float));
+                return;
+            }
             for (i8 = 0; i8 < GM_MR; i8 += 8) {
                 const float* src = g->a + (r0 + i8) * g->rsa + k0;
-                ptrdiff_t rs = g->rsa;
-                for (k = 0; k + 8 <= kc; k += 8) {
-                    __m256 r0_ = _mm256_loadu_ps(src + k), r1 = _mm256_loadu_ps(src + rs + k),
-                           r2 = _mm256_loadu_ps(src + 2 * rs + k), r3 = _mm256_loadu_ps(src + 3 * rs + k),
-                           r4 = _mm256_loadu_ps(src + 4 * rs + k), r5 = _mm256_loadu_ps(src + 5 * rs + k),
-                           r6 = _mm256_loadu_ps(src + 6 * rs + k), r7 = _mm256_loadu_ps(src + 7 * rs + k);
-                    __m256 t0 = _mm256_unpacklo_ps(r0_, r1), t1 = _mm256_unpackhi_ps(r0_, r1),
-                           t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3),
-                           t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
-                           t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
-                    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE),
-                           u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE),
-                           u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE),
-                           u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-                    float* d = p + k * GM_MR + i8;
-                    _mm256_storeu_ps(d + 0 * GM_MR, _mm256_permute2f128_ps(u0, u4, 0x20));
-                    _mm256_storeu_ps(d + 1 * GM_MR, _mm256_permute2f128_ps(u1, u5, 0x20));
-                    _mm256_storeu_ps(d + 2 * GM_MR, _mm256_permute2f128_ps(u2, u6, 0x20));
-                    _mm256_storeu_ps(d + 3 * GM_MR, _mm256_permute2f128_ps(u3, u7, 0x20));
-                    _mm256_storeu_ps(d + 4 * GM_MR, _mm256_permute2f128_ps(u0, u4, 0x31));
-                    _mm256_storeu_ps(d + 5 * GM_MR, _mm256_permute2f128_ps(u1, u5, 0x31));
-                    _mm256_storeu_ps(d + 6 * GM_MR, _mm256_permute2f128_ps(u2, u6, 0x31));
-                    _mm256_storeu_ps(d + 7 * GM_MR, _mm256_permute2f128_ps(u3, u7, 0x31));
-                }
+                for (k = 0; k + 8 <= kc; k += 8)
+                    gm_t8x8(src + k, g->rsa, p + k * GM_MR + i8, GM_MR);
                 for (; k < kc; k++)
-                    for (i = 0; i < 8; i++) p[k * GM_MR + i8 + i] = src[i * rs + k];
+                    for (i = 0; i < 8; i++) p[k * GM_MR + i8 + i] = src[i * g->rsa + k];
             }
             return;
         }
@@ -125,17 +133,15 @@ cdef extern from *:
             memset(p, 0, (size_t)(kc * GM_MR) * sizeof(float));
         for (i = 0; i < mr; i++) {
             const float* src = g->a + (r0 + i) * g->rsa + k0 * g->csa;
-            if (g->csa == 1)
-                for (k = 0; k < kc; k++) p[k * GM_MR + i] = src[k];
-            else
-                for (k = 0; k < kc; k++) p[k * GM_MR + i] = src[k * g->csa];
+            for (k = 0; k < kc; k++) p[k * GM_MR + i] = src[k * g->csa];
         }
     }
 
-    /* k [k0, k0 + kc) x columns [n0, n1) of B into panels [panel][k][NR] (zero columns past n1) */
+    /* k [k0, k0 + kc) x columns [n0, n1) of B into panels [panel][k][NR] (zero columns past n1): row-major
+       B by masked vector copies, transposed B (X^T, the weight diff's) by 8 x 8 transposes */
     GM_TARGET static void gm_pack_b(const gm_args* g, ptrdiff_t k0, ptrdiff_t kc, ptrdiff_t n0, ptrdiff_t n1,
                                     float* p) {
-        ptrdiff_t j0, k, v, j;
+        ptrdiff_t j0, k, v, j, j8;
         for (j0 = n0; j0 < n1; j0 += GM_NR, p += kc * GM_NR) {
             ptrdiff_t nr = n1 - j0 < GM_NR ? n1 - j0 : GM_NR;
             if (g->csb == 1) {
@@ -148,13 +154,23 @@ cdef extern from *:
                         _mm512_store_ps(p + k * GM_NR + 16 * v, _mm512_maskz_loadu_ps(m, src + 16 * v));
                     }
                 }
-            } else {  /* transposed B: walk each column down k (its contiguous direction when rsb == 1) */
-                if (nr < GM_NR)
-                    memset(p, 0, (size_t)(kc * GM_NR) * sizeof(float));
-                for (j = 0; j < nr; j++) {
-                    const float* src = g->b + k0 * g->rsb + (j0 + j) * g->csb;
-                    for (k = 0; k < kc; k++) p[k * GM_NR + j] = src[k * g->rsb];
+                continue;
+            }
+            if (nr < GM_NR)
+                memset(p, 0, (size_t)(kc * GM_NR) * sizeof(float));
+            j8 = 0;
+            if (g->rsb == 1) {
+                for (; j8 + 8 <= nr; j8 += 8) {
+                    const float* src = g->b + k0 + (j0 + j8) * g->csb;
+                    for (k = 0; k + 8 <= kc; k += 8)
+                        gm_t8x8(src + k, g->csb, p + k * GM_NR + j8, GM_NR);
+                    for (; k < kc; k++)
+                        for (j = 0; j < 8; j++) p[k * GM_NR + j8 + j] = src[j * g->csb + k];
                 }
+            }
+            for (j = j8; j < nr; j++) {
+                const float* src = g->b + k0 * g->rsb + (j0 + j) * g->csb;
+                for (k = 0; k < kc; k++) p[k * GM_NR + j] = src[k * g->rsb];
             }
         }
     }
