@@ -218,3 +218,45 @@ def test_gemm512_choice_follows_the_cpu_blas_and_switches():
         on, name = _gemm512_in({"OPENBLAS_CORETYPE": "SkylakeX"})
         if name.lower() == "skylakex":
             assert on is False
+
+
+@NEEDS_AVX512
+@given(N=st.integers(1, 3), cg=st.integers(1, 40), og=st.integers(1, 40), HW=st.sampled_from([(1, 1), (3, 5), (23, 23)]),
+       group=st.sampled_from([1, 2]), use=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_1x1_plan_backward_with_and_without_the_kernel(N, cg, og, HW, group, use, seed):
+    """The 1x1 plan's float32 backward (GEMM512 on: kernels.gemm, the weight diff accumulated in place onto
+    the diff already there; off: np.matmul) within the float32 sum bounds of the float64 products: the bottom
+    diff sums og terms per group, (og + 2) u sum|w dy|; the weight diff sums P terms per image and adds each
+    image's sum to the running diff, (N (P + 2) + 1) u (sum|dy x| + |old diff|)."""
+    C, Co = cg * group, og * group
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((N, C, *HW)).astype(np.float32)
+    dy = rng.standard_normal((N, Co, *HW)).astype(np.float32)
+    layer = make_layer("Convolution", f"convolution_param {{ num_output: {Co} kernel_size: 1 group: {group} "
+                       "weight_filler { type: 'gaussian' std: 0.3 } bias_filler { type: 'gaussian' std: 0.5 } }")
+    bottom, top = blobs_from_arrays([x], np.float32), empty_tops(1, np.float32)
+    old = rng.standard_normal((Co, C // group)).astype(np.float32)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(conv_cpu, "GEMM512", use)
+        counting = _Counting()
+        mp.setattr(conv_cpu, "_gm", counting)
+        layer.SetUp(bottom, top)
+        layer.Forward(bottom, top)
+        top[0].diff[...] = dy
+        layer.blobs[0].diff[...] = old.reshape(layer.blobs[0].diff.shape)
+        layer.blobs[1].diff[...] = 0
+        layer.Backward(top, [True], bottom)
+    assert layer.plan(np, np.float32) == "1x1" and (counting.calls > 0) == use
+    P = HW[0] * HW[1]
+    w = layer.blobs[0].data.reshape(group, og, cg).astype(np.float64)
+    xs = x.astype(np.float64).reshape(N, group, cg, P)
+    dys = dy.astype(np.float64).reshape(N, group, og, P)
+    dx = np.einsum("goc,ngop->ngcp", w, dys)
+    dx_mag = np.einsum("goc,ngop->ngcp", np.abs(w), np.abs(dys))
+    got_dx = bottom[0].diff.astype(np.float64).reshape(N, group, cg, P)
+    assert np.all(np.abs(got_dx - dx) <= (og + 2) * U * dx_mag + 1e-30)
+    dw = np.einsum("ngop,ngcp->goc", dys, xs).reshape(Co, cg) + old
+    dw_mag = np.einsum("ngop,ngcp->goc", np.abs(dys), np.abs(xs)).reshape(Co, cg) + np.abs(old)
+    got_dw = layer.blobs[0].diff.astype(np.float64).reshape(Co, cg)
+    assert np.all(np.abs(got_dw - dw) <= (N * (P + 2) + 1) * U * dw_mag + 1e-30)
+    np.testing.assert_allclose(layer.blobs[1].diff, dy.astype(np.float64).sum(axis=(0, 2, 3)), rtol=1e-5, atol=1e-4)
