@@ -22,18 +22,21 @@ Edges: the packed panels are zero-padded, so the inner loop is always full; the 
 N and skips the rows past M. Each K block after the first adds into C (beta 1); the last one adds the bias and
 applies the activation in the store.
 
-Numerics: each C[m, n] is a float32 sum of the K products in the order k = 0, 1, ..., (one FMA each, from
-+0; then beta C, then the bias, each one float32 add), so |C - exact| <= (K + 2) u sum_k |A[m, k] B[k, n]|
-(+ the |C|, |bias| terms), u = 2^-24: the standard bound of a recursive float32 sum; NumPy's sgemm (OpenBLAS)
-meets the same bound in its own order, so the two differ by at most twice it.
+Numerics: each C[m, n] is a float32 sum: per K block of GM_KC, the block's products in the order k = k0,
+k0 + 1, ... (one FMA each, from +0), that partial sum added to C (to beta C for the first block), then the bias
+(one float32 add each), so |C - exact| <= (K + 2) u (sum_k |A[m, k] B[k, n]| + beta |C| + |bias|),
+u = 2^-24: the bound of a recursive float32 sum of K + 2 terms (a blocked sum's is smaller). NumPy's sgemm
+(OpenBLAS) meets the same bound in its own order, so the two differ by at most twice it. The order does not
+depend on the thread count or the task split (same bits).
+
+A (row-major) is read in place instead of packed when N spans at most GM_DIRECT_MAX_PANELS panels of B (a 7 x 7
+layer at batch 1: N = 49): each A panel then meets at most two B panels, and packing all of W cost as much as
+reading it that often (0.69 ms instead of 0.75 for 2048->512 at 7 x 7, one thread).
 
 On a CPU without AVX-512F (supported() False) or a compiler other than x86-64 GCC/Clang the module builds but
 gemm raises; conv_cpu never calls it there. The thread count follows _threads.pxi (OpenBLAS's pool and this
 one's OpenMP pool run one after the other, never nested).
 """
-import os
-
-from libc.stdint cimport uintptr_t
 include "_threads.pxi"
 
 cdef extern from *:
@@ -57,6 +60,9 @@ cdef extern from *:
     #define GM_NV 3
     #endif
     #define GM_NR (16 * GM_NV)
+    #ifndef GM_DIRECT_MAX_PANELS
+    #define GM_DIRECT_MAX_PANELS 2
+    #endif
     #ifndef GM_KC
     #define GM_KC 384
     #endif
@@ -175,253 +181,104 @@ cdef extern from *:
         }
     }
 
-    /* the MR x NR tile C[r0.., j0..] (mr rows, nr columns valid) from kc steps of a packed A panel and B
-       panel, in KV of the NR/16 vectors (KV = ceil(nr / 16): a narrow last panel skips its zero columns);
-       add: C's old values are added (beta 1 or a later K block); last: + bias, activation */
-    #if GM_NV >= 1
-    GM_TARGET static void gm_kernel1(ptrdiff_t kc, const float* restrict pa, const float* restrict pb,
-                                    float* c, ptrdiff_t ldc, ptrdiff_t mr, ptrdiff_t nr, int add, int last,
-                                    const float* bias, int act, float lo, float hi) {
-        __m512 acc[GM_MR][1];
-        ptrdiff_t i, v, k;
-        #pragma GCC unroll 32
-        for (i = 0; i < GM_MR; i++)
-            #pragma GCC unroll 8
-            for (v = 0; v < 1; v++) acc[i][v] = _mm512_setzero_ps();
-        for (k = 0; k < kc; k++) {
-            __m512 bv[1];
-            #pragma GCC unroll 8
-            for (v = 0; v < 1; v++) bv[v] = _mm512_load_ps(pb + 16 * v);
-            #pragma GCC unroll 32
-            for (i = 0; i < GM_MR; i++) {
-                __m512 av = _mm512_set1_ps(pa[i]);
-                #pragma GCC unroll 8
-                for (v = 0; v < 1; v++) acc[i][v] = _mm512_fmadd_ps(av, bv[v], acc[i][v]);
-            }
-            pa += GM_MR;
-            pb += GM_NR;
-        }
-        __mmask16 mask[1];
-        for (v = 0; v < 1; v++) {
-            ptrdiff_t left = nr - 16 * v;
-            mask[v] = left >= 16 ? (__mmask16)0xFFFF : (left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1));
-        }
-        const __m512 zero = _mm512_setzero_ps(), vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi);
-        #pragma GCC unroll 32
-        for (i = 0; i < GM_MR; i++) {
-            if (i >= mr) break;
-            float* row = c + i * ldc;
-            #pragma GCC unroll 8
-            for (v = 0; v < 1; v++) {
-                __m512 y = acc[i][v];
-                if (add) y = _mm512_add_ps(_mm512_maskz_loadu_ps(mask[v], row + 16 * v), y);
-                if (last) {
-                    if (bias) y = _mm512_add_ps(y, _mm512_set1_ps(bias[i]));
-                    if (act == 1) {  /* y > 0 ? y : (lo == 0 ? 0 : y lo); NaN stays NaN */
-                        if (lo == 0.0f)
-                            y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(y, zero, _CMP_LE_OQ), y, zero);
-                        else
-                            y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(y, zero, _CMP_GT_OQ),
-                                                     _mm512_mul_ps(y, vlo), y);
-                    } else if (act == 2) {  /* y < lo ? lo : (y > hi ? hi : y); NaN stays NaN */
-                        y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(y, vlo, _CMP_LT_OQ), y, vlo);
-                        y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(y, vhi, _CMP_GT_OQ), y, vhi);
-                    }
-                }
-                _mm512_mask_storeu_ps(row + 16 * v, mask[v], y);
-            }
-        }
+    /* The micro-kernels: the MR x NR tile C[r0.., j0..] (mr rows, nr columns valid) from kc steps of an A
+       panel and a packed B panel, in KV of the NR / 16 vectors (KV = ceil(nr / 16): a narrow last panel
+       skips its zero columns); add: C's old values are added (beta 1, or a K block after the first); last:
+       + bias, then the activation. DIRECT 0 reads a packed A panel ([k][MR]); DIRECT 1 reads row-major A in
+       place, rows lda apart (rows past mr repeat row mr - 1: computed, never stored). */
+    #define GM_UNROLL _Pragma("GCC unroll 32")
+    #define GM_KERNEL(NAME, KV, DIRECT)                                                                     \
+    GM_TARGET static void NAME(ptrdiff_t kc, const float* restrict pa, ptrdiff_t lda,                       \
+                               const float* restrict pb, float* c, ptrdiff_t ldc, ptrdiff_t mr,             \
+                               ptrdiff_t nr, int add, int last, const float* bias, int act, float lo,       \
+                               float hi) {                                                                  \
+        __m512 acc[GM_MR][KV];                                                                              \
+        const float* ar[GM_MR];                                                                             \
+        __mmask16 mask[KV];                                                                                 \
+        ptrdiff_t i, v, k;                                                                                  \
+        GM_UNROLL for (i = 0; i < GM_MR; i++) {                                                             \
+            ar[i] = pa + (i < mr ? i : mr - 1) * lda;                                                       \
+            GM_UNROLL for (v = 0; v < KV; v++) acc[i][v] = _mm512_setzero_ps();                             \
+        }                                                                                                   \
+        for (k = 0; k < kc; k++) {                                                                          \
+            __m512 bv[KV];                                                                                  \
+            GM_UNROLL for (v = 0; v < KV; v++) bv[v] = _mm512_load_ps(pb + 16 * v);                         \
+            GM_UNROLL for (i = 0; i < GM_MR; i++) {                                                         \
+                __m512 av = _mm512_set1_ps(DIRECT ? ar[i][k] : pa[i]);                                      \
+                GM_UNROLL for (v = 0; v < KV; v++) acc[i][v] = _mm512_fmadd_ps(av, bv[v], acc[i][v]);       \
+            }                                                                                               \
+            if (!DIRECT) pa += GM_MR;                                                                       \
+            pb += GM_NR;                                                                                    \
+        }                                                                                                   \
+        GM_UNROLL for (v = 0; v < KV; v++) {                                                                \
+            ptrdiff_t left = nr - 16 * v;                                                                   \
+            mask[v] = left >= 16 ? (__mmask16)0xFFFF                                                        \
+                                 : (left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1));              \
+        }                                                                                                   \
+        const __m512 zero = _mm512_setzero_ps(), vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi);        \
+        GM_UNROLL for (i = 0; i < GM_MR; i++) {                                                             \
+            if (i >= mr) break;                                                                             \
+            float* row = c + i * ldc;                                                                       \
+            GM_UNROLL for (v = 0; v < KV; v++) {                                                            \
+                __m512 y = acc[i][v];                                                                       \
+                if (add) y = _mm512_add_ps(_mm512_maskz_loadu_ps(mask[v], row + 16 * v), y);                \
+                if (last) {                                                                                 \
+                    if (bias) y = _mm512_add_ps(y, _mm512_set1_ps(bias[i]));                                \
+                    if (act == 1) { /* y > 0 ? y : (lo == 0 ? 0 : y lo); NaN stays NaN */                   \
+                        if (lo == 0.0f)                                                                     \
+                            y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(y, zero, _CMP_LE_OQ), y, zero);     \
+                        else                                                                                \
+                            y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(y, zero, _CMP_GT_OQ),               \
+                                                     _mm512_mul_ps(y, vlo), y);                             \
+                    } else if (act == 2) { /* y < lo ? lo : (y > hi ? hi : y); NaN stays NaN */             \
+                        y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(y, vlo, _CMP_LT_OQ), y, vlo);           \
+                        y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(y, vhi, _CMP_GT_OQ), y, vhi);           \
+                    }                                                                                       \
+                }                                                                                           \
+                _mm512_mask_storeu_ps(row + 16 * v, mask[v], y);                                            \
+            }                                                                                               \
+        }                                                                                                   \
     }
 
-    #endif
+    GM_KERNEL(gm_kernel1, 1, 0)
+    GM_KERNEL(gm_kernel1d, 1, 1)
     #if GM_NV >= 2
-    GM_TARGET static void gm_kernel2(ptrdiff_t kc, const float* restrict pa, const float* restrict pb,
-                                    float* c, ptrdiff_t ldc, ptrdiff_t mr, ptrdiff_t nr, int add, int last,
-                                    const float* bias, int act, float lo, float hi) {
-        __m512 acc[GM_MR][2];
-        ptrdiff_t i, v, k;
-        #pragma GCC unroll 32
-        for (i = 0; i < GM_MR; i++)
-            #pragma GCC unroll 8
-            for (v = 0; v < 2; v++) acc[i][v] = _mm512_setzero_ps();
-        for (k = 0; k < kc; k++) {
-            __m512 bv[2];
-            #pragma GCC unroll 8
-            for (v = 0; v < 2; v++) bv[v] = _mm512_load_ps(pb + 16 * v);
-            #pragma GCC unroll 32
-            for (i = 0; i < GM_MR; i++) {
-                __m512 av = _mm512_set1_ps(pa[i]);
-                #pragma GCC unroll 8
-                for (v = 0; v < 2; v++) acc[i][v] = _mm512_fmadd_ps(av, bv[v], acc[i][v]);
-            }
-            pa += GM_MR;
-            pb += GM_NR;
-        }
-        __mmask16 mask[2];
-        for (v = 0; v < 2; v++) {
-            ptrdiff_t left = nr - 16 * v;
-            mask[v] = left >= 16 ? (__mmask16)0xFFFF : (left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1));
-        }
-        const __m512 zero = _mm512_setzero_ps(), vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi);
-        #pragma GCC unroll 32
-        for (i = 0; i < GM_MR; i++) {
-            if (i >= mr) break;
-            float* row = c + i * ldc;
-            #pragma GCC unroll 8
-            for (v = 0; v < 2; v++) {
-                __m512 y = acc[i][v];
-                if (add) y = _mm512_add_ps(_mm512_maskz_loadu_ps(mask[v], row + 16 * v), y);
-                if (last) {
-                    if (bias) y = _mm512_add_ps(y, _mm512_set1_ps(bias[i]));
-                    if (act == 1) {  /* y > 0 ? y : (lo == 0 ? 0 : y lo); NaN stays NaN */
-                        if (lo == 0.0f)
-                            y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(y, zero, _CMP_LE_OQ), y, zero);
-                        else
-                            y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(y, zero, _CMP_GT_OQ),
-                                                     _mm512_mul_ps(y, vlo), y);
-                    } else if (act == 2) {  /* y < lo ? lo : (y > hi ? hi : y); NaN stays NaN */
-                        y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(y, vlo, _CMP_LT_OQ), y, vlo);
-                        y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(y, vhi, _CMP_GT_OQ), y, vhi);
-                    }
-                }
-                _mm512_mask_storeu_ps(row + 16 * v, mask[v], y);
-            }
-        }
-    }
-
+    GM_KERNEL(gm_kernel2, 2, 0)
+    GM_KERNEL(gm_kernel2d, 2, 1)
     #endif
     #if GM_NV >= 3
-    GM_TARGET static void gm_kernel3(ptrdiff_t kc, const float* restrict pa, const float* restrict pb,
-                                    float* c, ptrdiff_t ldc, ptrdiff_t mr, ptrdiff_t nr, int add, int last,
-                                    const float* bias, int act, float lo, float hi) {
-        __m512 acc[GM_MR][3];
-        ptrdiff_t i, v, k;
-        #pragma GCC unroll 32
-        for (i = 0; i < GM_MR; i++)
-            #pragma GCC unroll 8
-            for (v = 0; v < 3; v++) acc[i][v] = _mm512_setzero_ps();
-        for (k = 0; k < kc; k++) {
-            __m512 bv[3];
-            #pragma GCC unroll 8
-            for (v = 0; v < 3; v++) bv[v] = _mm512_load_ps(pb + 16 * v);
-            #pragma GCC unroll 32
-            for (i = 0; i < GM_MR; i++) {
-                __m512 av = _mm512_set1_ps(pa[i]);
-                #pragma GCC unroll 8
-                for (v = 0; v < 3; v++) acc[i][v] = _mm512_fmadd_ps(av, bv[v], acc[i][v]);
-            }
-            pa += GM_MR;
-            pb += GM_NR;
-        }
-        __mmask16 mask[3];
-        for (v = 0; v < 3; v++) {
-            ptrdiff_t left = nr - 16 * v;
-            mask[v] = left >= 16 ? (__mmask16)0xFFFF : (left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1));
-        }
-        const __m512 zero = _mm512_setzero_ps(), vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi);
-        #pragma GCC unroll 32
-        for (i = 0; i < GM_MR; i++) {
-            if (i >= mr) break;
-            float* row = c + i * ldc;
-            #pragma GCC unroll 8
-            for (v = 0; v < 3; v++) {
-                __m512 y = acc[i][v];
-                if (add) y = _mm512_add_ps(_mm512_maskz_loadu_ps(mask[v], row + 16 * v), y);
-                if (last) {
-                    if (bias) y = _mm512_add_ps(y, _mm512_set1_ps(bias[i]));
-                    if (act == 1) {  /* y > 0 ? y : (lo == 0 ? 0 : y lo); NaN stays NaN */
-                        if (lo == 0.0f)
-                            y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(y, zero, _CMP_LE_OQ), y, zero);
-                        else
-                            y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(y, zero, _CMP_GT_OQ),
-                                                     _mm512_mul_ps(y, vlo), y);
-                    } else if (act == 2) {  /* y < lo ? lo : (y > hi ? hi : y); NaN stays NaN */
-                        y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(y, vlo, _CMP_LT_OQ), y, vlo);
-                        y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(y, vhi, _CMP_GT_OQ), y, vhi);
-                    }
-                }
-                _mm512_mask_storeu_ps(row + 16 * v, mask[v], y);
-            }
-        }
-    }
-
+    GM_KERNEL(gm_kernel3, 3, 0)
+    GM_KERNEL(gm_kernel3d, 3, 1)
     #endif
     #if GM_NV >= 4
-    GM_TARGET static void gm_kernel4(ptrdiff_t kc, const float* restrict pa, const float* restrict pb,
-                                    float* c, ptrdiff_t ldc, ptrdiff_t mr, ptrdiff_t nr, int add, int last,
-                                    const float* bias, int act, float lo, float hi) {
-        __m512 acc[GM_MR][4];
-        ptrdiff_t i, v, k;
-        #pragma GCC unroll 32
-        for (i = 0; i < GM_MR; i++)
-            #pragma GCC unroll 8
-            for (v = 0; v < 4; v++) acc[i][v] = _mm512_setzero_ps();
-        for (k = 0; k < kc; k++) {
-            __m512 bv[4];
-            #pragma GCC unroll 8
-            for (v = 0; v < 4; v++) bv[v] = _mm512_load_ps(pb + 16 * v);
-            #pragma GCC unroll 32
-            for (i = 0; i < GM_MR; i++) {
-                __m512 av = _mm512_set1_ps(pa[i]);
-                #pragma GCC unroll 8
-                for (v = 0; v < 4; v++) acc[i][v] = _mm512_fmadd_ps(av, bv[v], acc[i][v]);
-            }
-            pa += GM_MR;
-            pb += GM_NR;
-        }
-        __mmask16 mask[4];
-        for (v = 0; v < 4; v++) {
-            ptrdiff_t left = nr - 16 * v;
-            mask[v] = left >= 16 ? (__mmask16)0xFFFF : (left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1));
-        }
-        const __m512 zero = _mm512_setzero_ps(), vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi);
-        #pragma GCC unroll 32
-        for (i = 0; i < GM_MR; i++) {
-            if (i >= mr) break;
-            float* row = c + i * ldc;
-            #pragma GCC unroll 8
-            for (v = 0; v < 4; v++) {
-                __m512 y = acc[i][v];
-                if (add) y = _mm512_add_ps(_mm512_maskz_loadu_ps(mask[v], row + 16 * v), y);
-                if (last) {
-                    if (bias) y = _mm512_add_ps(y, _mm512_set1_ps(bias[i]));
-                    if (act == 1) {  /* y > 0 ? y : (lo == 0 ? 0 : y lo); NaN stays NaN */
-                        if (lo == 0.0f)
-                            y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(y, zero, _CMP_LE_OQ), y, zero);
-                        else
-                            y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(y, zero, _CMP_GT_OQ),
-                                                     _mm512_mul_ps(y, vlo), y);
-                    } else if (act == 2) {  /* y < lo ? lo : (y > hi ? hi : y); NaN stays NaN */
-                        y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(y, vlo, _CMP_LT_OQ), y, vlo);
-                        y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(y, vhi, _CMP_GT_OQ), y, vhi);
-                    }
-                }
-                _mm512_mask_storeu_ps(row + 16 * v, mask[v], y);
-            }
-        }
-    }
-
+    GM_KERNEL(gm_kernel4, 4, 0)
+    GM_KERNEL(gm_kernel4d, 4, 1)
     #endif
-    GM_TARGET static void gm_kernel(ptrdiff_t kc, const float* restrict pa, const float* restrict pb,
+
+    GM_TARGET static void gm_kernel(ptrdiff_t kc, const float* pa, ptrdiff_t lda, int direct, const float* pb,
                                     float* c, ptrdiff_t ldc, ptrdiff_t mr, ptrdiff_t nr, int add, int last,
                                     const float* bias, int act, float lo, float hi) {
-        switch ((nr + 15) / 16) {
+        switch ((nr + 15) / 16 * 2 + (direct != 0)) {
     #if GM_NV >= 4
-        case 4: gm_kernel4(kc, pa, pb, c, ldc, mr, nr, add, last, bias, act, lo, hi); break;
+        case 8: gm_kernel4(kc, pa, lda, pb, c, ldc, mr, nr, add, last, bias, act, lo, hi); break;
+        case 9: gm_kernel4d(kc, pa, lda, pb, c, ldc, mr, nr, add, last, bias, act, lo, hi); break;
     #endif
     #if GM_NV >= 3
-        case 3: gm_kernel3(kc, pa, pb, c, ldc, mr, nr, add, last, bias, act, lo, hi); break;
+        case 6: gm_kernel3(kc, pa, lda, pb, c, ldc, mr, nr, add, last, bias, act, lo, hi); break;
+        case 7: gm_kernel3d(kc, pa, lda, pb, c, ldc, mr, nr, add, last, bias, act, lo, hi); break;
     #endif
     #if GM_NV >= 2
-        case 2: gm_kernel2(kc, pa, pb, c, ldc, mr, nr, add, last, bias, act, lo, hi); break;
+        case 4: gm_kernel2(kc, pa, lda, pb, c, ldc, mr, nr, add, last, bias, act, lo, hi); break;
+        case 5: gm_kernel2d(kc, pa, lda, pb, c, ldc, mr, nr, add, last, bias, act, lo, hi); break;
     #endif
-        default: gm_kernel1(kc, pa, pb, c, ldc, mr, nr, add, last, bias, act, lo, hi); break;
+        case 3: gm_kernel1d(kc, pa, lda, pb, c, ldc, mr, nr, add, last, bias, act, lo, hi); break;
+        default: gm_kernel1(kc, pa, lda, pb, c, ldc, mr, nr, add, last, bias, act, lo, hi); break;
         }
     }
 
     /* One task: columns [n0, n1) (at most GM_NC) x row panels [q0, q1), every K block. */
     GM_TARGET static void gm_task(const gm_args* g, const float* pa, float* pb, ptrdiff_t n0, ptrdiff_t n1,
-                                  ptrdiff_t q0, ptrdiff_t q1, ptrdiff_t Mp) {
+                                  ptrdiff_t q0, ptrdiff_t q1, ptrdiff_t Mp, int direct) {
         ptrdiff_t k0, q, j0;
         for (k0 = 0; k0 < g->K; k0 += GM_KC) {
             ptrdiff_t kc = g->K - k0 < GM_KC ? g->K - k0 : GM_KC;
@@ -429,11 +286,11 @@ cdef extern from *:
             gm_pack_b(g, k0, kc, n0, n1, pb);
             for (q = q0; q < q1; q++) {
                 ptrdiff_t r0 = q * GM_MR, mr = g->M - r0 < GM_MR ? g->M - r0 : GM_MR;
-                const float* panel = pa + k0 * Mp + q * GM_MR * kc;
+                const float* panel = direct ? g->a + r0 * g->rsa + k0 : pa + k0 * Mp + q * GM_MR * kc;
                 const float* bias = g->bias ? g->bias + r0 : NULL;
                 const float* bp = pb;
                 for (j0 = n0; j0 < n1; j0 += GM_NR, bp += kc * GM_NR)
-                    gm_kernel(kc, panel, bp, g->c + r0 * g->ldc + j0, g->ldc, mr,
+                    gm_kernel(kc, panel, g->rsa, direct, bp, g->c + r0 * g->ldc + j0, g->ldc, mr,
                               n1 - j0 < GM_NR ? n1 - j0 : GM_NR, add, last, bias, g->act, g->lo, g->hi);
             }
         }
@@ -449,12 +306,15 @@ cdef extern from *:
            9-block N = 3136 on two threads left one thread a block idle: 10% of the time) */
         ptrdiff_t npn = (N + GM_NR - 1) / GM_NR, ncb = (npn + GM_NC / GM_NR - 1) / (GM_NC / GM_NR), parts, items;
         float* pa;
-        int fail = 0;
+        int fail = 0, direct;
         if (!gm_supported()) return -1;
         if (M <= 0 || N <= 0) return 0;
         if (K <= 0) return -3;  /* (gemm refuses K = 0) */
-        pa = (float*)aligned_alloc(64, ((size_t)(Mp * K) * sizeof(float) + 63) & ~(size_t)63);
-        if (!pa) return -2;
+        /* A read in place, not packed, when each of its panels meets few B panels (packing all of W costs
+           as much as reading it a few times: most of a 7 x 7 layer's time at batch 1 beside the FMAs) */
+        direct = g->csa == 1 && npn <= GM_DIRECT_MAX_PANELS;
+        pa = direct ? NULL : (float*)aligned_alloc(64, ((size_t)(Mp * K) * sizeof(float) + 63) & ~(size_t)63);
+        if (!direct && !pa) return -2;
         /* split the rows too when there are too few column blocks to keep every thread busy */
         if (nt > 1 && ncb % nt && ncb + nt - ncb % nt <= npn) ncb += nt - ncb % nt;
         parts = ncb >= 2 * nt ? 1 : (2 * nt + ncb - 1) / ncb;
@@ -466,7 +326,7 @@ cdef extern from *:
             ptrdiff_t t, n0, q0, q1;
             float* pb = (float*)aligned_alloc(64, (size_t)(GM_KC * GM_NC) * sizeof(float));
             #pragma omp for schedule(static)
-            for (t = 0; t < nkb * nq; t++) {
+            for (t = 0; t < (direct ? 0 : nkb * nq); t++) {
                 ptrdiff_t kb = t / nq, q = t % nq, k0 = kb * GM_KC;
                 ptrdiff_t kc = K - k0 < GM_KC ? K - k0 : GM_KC;
                 gm_pack_a(g, q * GM_MR, k0, kc, pa + k0 * Mp + q * GM_MR * kc);
@@ -481,7 +341,7 @@ cdef extern from *:
                     ptrdiff_t n1 = npn * (cb + 1) / ncb * GM_NR;
                     n0 = npn * cb / ncb * GM_NR;
                     q0 = nq * part / parts; q1 = nq * (part + 1) / parts;
-                    gm_task(g, pa, pb, n0, n1 < N ? n1 : N, q0, q1, Mp);
+                    gm_task(g, pa, pb, n0, n1 < N ? n1 : N, q0, q1, Mp, direct);
                 }
                 free(pb);
             }
