@@ -135,7 +135,7 @@ def _gemm512_default() -> bool:
     ~100 GF/s; this one at 140-215), backward 1.3-2.0x; against OpenBLAS's own AVX-512 kernels (SkylakeX)
     the forward is 0.87-1.23x (behind on the 7 x 7 and 14 x 14 planes) and the backward even, so where
     OpenBLAS runs those, or NumPy's BLAS is not an OpenBLAS this can name, the 1x1 plan keeps np.matmul."""
-    if _gm is None or not _gm.supported():
+    if _gm is None or not _gm.supported() or not _cpu.cpu_has_avx2("AVX512F"):  # (NumPy's view of the CPU too)
         return False
     if os.environ.get("CAFFE_KERNELS_AVX512", "1") == "0" or os.environ.get("CAFFE_CONV_GEMM512", "1") == "0":
         return False
