@@ -45,16 +45,20 @@ def bound(a, b, c0, bias, beta, act, lo):
     return (K + 2) * U * mag * lip + 1e-30
 
 
-def layout(rng, shape, transposed):
-    """A float32 array of `shape`, stored transposed (column-major view) when asked."""
-    x = rng.standard_normal(shape[::-1] if transposed else shape).astype(np.float32)
-    return x.T if transposed else x
+def layout(rng, shape, how):
+    """A float32 array of `shape`: "c" row-major, "t" a transposed (column-major) view, "r" a view with its
+    rows reversed and every other column (negative and non-unit strides)."""
+    if how == "t":
+        return rng.standard_normal(shape[::-1]).astype(np.float32).T
+    if how == "r":
+        return rng.standard_normal((shape[0], 2 * shape[1])).astype(np.float32)[::-1, ::2]
+    return rng.standard_normal(shape).astype(np.float32)
 
 
 @NEEDS_AVX512
 @settings(max_examples=30)  # cheap examples (~10 ms); many axes to cover
 @given(M=st.integers(1, 40), N=st.integers(1, 130), K=st.sampled_from([1, 2, 3, 7, 16, 33, 100, 384, 385, 800]),
-       ta=st.booleans(), tb=st.booleans(), beta=st.sampled_from([0, 1]), bias=st.booleans(),
+       ta=st.sampled_from('ctr'), tb=st.sampled_from('ctr'), beta=st.sampled_from([0, 1]), bias=st.booleans(),
        act=st.sampled_from([(0, 0.0, 0.0), (1, 0.0, 0.0), (1, 0.25, 0.0), (2, -0.5, 0.75)]),
        pad=st.sampled_from([0, 5]), threads=st.sampled_from([0, 1, 2]), seed=st.integers(0, 2**31 - 1))
 def test_gemm_matches_numpy_within_the_float32_sum_bound(M, N, K, ta, tb, beta, bias, act, pad, threads, seed):

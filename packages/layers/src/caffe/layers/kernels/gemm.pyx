@@ -331,20 +331,21 @@ cdef extern from *:
                 ptrdiff_t kc = K - k0 < GM_KC ? K - k0 : GM_KC;
                 gm_pack_a(g, q * GM_MR, k0, kc, pa + k0 * Mp + q * GM_MR * kc);
             }
-            if (!pb) {
-                #pragma omp atomic write
-                fail = 1;
-            } else {
-                #pragma omp for schedule(dynamic, 1)
-                for (t = 0; t < items; t++) {
-                    ptrdiff_t cb = t / parts, part = t % parts;
-                    ptrdiff_t n1 = npn * (cb + 1) / ncb * GM_NR;
-                    n0 = npn * cb / ncb * GM_NR;
-                    q0 = nq * part / parts; q1 = nq * (part + 1) / parts;
-                    gm_task(g, pa, pb, n0, n1 < N ? n1 : N, q0, q1, Mp, direct);
+            /* every thread meets the worksharing loop (a thread without its buffer takes no tasks) */
+            #pragma omp for schedule(dynamic, 1)
+            for (t = 0; t < items; t++) {
+                ptrdiff_t cb = t / parts, part = t % parts;
+                ptrdiff_t n1 = npn * (cb + 1) / ncb * GM_NR;
+                if (!pb) {
+                    #pragma omp atomic write
+                    fail = 1;
+                    continue;
                 }
-                free(pb);
+                n0 = npn * cb / ncb * GM_NR;
+                q0 = nq * part / parts; q1 = nq * (part + 1) / parts;
+                gm_task(g, pa, pb, n0, n1 < N ? n1 : N, q0, q1, Mp, direct);
             }
+            free(pb);
         }
         free(pa);
         return fail ? -2 : 0;
@@ -383,9 +384,11 @@ BLOCKS = (GM_KC, GM_NC)
 def gemm(const float[:, :] a, const float[:, :] b, float[:, :] c, const float[::1] bias=None, int beta=0,
          int act=0, double lo=0, double hi=0, int threads=0):
     """c = act(beta c + a @ b + bias[:, None]) in place (module doc). a (M, K) and b (K, N) any strided float32
-    views (a transposed array's view too); c (M, N) with contiguous rows; threads 0: _threads.pxi's count."""
+    views (a transposed array's view too); c (M, N) with contiguous rows, not overlapping a or b; threads 0:
+    _threads.pxi's count."""
     cdef gm_args g
     cdef int nt, rc
+    cdef Py_ssize_t f = sizeof(float)  # (signed: a reversed view's strides are negative)
     if beta not in (0, 1):
         raise ValueError("gemm: beta must be 0 or 1")
     if act not in (0, 1, 2):
@@ -398,18 +401,18 @@ def gemm(const float[:, :] a, const float[:, :] b, float[:, :] c, const float[::
         raise ValueError("gemm: bias too short")
     if g.M == 0 or g.N == 0:
         return
-    if g.N > 1 and c.strides[1] != sizeof(float):
+    if g.N > 1 and c.strides[1] != f:
         raise ValueError("gemm: c's rows must be contiguous")
     if g.K == 0:
         raise ValueError("gemm: K must be positive")
     if not gm_supported():
         raise RuntimeError("gemm: this CPU has no AVX-512F (supported() is False)")
     g.a = &a[0, 0]
-    g.rsa, g.csa = a.strides[0] // sizeof(float), a.strides[1] // sizeof(float)
+    g.rsa, g.csa = a.strides[0] // f, a.strides[1] // f
     g.b = &b[0, 0]
-    g.rsb, g.csb = b.strides[0] // sizeof(float), b.strides[1] // sizeof(float)
+    g.rsb, g.csb = b.strides[0] // f, b.strides[1] // f
     g.c = &c[0, 0]
-    g.ldc = c.strides[0] // sizeof(float)
+    g.ldc = c.strides[0] // f
     g.bias = &bias[0] if bias is not None else NULL
     g.beta, g.act, g.lo, g.hi = beta, act, <float>lo, <float>hi
     nt = threads if threads > 0 else _threads(g.M * g.N * g.K // 64)
