@@ -29,8 +29,8 @@ u = 2^-24: the bound of a recursive float32 sum of K + 2 terms (a blocked sum's 
 (OpenBLAS) meets the same bound in its own order, so the two differ by at most twice it. The order does not
 depend on the thread count or the task split (same bits).
 
-A (row-major) is read in place instead of packed when N spans at most GM_DIRECT_MAX_PANELS panels of B (a 7 x 7
-layer at batch 1: N = 49): each A panel then meets at most two B panels, and packing all of W cost as much as
+A (row-major, or column-major: W^T) is read in place instead of packed when N spans at most
+GM_DIRECT_MAX_PANELS panels of B (a 7 x 7 layer at batch 1: N = 49): each A panel then meets at most two B panels, and packing all of W cost as much as
 reading it that often (0.69 ms instead of 0.75 for 2048->512 at 7 x 7, one thread).
 
 On a CPU without AVX-512F (supported() False) or a compiler other than x86-64 GCC/Clang the module builds but
@@ -184,8 +184,9 @@ cdef extern from *:
     /* The micro-kernels: the MR x NR tile C[r0.., j0..] (mr rows, nr columns valid) from kc steps of an A
        panel and a packed B panel, in KV of the NR / 16 vectors (KV = ceil(nr / 16): a narrow last panel
        skips its zero columns); add: C's old values are added (beta 1, or a K block after the first); last:
-       + bias, then the activation. DIRECT 0 reads a packed A panel ([k][MR]); DIRECT 1 reads row-major A in
-       place, rows lda apart (rows past mr repeat row mr - 1: computed, never stored). */
+       + bias, then the activation. DIRECT 0 reads MR consecutive values of A per k, lda apart (a packed panel
+       [k][MR]: lda = MR; a full panel of column-major A in place: lda = its column stride); DIRECT 1 reads
+       row-major A in place, rows lda apart (rows past mr repeat row mr - 1: computed, never stored). */
     #define GM_UNROLL _Pragma("GCC unroll 32")
     #define GM_KERNEL(NAME, KV, DIRECT)                                                                     \
     GM_TARGET static void NAME(ptrdiff_t kc, const float* restrict pa, ptrdiff_t lda,                       \
@@ -207,7 +208,7 @@ cdef extern from *:
                 __m512 av = _mm512_set1_ps(DIRECT ? ar[i][k] : pa[i]);                                      \
                 GM_UNROLL for (v = 0; v < KV; v++) acc[i][v] = _mm512_fmadd_ps(av, bv[v], acc[i][v]);       \
             }                                                                                               \
-            if (!DIRECT) pa += GM_MR;                                                                       \
+            if (!DIRECT) pa += lda;                                                                         \
             pb += GM_NR;                                                                                    \
         }                                                                                                   \
         GM_UNROLL for (v = 0; v < KV; v++) {                                                                \
@@ -280,17 +281,30 @@ cdef extern from *:
     GM_TARGET static void gm_task(const gm_args* g, const float* pa, float* pb, ptrdiff_t n0, ptrdiff_t n1,
                                   ptrdiff_t q0, ptrdiff_t q1, ptrdiff_t Mp, int direct) {
         ptrdiff_t k0, q, j0;
+        float tail[GM_MR * GM_KC] __attribute__((aligned(64)));
         for (k0 = 0; k0 < g->K; k0 += GM_KC) {
             ptrdiff_t kc = g->K - k0 < GM_KC ? g->K - k0 : GM_KC;
             int add = g->beta || k0 > 0, last = k0 + kc >= g->K;
             gm_pack_b(g, k0, kc, n0, n1, pb);
             for (q = q0; q < q1; q++) {
                 ptrdiff_t r0 = q * GM_MR, mr = g->M - r0 < GM_MR ? g->M - r0 : GM_MR;
-                const float* panel = direct ? g->a + r0 * g->rsa + k0 : pa + k0 * Mp + q * GM_MR * kc;
                 const float* bias = g->bias ? g->bias + r0 : NULL;
                 const float* bp = pb;
+                const float* panel;
+                ptrdiff_t lda;
+                int row_major = 0;
+                if (direct == 1) {  /* row-major A in place */
+                    panel = g->a + r0 * g->rsa + k0; lda = g->rsa; row_major = 1;
+                } else if (direct == 2 && mr == GM_MR) {  /* a full panel of column-major A in place */
+                    panel = g->a + r0 + k0 * g->csa; lda = g->csa;
+                } else if (direct == 2) {  /* the last rows (reading MR past them could leave the array) */
+                    gm_pack_a(g, r0, k0, kc, tail);
+                    panel = tail; lda = GM_MR;
+                } else {
+                    panel = pa + k0 * Mp + q * GM_MR * kc; lda = GM_MR;
+                }
                 for (j0 = n0; j0 < n1; j0 += GM_NR, bp += kc * GM_NR)
-                    gm_kernel(kc, panel, g->rsa, direct, bp, g->c + r0 * g->ldc + j0, g->ldc, mr,
+                    gm_kernel(kc, panel, lda, row_major, bp, g->c + r0 * g->ldc + j0, g->ldc, mr,
                               n1 - j0 < GM_NR ? n1 - j0 : GM_NR, add, last, bias, g->act, g->lo, g->hi);
             }
         }
@@ -311,8 +325,9 @@ cdef extern from *:
         if (M <= 0 || N <= 0) return 0;
         if (K <= 0) return -3;  /* (gemm refuses K = 0) */
         /* A read in place, not packed, when each of its panels meets few B panels (packing all of W costs
-           as much as reading it a few times: most of a 7 x 7 layer's time at batch 1 beside the FMAs) */
-        direct = g->csa == 1 && npn <= GM_DIRECT_MAX_PANELS;
+           as much as reading it a few times: most of a 7 x 7 layer's time at batch 1 beside the FMAs):
+           1 row-major A (W), 2 column-major A (W^T, the bottom diff's) */
+        direct = npn > GM_DIRECT_MAX_PANELS ? 0 : (g->csa == 1 ? 1 : (g->rsa == 1 ? 2 : 0));
         pa = direct ? NULL : (float*)aligned_alloc(64, ((size_t)(Mp * K) * sizeof(float) + 63) & ~(size_t)63);
         if (!direct && !pa) return -2;
         /* split the rows too when there are too few column blocks to keep every thread busy */
