@@ -130,11 +130,12 @@ def blas_corename():
 def _gemm512_default() -> bool:
     """kernels.gemm for the 1x1 plan's float32 GEMMs: the CPU has AVX-512F and NumPy's OpenBLAS runs AVX2
     kernels (the development VM's OPENBLAS_CORETYPE=Haswell; any core type not in BLAS_AVX512_CORES).
-    Measured on Zen 5 (bench/ab_gemm512.py, one thread, min of 15, interleaved, ResNet-50's nine 1x1 shapes
-    at batch 1 and 8): forward 1.5-2.1x OpenBLAS-Haswell's speed (its AVX2 kernels run at the AVX2 peak,
-    ~100 GF/s; this one at 140-215), backward 1.5-2.0x; against OpenBLAS's own AVX-512 kernels (SkylakeX)
-    the forward is 0.87-1.23x (behind on the 7 x 7 and 14 x 14 planes) and the backward even, so where
-    OpenBLAS runs those, or NumPy's BLAS is not an OpenBLAS this can name, the 1x1 plan keeps np.matmul."""
+    Measured on Zen 5 (bench/ab_gemm512.py, one thread, min of 11-21, interleaved, ResNet-50's nine 1x1
+    shapes at batch 1 and 8; table in bench/README.md): forward 1.6-2.1x OpenBLAS-Haswell's speed (its AVX2
+    kernels run at the AVX2 peak, ~100 GF/s; this one at 150-205), backward 1.5-2.0x; against OpenBLAS's
+    own AVX-512 kernels (SkylakeX) the forward is 0.94-1.24x (behind on the 7 x 7 and 14 x 14 planes) and
+    the backward about even, so where OpenBLAS runs those, or NumPy's BLAS is not an OpenBLAS this can name,
+    the 1x1 plan keeps np.matmul."""
     if _gm is None or not _gm.supported() or not _cpu.cpu_has_avx2("AVX512F"):  # (NumPy's view of the CPU too)
         return False
     if os.environ.get("CAFFE_KERNELS_AVX512", "1") == "0" or os.environ.get("CAFFE_CONV_GEMM512", "1") == "0":
