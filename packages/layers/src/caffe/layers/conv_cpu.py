@@ -11,7 +11,10 @@ products, named from the convolution's side (Deconvolution swaps the roles):
 
 "1x1" (Caffe's is_1x1: every kernel side 1, stride 1, no pad): im already is the column
 buffer, so each image's GEMM reads and writes the blobs directly, no lowering (images of
-fewer than ONE_BY_ONE_VIEW_COLS positions are copied side by side into one wider GEMM).
+fewer than ONE_BY_ONE_VIEW_COLS positions are copied side by side into one wider GEMM). Its float32
+GEMMs (the forward, with the bias and activation in the GEMM's store, and the backward's weight diff,
+accumulated in place, and bottom diff) run kernels.gemm, an AVX-512 packed GEMM, where GEMM512 is set: an
+AVX-512 CPU whose NumPy OpenBLAS runs AVX2 kernels (_gemm512_default); the exact short-K forward stays.
 
 "direct" (group > 1 with at most DIRECT_MAX_PAIRS channel pairs per group: depthwise,
 MobileNet): the kernels of caffe.layers.kernels.depthwise, one (image, group) per OpenMP task.
@@ -64,6 +67,10 @@ try:
     from caffe.layers.kernels import exact_gemm as _eg
 except ImportError:  # pragma: no cover - a source tree without the build
     _eg = None
+try:
+    from caffe.layers.kernels import gemm as _gm
+except ImportError:  # pragma: no cover - a source tree without the build
+    _gm = None
 
 # The exact short-K forward by kernels.exact_gemm (module doc) where it is vectorized; False, or
 # CAFFE_CONV_EXACT_GEMM=0 in the environment: the float64 lowering and GEMM (benchmarks A/B the two).
@@ -92,13 +99,69 @@ ONE_BY_ONE_BYTES = 8 << 20
 # forward and 2x backward; 16 pairs, forward even, backward 1.6x slower).
 DIRECT_MAX_PAIRS = 8
 
+# OpenBLAS core types whose sgemm kernels are AVX-512 ones (its DYNAMIC_ARCH names; Zen 4/5 map to them).
+BLAS_AVX512_CORES = frozenset({"skylakex", "cooperlake", "sapphirerapids"})
+
+
+def blas_corename():
+    """The core type NumPy's OpenBLAS runs ("Haswell", "SkylakeX", ...: its openblas_get_corename), or None
+    when NumPy's BLAS is not an OpenBLAS this finds (read through ctypes from the loaded library)."""
+    import ctypes
+    paths = []
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = sorted({line.split()[-1] for line in maps if "openblas" in line.lower() and "/" in line})
+    except OSError:  # pragma: no cover - not Linux
+        pass
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:  # pragma: no cover
+            continue
+        for name in ("scipy_openblas_get_corename64_", "scipy_openblas_get_corename", "openblas_get_corename64_",
+                     "openblas_get_corename"):
+            fn = getattr(lib, name, None)
+            if fn is not None:
+                fn.restype = ctypes.c_char_p
+                return fn().decode()
+    return None
+
+
+def _gemm512_default() -> bool:
+    """kernels.gemm for the 1x1 plan's float32 GEMMs: the CPU has AVX-512F and NumPy's OpenBLAS runs AVX2
+    kernels (the development VM's OPENBLAS_CORETYPE=Haswell; any core type not in BLAS_AVX512_CORES).
+    Measured on Zen 5 (bench/ab_gemm512.py, one thread, min of 11-21, interleaved, ResNet-50's nine 1x1
+    shapes at batch 1 and 8; table in bench/README.md): forward 1.6-2.1x OpenBLAS-Haswell's speed (its AVX2
+    kernels run at the AVX2 peak, ~100 GF/s; this one at 150-205), backward 1.5-2.0x; against OpenBLAS's
+    own AVX-512 kernels (SkylakeX) the forward is 0.94-1.24x (behind on the 7 x 7 and 14 x 14 planes) and
+    the backward about even, so where OpenBLAS runs those, or NumPy's BLAS is not an OpenBLAS this can name,
+    the 1x1 plan keeps np.matmul."""
+    if _gm is None or not _gm.supported() or not _cpu.cpu_has_avx2("AVX512F"):  # (NumPy's view of the CPU too)
+        return False
+    if os.environ.get("CAFFE_KERNELS_AVX512", "1") == "0" or os.environ.get("CAFFE_CONV_GEMM512", "1") == "0":
+        return False
+    core = blas_corename()
+    return core is not None and core.lower() not in BLAS_AVX512_CORES
+
+
+# The 1x1 plan's float32 GEMMs (not the exact short-K forward) by kernels.gemm (AVX-512 packed GEMM, bias
+# and activation in its store): _gemm512_default(); CAFFE_CONV_GEMM512=0 or CAFFE_KERNELS_AVX512=0 in the
+# environment turn it off (benchmarks and tests set it False / True; True needs gemm512_supported()).
+GEMM512 = _gemm512_default()
+
+
+def gemm512_supported() -> bool:
+    return _gm is not None and _gm.supported()
+
+
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _NO_ACT = (0, 0.0, 0.0)  # kernels.lowering.ACT_NONE
 
 
 def tunables():
     """The block-size settings and the exact forward's path (a cache key: tests and benchmarks change them)."""
-    return (COL_BLOCK_BYTES, MIN_BLOCK_COLS, ONE_BY_ONE_VIEW_COLS, ONE_BY_ONE_COLS, ONE_BY_ONE_BYTES, EXACT_GEMM)
+    return (COL_BLOCK_BYTES, MIN_BLOCK_COLS, ONE_BY_ONE_VIEW_COLS, ONE_BY_ONE_COLS, ONE_BY_ONE_BYTES, EXACT_GEMM,
+            GEMM512)
 
 
 def available() -> bool:
@@ -147,6 +210,8 @@ class Blocks:
         # the exact forward by kernels.exact_gemm: float32 column blocks (the kernel widens them itself)
         self.kernel = exact and EXACT_GEMM and np.dtype(dtype) == np.float32
         self.cdtype = np.dtype(np.float64) if exact and not self.kernel else np.dtype(dtype)
+        # a 1x1 layer's float32 GEMMs by kernels.gemm (GEMM512)
+        self.gemm512 = self.one_by_one and GEMM512 and not exact and self.cdtype == np.float32
         self.blocks = plan_blocks(num, self.OH, self.OW, self.rows, self.cdtype.itemsize,
                                   not self.one_by_one)
 
@@ -179,6 +244,18 @@ def _gemm_out(layer, b: Blocks, w3, col, out, bias, n0, n1, oh0, oh1, act=None):
     og = Co // g
     nb, p0, Pb = n1 - n0, oh0 * b.OW, (oh1 - oh0) * b.OW
     code, lo, hi = act if act is not None else _NO_ACT
+    if b.gemm512:  # kernels.gemm: the bias and activation in its store when it writes the blob
+        if nb == 1:
+            dst = out[n0][:, p0:p0 + Pb]
+            for gi in range(g):
+                _gm.gemm(w3[gi], col[gi * kd:(gi + 1) * kd], dst[gi * og:(gi + 1) * og],
+                         None if bias is None else bias[gi * og:(gi + 1) * og], 0, code, lo, hi)
+            return
+        res = layer.buffer(np, "gemm", (Co, nb * Pb), col.dtype)
+        for gi in range(g):
+            _gm.gemm(w3[gi], col[gi * kd:(gi + 1) * kd], res[gi * og:(gi + 1) * og])
+        _k.rows_to_batch(res.reshape(-1), out[n0:n1].reshape(-1), bias, nb, Co, b.P, p0, Pb, code, lo, hi)
+        return
     if nb == 1 and col.dtype == out.dtype:  # straight into the blob (NumPy's matmul takes its row stride)
         dst = out[n0][:, p0:p0 + Pb]
         for gi in range(g):
@@ -277,7 +354,10 @@ def blocked_backward(layer, dout, weight, im=None, weight_diff=None, im_diff=Non
         if weight_diff is not None or (fwd_out is not None and (not exact_fwd or bf.kernel)):
             one = len(b.blocks) == 1 and kept is not None and kept.dtype == dout.dtype
             col = kept if one else _lowered(layer, b, im, n0, n1, oh0, oh1, dout.dtype)
-        if weight_diff is not None:
+        if weight_diff is not None and b.gemm512 and weight_diff.dtype == np.float32:
+            for gi in range(g):  # accumulated in place (beta 1): dout's rows times the transposed column block
+                _gm.gemm(rows[gi * og:(gi + 1) * og], col[gi * kd:(gi + 1) * kd].T, wd3[gi], None, 1)
+        elif weight_diff is not None:
             tmp = layer.buffer(np, "wgrad", (og, kd), weight_diff.dtype)
             for gi in range(g):
                 np.matmul(rows[gi * og:(gi + 1) * og], col[gi * kd:(gi + 1) * kd].T, out=tmp)
@@ -299,14 +379,15 @@ def _data_block(layer, b: Blocks, w3, rows, im_diff, n0, n1, oh0, oh1):
     g, kd = layer.group, layer.kernel_dim
     og = w3.shape[1]
     nb, Pb = n1 - n0, (oh1 - oh0) * b.OW
+    mm = _gemm512_mm if b.gemm512 and rows.dtype == np.float32 else np.matmul
     if b.one_by_one and nb == 1:  # straight into the blob
         dst = im_diff[n0].reshape(b.rows, b.P)
         for gi in range(g):
-            np.matmul(w3[gi].T, rows[gi * og:(gi + 1) * og], out=dst[gi * kd:(gi + 1) * kd])
+            mm(w3[gi].T, rows[gi * og:(gi + 1) * og], out=dst[gi * kd:(gi + 1) * kd])
         return
     dcol = layer.buffer(np, "dcol", (b.rows, nb * Pb), rows.dtype)
     for gi in range(g):
-        np.matmul(w3[gi].T, rows[gi * og:(gi + 1) * og], out=dcol[gi * kd:(gi + 1) * kd])
+        mm(w3[gi].T, rows[gi * og:(gi + 1) * og], out=dcol[gi * kd:(gi + 1) * kd])
     if b.one_by_one:
         _k.rows_to_batch(dcol.reshape(-1), im_diff[n0:n1].reshape(-1), None, nb, b.rows, b.P, 0, Pb)
         return
@@ -315,6 +396,11 @@ def _data_block(layer, b: Blocks, w3, rows, im_diff, n0, n1, oh0, oh1):
     H, W = geo.im_shape
     _k.col2im_2d(dcol.reshape(-1), im_diff[n0:n1].reshape(-1), nb, im_diff.shape[1], H, W, kh, kw, ph, pw,
                  sh, sw, dh, dw, b.OH, b.OW, nb * Pb, Pb, oh0, oh1, oh0 > 0)
+
+
+def _gemm512_mm(a, b, out):
+    """np.matmul(a, b, out=out) by kernels.gemm (float32, out's rows contiguous)."""
+    _gm.gemm(a, b, out)
 
 
 def _exact(layer, dtype) -> bool:
