@@ -427,6 +427,483 @@ cdef extern from *:
     void caffe_poolv_vrows_f16(const float* h0, Py_ssize_t rows, Py_ssize_t PW, float* yr) nogil
 
 
+# MAX 3x3 / stride 2 on float32 planes (ResNet, GoogLeNet, CaffeNet, VGG-style pools), one pass per plane, with the
+# argmax (a TRAIN-phase forward) and its backward.
+#
+# Forward: for a block of 16 (AVX-512) / 8 (AVX2) window columns, walk down the plane's rows: each image row's maxima
+# over the block's windows (taps j = 0, 1, 2 in order, strictly greater, from -FLT_MAX: _max_plane_sep's horizontal
+# pass) are taken once, in registers, and the output row is the first maximum over its three rows, the last of which
+# is carried on as the next output row's first (3x3/2 windows share it). The separable scan's order, so Caffe's first
+# maximum in row-major order, bit for bit. What made the separable kernel with the argmax ~1.6x the values alone's
+# compute and 2.2x its time at full size: the row maxima and their taps went through scratch (H x PW floats and
+# ints written, then read three times), the vertical pass rebuilt each index from the tap (a multiply and four adds
+# per block) and every row's border windows were scalar calls. Here the index is the absolute column, kept with the
+# maximum (one add per row for h * W), and the border windows are lanes of the same blocks: columns outside the
+# image are loaded as NaN, which a strict greater-than never takes (Caffe's clipped window). An output that took
+# nothing is -FLT_MAX and its index is set to -1 at the end. The values alone (TEST) keep _max_plane_sep.
+#
+# Backward (dx = 0, then dx[mask] += dy): gathered instead of scattered, so every dx element is written once, in
+# order, with no zeroing pass and no read-modify-write chains through memory (the scatter's adds to a pixel shared
+# by neighbouring windows waited on each other's stores). With u = w + pad_w, a pixel with u even lies in windows
+# u / 2 - 1 and u / 2 of a window row, one with u odd in (u - 1) / 2 only (rows alike); each pixel adds the dy of
+# those of its windows whose argmax is this pixel, in ascending window order from 0: Caffe's sum, bit for bit. A
+# window whose argmax is not a pixel of its own window (a mask top edited between forward and backward) is never
+# matched: the matches are counted and a plane whose count differs from its windows with an argmax >= 0 is redone
+# by the scatter.
+cdef extern from *:
+    """
+    #include <math.h>
+    #include <float.h>
+    #if defined(__AVX512F__)
+    #include <immintrin.h>
+    #define CAFFE_POOL_K3S2 16
+    /* the lanes l < 16 with 0 <= c + l < n */
+    static inline __mmask16 caffe_pool_lanes16(Py_ssize_t c, Py_ssize_t n) {
+        Py_ssize_t lo = c < 0 ? -c : 0, hi = n - c;
+        if (hi > 16)
+            hi = 16;
+        if (hi <= lo)
+            return 0;
+        return (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+    }
+    /* one image row under 16 windows: xr points at their first column (c0 = 2 pw0 - pad_w, which may be outside the
+       row: the la / lb / lc lanes are the columns inside it, the others NaN); m = the row maximum (taps in order,
+       strictly greater, from -FLT_MAX), c = its column (b0 + tap) + rw */
+    static inline void caffe_pool_k3s2_hrow16(const float* xr, __mmask16 la, __mmask16 lb, __mmask16 lc, __m512i b0,
+                                              __m512i b1, __m512i b2, __m512i rw, __m512* m, __m512i* c) {
+        const __m512 nan = _mm512_set1_ps(NAN);
+        __m512 a = _mm512_mask_loadu_ps(nan, la, xr), b = _mm512_mask_loadu_ps(nan, lb, xr + 16);
+        __m512 e = _mm512_mask_loadu_ps(nan, lc, xr + 32);
+        __m512 t0 = _mm512_permutex2var_ps(a, _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), b);
+        __m512 t1 = _mm512_permutex2var_ps(a, _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31), b);
+        /* t0 moved down one lane, column c0 + 32 into the top one */
+        __m512 t2 = _mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(e), _mm512_castps_si512(t0), 1));
+        __m512 mm = _mm512_max_ps(t0, _mm512_set1_ps(-FLT_MAX));  /* t0 > -FLT_MAX ? t0 : -FLT_MAX */
+        __m512i cc = b0;
+        __mmask16 k = _mm512_cmp_ps_mask(t1, mm, _CMP_GT_OQ);
+        mm = _mm512_mask_mov_ps(mm, k, t1);
+        cc = _mm512_mask_mov_epi32(cc, k, b1);
+        k = _mm512_cmp_ps_mask(t2, mm, _CMP_GT_OQ);
+        *m = _mm512_mask_mov_ps(mm, k, t2);
+        *c = _mm512_add_epi32(_mm512_mask_mov_epi32(cc, k, b2), rw);
+    }
+    static inline void caffe_pool_max_k3s2(const float* x, float* y, int* mask, Py_ssize_t H, Py_ssize_t W,
+                                           Py_ssize_t PH, Py_ssize_t PW, Py_ssize_t pad_h, Py_ssize_t pad_w,
+                                           const char* nxt, Py_ssize_t nxt_bytes) {
+        const __m512 neg = _mm512_set1_ps(-FLT_MAX);
+        const __m512i none = _mm512_set1_epi32(-1);
+        const __m512i lane2 = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        Py_ssize_t pw0 = 0, ph, r, per = PH > 0 ? ((nxt_bytes + 63) / 64 + PH - 1) / PH : 0, l;
+        for (;;) {
+            /* the last block ends at the row's last window (overlapping the one before: the same values twice) */
+            if (PW >= 16 && pw0 + 16 > PW)
+                pw0 = PW - 16;
+            Py_ssize_t c0 = 2 * pw0 - pad_w;
+            __mmask16 la = caffe_pool_lanes16(c0, W), lb = caffe_pool_lanes16(c0 + 16, W);
+            __mmask16 lc = caffe_pool_lanes16(c0 + 32, W) & 1;
+            __mmask16 st = caffe_pool_lanes16(pw0, PW);
+            __m512i b0 = _mm512_add_epi32(_mm512_set1_epi32((int)c0), lane2);
+            __m512i b1 = _mm512_add_epi32(b0, _mm512_set1_epi32(1)), b2 = _mm512_add_epi32(b0, _mm512_set1_epi32(2));
+            __m512 mc = neg, m1, m2, v;
+            __m512i cc = none, c1, c2, i;
+            __mmask16 k;
+            r = -pad_h;  /* window row 0's first image row */
+            if (r >= 0 && r < H)
+                caffe_pool_k3s2_hrow16(x + r * W + c0, la, lb, lc, b0, b1, b2, _mm512_set1_epi32((int)(r * W)), &mc, &cc);
+            for (ph = 0; ph < PH; ph++) {
+                m1 = neg; c1 = none; m2 = neg; c2 = none;  /* rows outside the image: nothing to take */
+                r = 2 * ph - pad_h + 1;
+                if (r >= 0 && r < H)
+                    caffe_pool_k3s2_hrow16(x + r * W + c0, la, lb, lc, b0, b1, b2, _mm512_set1_epi32((int)(r * W)), &m1, &c1);
+                r++;
+                if (r >= 0 && r < H)
+                    caffe_pool_k3s2_hrow16(x + r * W + c0, la, lb, lc, b0, b1, b2, _mm512_set1_epi32((int)(r * W)), &m2, &c2);
+                k = _mm512_cmp_ps_mask(m1, mc, _CMP_GT_OQ);
+                v = _mm512_mask_mov_ps(mc, k, m1);
+                i = _mm512_mask_mov_epi32(cc, k, c1);
+                k = _mm512_cmp_ps_mask(m2, v, _CMP_GT_OQ);
+                v = _mm512_mask_mov_ps(v, k, m2);
+                i = _mm512_mask_mov_epi32(i, k, c2);
+                i = _mm512_mask_mov_epi32(i, _mm512_cmp_ps_mask(v, neg, _CMP_EQ_OQ), none);  /* took nothing */
+                if (st == 0xFFFF) {
+                    _mm512_storeu_ps(y + ph * PW + pw0, v);
+                    _mm512_storeu_si512((void*)(mask + ph * PW + pw0), i);
+                } else {
+                    _mm512_mask_storeu_ps(y + ph * PW + pw0, st, v);
+                    _mm512_mask_storeu_epi32(mask + ph * PW + pw0, st, i);
+                }
+                mc = m2;
+                cc = c2;
+                if (nxt != NULL && pw0 == 0)  /* the next plane into L2, spread over the first block's rows */
+                    for (l = ph * per; l < (ph + 1) * per && 64 * l < nxt_bytes; l++)
+                        __builtin_prefetch(nxt + 64 * l, 0, 2);
+            }
+            if (pw0 + 16 >= PW)
+                break;
+            pw0 += 16;
+        }
+    }
+    /* how many of mask[0..n) are >= 0 */
+    static inline Py_ssize_t caffe_pool_count_argmax(const int* mask, Py_ssize_t n) {
+        __m512i cnt = _mm512_setzero_si512(), one = _mm512_set1_epi32(1), none = _mm512_set1_epi32(-1);
+        Py_ssize_t k;
+        for (k = 0; k < n; k += 16) {
+            __mmask16 in = caffe_pool_lanes16(k, n);
+            __m512i v = _mm512_mask_loadu_epi32(none, in, mask + k);
+            cnt = _mm512_mask_add_epi32(cnt, _mm512_cmpgt_epi32_mask(v, none), cnt, one);
+        }
+        return _mm512_reduce_add_epi32(cnt);
+    }
+    /* 16 even-u and 16 odd-u pixels' sums, interleaved, into dr[0..32) (st0 / st1: the columns inside the row) */
+    static inline void caffe_pool_back_store16(float* dr, __m512 e, __m512 o, __m512i ilo, __m512i ihi, int full,
+                                               __mmask16 st0, __mmask16 st1) {
+        __m512 lo = _mm512_permutex2var_ps(e, ilo, o), hi = _mm512_permutex2var_ps(e, ihi, o);
+        if (full) {
+            _mm512_storeu_ps(dr, lo);
+            _mm512_storeu_ps(dr + 16, hi);
+        } else {
+            _mm512_mask_storeu_ps(dr, st0, lo);
+            _mm512_mask_storeu_ps(dr + 16, st1, hi);
+        }
+    }
+    /* dx of one plane, gathered (see above); returns how many (window, pixel) argmax matches it added. Blocks of 32
+       columns (windows pw0 - 1 .. pw0 + 15), each down the whole plane (its lane masks are the same for every row),
+       two image rows per window row q: with v = h + pad_h, v = 2q takes window rows q - 1 and q, v = 2q + 1 row q
+       alone, so each window row is loaded once (and carried to the next q) */
+    static inline Py_ssize_t caffe_pool_back_k3s2(const float* dy, const int* mask, float* dx, Py_ssize_t H,
+                                                  Py_ssize_t W, Py_ssize_t PH, Py_ssize_t PW, Py_ssize_t pad_h,
+                                                  Py_ssize_t pad_w) {
+        const __m512i one = _mm512_set1_epi32(1), none = _mm512_set1_epi32(-1);
+        const __m512i lane2 = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        /* the even-u pixels (e) and the odd-u ones (o) interleaved back into columns */
+        const __m512i ilo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+        const __m512i ihi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+        __m512i cnt = _mm512_setzero_si512();
+        Py_ssize_t h, pw0, w0, q, q0 = pad_h / 2, q1 = (H - 1 + pad_h) / 2;
+        for (pw0 = 0; (w0 = 2 * pw0 - pad_w) < W; pw0 += 16) {
+            /* k0, k1: the windows pw, pw - 1 that exist (the others load as 0 and are never compared); ke, ko: the
+               even / odd pixels inside the row (a column past its end is the next row's index) */
+            __mmask16 k0 = caffe_pool_lanes16(pw0, PW), k1 = caffe_pool_lanes16(pw0 - 1, PW), k;
+            __m512i col = _mm512_add_epi32(_mm512_set1_epi32((int)w0), lane2);
+            __mmask16 ke = _mm512_cmpgt_epi32_mask(col, none) & _mm512_cmpgt_epi32_mask(_mm512_set1_epi32((int)W), col);
+            __m512i colo = _mm512_add_epi32(col, one);
+            __mmask16 ko = _mm512_cmpgt_epi32_mask(colo, none) & _mm512_cmpgt_epi32_mask(_mm512_set1_epi32((int)W), colo);
+            __mmask16 ke1 = ke & k1, ke0 = ke & k0, ko0 = ko & k0;
+            __mmask16 s0 = caffe_pool_lanes16(w0, W), s1 = caffe_pool_lanes16(w0 + 16, W);
+            int full = s0 == 0xFFFF && s1 == 0xFFFF;
+            /* window row q - 1 (a: argmax of windows pw, pw - 1; g: their dy) and q (b, f); -1 / 0 outside the plane */
+            __m512i a0 = none, a1 = none, b0, b1, pe, po;
+            __m512 g0 = _mm512_setzero_ps(), g1 = g0, f0, f1, e, o;
+            if (q0 >= 1 && q0 - 1 < PH) {
+                a0 = _mm512_maskz_loadu_epi32(k0, mask + (q0 - 1) * PW + pw0);
+                a1 = _mm512_maskz_loadu_epi32(k1, mask + (q0 - 1) * PW + pw0 - 1);
+                g0 = _mm512_maskz_loadu_ps(k0, dy + (q0 - 1) * PW + pw0);
+                g1 = _mm512_maskz_loadu_ps(k1, dy + (q0 - 1) * PW + pw0 - 1);
+            }
+            for (q = q0; q <= q1; q++) {
+                b0 = none;
+                b1 = none;
+                f0 = _mm512_setzero_ps();
+                f1 = f0;
+                if (q < PH) {
+                    b0 = _mm512_maskz_loadu_epi32(k0, mask + q * PW + pw0);
+                    b1 = _mm512_maskz_loadu_epi32(k1, mask + q * PW + pw0 - 1);
+                    f0 = _mm512_maskz_loadu_ps(k0, dy + q * PW + pw0);
+                    f1 = _mm512_maskz_loadu_ps(k1, dy + q * PW + pw0 - 1);
+                }
+                h = 2 * q - pad_h;  /* v = 2q: windows (q - 1, pw - 1), (q - 1, pw), (q, pw - 1), (q, pw): ascending */
+                if (h >= 0) {
+                    pe = _mm512_add_epi32(col, _mm512_set1_epi32((int)(h * W)));
+                    po = _mm512_add_epi32(pe, one);
+                    k = _mm512_mask_cmpeq_epi32_mask(ke1, a1, pe);
+                    e = _mm512_maskz_add_ps(k, _mm512_setzero_ps(), g1);  /* 0 + dy, Caffe's first add */
+                    cnt = _mm512_mask_add_epi32(cnt, k, cnt, one);
+                    k = _mm512_mask_cmpeq_epi32_mask(ke0, a0, pe);
+                    e = _mm512_mask_add_ps(e, k, e, g0);
+                    cnt = _mm512_mask_add_epi32(cnt, k, cnt, one);
+                    k = _mm512_mask_cmpeq_epi32_mask(ke1, b1, pe);
+                    e = _mm512_mask_add_ps(e, k, e, f1);
+                    cnt = _mm512_mask_add_epi32(cnt, k, cnt, one);
+                    k = _mm512_mask_cmpeq_epi32_mask(ke0, b0, pe);
+                    e = _mm512_mask_add_ps(e, k, e, f0);
+                    cnt = _mm512_mask_add_epi32(cnt, k, cnt, one);
+                    k = _mm512_mask_cmpeq_epi32_mask(ko0, a0, po);
+                    o = _mm512_maskz_add_ps(k, _mm512_setzero_ps(), g0);
+                    cnt = _mm512_mask_add_epi32(cnt, k, cnt, one);
+                    k = _mm512_mask_cmpeq_epi32_mask(ko0, b0, po);
+                    o = _mm512_mask_add_ps(o, k, o, f0);
+                    cnt = _mm512_mask_add_epi32(cnt, k, cnt, one);
+                    caffe_pool_back_store16(dx + h * W + w0, e, o, ilo, ihi, full, s0, s1);
+                }
+                h++;  /* v = 2q + 1: window (q, pw) alone */
+                if (h < H) {
+                    pe = _mm512_add_epi32(col, _mm512_set1_epi32((int)(h * W)));
+                    po = _mm512_add_epi32(pe, one);
+                    k = _mm512_mask_cmpeq_epi32_mask(ke1, b1, pe);
+                    e = _mm512_maskz_add_ps(k, _mm512_setzero_ps(), f1);
+                    cnt = _mm512_mask_add_epi32(cnt, k, cnt, one);
+                    k = _mm512_mask_cmpeq_epi32_mask(ke0, b0, pe);
+                    e = _mm512_mask_add_ps(e, k, e, f0);
+                    cnt = _mm512_mask_add_epi32(cnt, k, cnt, one);
+                    k = _mm512_mask_cmpeq_epi32_mask(ko0, b0, po);
+                    o = _mm512_maskz_add_ps(k, _mm512_setzero_ps(), f0);
+                    cnt = _mm512_mask_add_epi32(cnt, k, cnt, one);
+                    caffe_pool_back_store16(dx + h * W + w0, e, o, ilo, ihi, full, s0, s1);
+                }
+                a0 = b0;
+                a1 = b1;
+                g0 = f0;
+                g1 = f1;
+            }
+        }
+        return _mm512_reduce_add_epi32(cnt);
+    }
+    #elif defined(__AVX2__)
+    #include <immintrin.h>
+    #define CAFFE_POOL_K3S2 8
+    /* all ones in the lanes l < 8 with 0 <= c + l < n */
+    static inline __m256i caffe_pool_lanes8(Py_ssize_t c, Py_ssize_t n) {
+        Py_ssize_t lo = c < 0 ? -c : 0, hi = n - c;
+        if (hi > 8)
+            hi = 8;
+        if (lo > 8)
+            lo = 8;
+        if (hi < lo)
+            hi = lo;
+        __m256i l = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        return _mm256_andnot_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)lo), l),
+                                   _mm256_cmpgt_epi32(_mm256_set1_epi32((int)hi), l));
+    }
+    /* caffe_pool_k3s2_hrow16 eight wide: xr[0..16] the columns of 8 windows; edge: only the lanes la / lb (and
+       xr[16] if lc) inside the row, the others NaN */
+    static inline void caffe_pool_k3s2_hrow8(const float* xr, int edge, __m256i la, __m256i lb, int lc, __m256i b0,
+                                             __m256i b1, __m256i b2, __m256i rw, __m256* m, __m256i* c) {
+        const __m256 nan = _mm256_set1_ps(NAN);
+        __m256 a, b, e, t0, t1, t2, mm, g;
+        __m256i cc;
+        if (!edge) {
+            a = _mm256_loadu_ps(xr);
+            b = _mm256_loadu_ps(xr + 8);
+            e = _mm256_broadcast_ss(xr + 16);
+        } else {
+            a = _mm256_blendv_ps(nan, _mm256_maskload_ps(xr, la), _mm256_castsi256_ps(la));
+            b = _mm256_blendv_ps(nan, _mm256_maskload_ps(xr + 8, lb), _mm256_castsi256_ps(lb));
+            e = _mm256_set1_ps(lc ? xr[16] : NAN);
+        }
+        t0 = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
+        t1 = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
+        t0 = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t0), _MM_SHUFFLE(3, 1, 2, 0)));
+        t1 = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t1), _MM_SHUFFLE(3, 1, 2, 0)));
+        t2 = _mm256_permutevar8x32_ps(t0, _mm256_setr_epi32(1, 2, 3, 4, 5, 6, 7, 7));
+        t2 = _mm256_blend_ps(t2, e, 0x80);
+        mm = _mm256_max_ps(t0, _mm256_set1_ps(-FLT_MAX));  /* t0 > -FLT_MAX ? t0 : -FLT_MAX */
+        g = _mm256_cmp_ps(t1, mm, _CMP_GT_OQ);
+        mm = _mm256_blendv_ps(mm, t1, g);
+        cc = _mm256_blendv_epi8(b0, b1, _mm256_castps_si256(g));
+        g = _mm256_cmp_ps(t2, mm, _CMP_GT_OQ);
+        *m = _mm256_blendv_ps(mm, t2, g);
+        *c = _mm256_add_epi32(_mm256_blendv_epi8(cc, b2, _mm256_castps_si256(g)), rw);
+    }
+    static inline void caffe_pool_max_k3s2(const float* x, float* y, int* mask, Py_ssize_t H, Py_ssize_t W,
+                                           Py_ssize_t PH, Py_ssize_t PW, Py_ssize_t pad_h, Py_ssize_t pad_w,
+                                           const char* nxt, Py_ssize_t nxt_bytes) {
+        const __m256 neg = _mm256_set1_ps(-FLT_MAX);
+        const __m256i none = _mm256_set1_epi32(-1), lane2 = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+        Py_ssize_t pw0 = 0, ph, r, per = PH > 0 ? ((nxt_bytes + 63) / 64 + PH - 1) / PH : 0, l;
+        for (;;) {
+            if (PW >= 8 && pw0 + 8 > PW)
+                pw0 = PW - 8;
+            Py_ssize_t c0 = 2 * pw0 - pad_w;
+            int edge = !(c0 >= 0 && c0 + 17 <= W), lc = c0 + 16 >= 0 && c0 + 16 < W;
+            __m256i la = caffe_pool_lanes8(c0, W), lb = caffe_pool_lanes8(c0 + 8, W), st = caffe_pool_lanes8(pw0, PW);
+            int full = PW - pw0 >= 8;
+            __m256i b0 = _mm256_add_epi32(_mm256_set1_epi32((int)c0), lane2);
+            __m256i b1 = _mm256_add_epi32(b0, _mm256_set1_epi32(1)), b2 = _mm256_add_epi32(b0, _mm256_set1_epi32(2));
+            __m256 mc = neg, m1, m2, v, g;
+            __m256i cc = none, c1, c2, i;
+            r = -pad_h;
+            if (r >= 0 && r < H)
+                caffe_pool_k3s2_hrow8(x + r * W + c0, edge, la, lb, lc, b0, b1, b2, _mm256_set1_epi32((int)(r * W)), &mc, &cc);
+            for (ph = 0; ph < PH; ph++) {
+                m1 = neg; c1 = none; m2 = neg; c2 = none;
+                r = 2 * ph - pad_h + 1;
+                if (r >= 0 && r < H)
+                    caffe_pool_k3s2_hrow8(x + r * W + c0, edge, la, lb, lc, b0, b1, b2, _mm256_set1_epi32((int)(r * W)), &m1, &c1);
+                r++;
+                if (r >= 0 && r < H)
+                    caffe_pool_k3s2_hrow8(x + r * W + c0, edge, la, lb, lc, b0, b1, b2, _mm256_set1_epi32((int)(r * W)), &m2, &c2);
+                g = _mm256_cmp_ps(m1, mc, _CMP_GT_OQ);
+                v = _mm256_blendv_ps(mc, m1, g);
+                i = _mm256_blendv_epi8(cc, c1, _mm256_castps_si256(g));
+                g = _mm256_cmp_ps(m2, v, _CMP_GT_OQ);
+                v = _mm256_blendv_ps(v, m2, g);
+                i = _mm256_blendv_epi8(i, c2, _mm256_castps_si256(g));
+                i = _mm256_or_si256(i, _mm256_castps_si256(_mm256_cmp_ps(v, neg, _CMP_EQ_OQ)));  /* took nothing: -1 */
+                if (full) {
+                    _mm256_storeu_ps(y + ph * PW + pw0, v);
+                    _mm256_storeu_si256((__m256i*)(mask + ph * PW + pw0), i);
+                } else {
+                    _mm256_maskstore_ps(y + ph * PW + pw0, st, v);
+                    _mm256_maskstore_epi32(mask + ph * PW + pw0, st, i);
+                }
+                mc = m2;
+                cc = c2;
+                if (nxt != NULL && pw0 == 0)
+                    for (l = ph * per; l < (ph + 1) * per && 64 * l < nxt_bytes; l++)
+                        __builtin_prefetch(nxt + 64 * l, 0, 2);
+            }
+            if (pw0 + 8 >= PW)
+                break;
+            pw0 += 8;
+        }
+    }
+    static inline Py_ssize_t caffe_pool_count_argmax(const int* mask, Py_ssize_t n) {
+        __m256i cnt = _mm256_setzero_si256(), none = _mm256_set1_epi32(-1);
+        Py_ssize_t k, total = 0;
+        for (k = 0; k + 8 <= n; k += 8)
+            cnt = _mm256_sub_epi32(cnt, _mm256_cmpgt_epi32(_mm256_loadu_si256((const __m256i*)(mask + k)), none));
+        for (; k < n; k++)
+            total += mask[k] >= 0;
+        int part[8];
+        _mm256_storeu_si256((__m256i*)part, cnt);
+        for (k = 0; k < 8; k++)
+            total += part[k];
+        return total;
+    }
+    /* pixels pe (even u) / po (odd u) against one window row's argmax of windows pw - 1 (m1) and pw (m0): add the dy
+       (d1, d0) of those that match (ie, io: the pixels that may); a lane that matches nothing adds +0, which leaves a
+       sum from +0 as it is (such a sum is never -0) */
+    static inline void caffe_pool_back_take8(__m256i m0, __m256i m1, __m256 d0, __m256 d1, __m256i pe, __m256i po,
+                                             __m256i ie, __m256i io, __m256* e, __m256* o, __m256i* cnt) {
+        __m256i k = _mm256_and_si256(_mm256_cmpeq_epi32(m1, pe), ie);
+        *e = _mm256_add_ps(*e, _mm256_and_ps(_mm256_castsi256_ps(k), d1));
+        *cnt = _mm256_sub_epi32(*cnt, k);
+        k = _mm256_and_si256(_mm256_cmpeq_epi32(m0, pe), ie);
+        *e = _mm256_add_ps(*e, _mm256_and_ps(_mm256_castsi256_ps(k), d0));
+        *cnt = _mm256_sub_epi32(*cnt, k);
+        k = _mm256_and_si256(_mm256_cmpeq_epi32(m0, po), io);
+        *o = _mm256_add_ps(*o, _mm256_and_ps(_mm256_castsi256_ps(k), d0));
+        *cnt = _mm256_sub_epi32(*cnt, k);
+    }
+    static inline void caffe_pool_back_store8(float* dr, __m256 e, __m256 o, int full, __m256i st0, __m256i st1) {
+        __m256 a = _mm256_unpacklo_ps(e, o), b = _mm256_unpackhi_ps(e, o);  /* e0 o0 e1 o1 | e4 o4 e5 o5, e2 o2 .. */
+        __m256 lo = _mm256_permute2f128_ps(a, b, 0x20), hi = _mm256_permute2f128_ps(a, b, 0x31);
+        if (full) {
+            _mm256_storeu_ps(dr, lo);
+            _mm256_storeu_ps(dr + 8, hi);
+        } else {
+            _mm256_maskstore_ps(dr, st0, lo);
+            _mm256_maskstore_ps(dr + 8, st1, hi);
+        }
+    }
+    /* window row q's argmax of windows pw (m0) and pw - 1 (m1) and their dy; plain: all inside the plane, else the
+       lanes k0 / k1 (the others: argmax -1, dy 0) */
+    static inline void caffe_pool_back_row8(const int* mr, const float* dyr, int plain, __m256i k0, __m256i k1,
+                                            __m256i* m0, __m256i* m1, __m256* d0, __m256* d1) {
+        if (plain) {
+            *m0 = _mm256_loadu_si256((const __m256i*)mr);
+            *m1 = _mm256_loadu_si256((const __m256i*)(mr - 1));
+            *d0 = _mm256_loadu_ps(dyr);
+            *d1 = _mm256_loadu_ps(dyr - 1);
+        } else {
+            *m0 = _mm256_blendv_epi8(_mm256_set1_epi32(-1), _mm256_maskload_epi32(mr, k0), k0);
+            *m1 = _mm256_blendv_epi8(_mm256_set1_epi32(-1), _mm256_maskload_epi32(mr - 1, k1), k1);
+            *d0 = _mm256_maskload_ps(dyr, k0);
+            *d1 = _mm256_maskload_ps(dyr - 1, k1);
+        }
+    }
+    /* one block of 16 columns (windows pw0 - 1 .. pw0 + 7) down the plane: caffe_pool_back_k3s2 of the AVX-512 build */
+    static inline void caffe_pool_back_block8(const float* dy, const int* mask, float* dx, Py_ssize_t H, Py_ssize_t W,
+                                              Py_ssize_t PH, Py_ssize_t PW, Py_ssize_t pad_h, Py_ssize_t pw0,
+                                              Py_ssize_t w0, int plain, __m256i* cnt) {
+        const __m256i one = _mm256_set1_epi32(1), none = _mm256_set1_epi32(-1);
+        __m256i col = _mm256_add_epi32(_mm256_set1_epi32((int)w0), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
+        __m256i colo = _mm256_add_epi32(col, one);
+        __m256i ie = none, io = none, k0 = none, k1 = none, st0 = none, st1 = none;
+        if (!plain) {
+            ie = _mm256_and_si256(_mm256_cmpgt_epi32(col, none), _mm256_cmpgt_epi32(_mm256_set1_epi32((int)W), col));
+            io = _mm256_and_si256(_mm256_cmpgt_epi32(colo, none), _mm256_cmpgt_epi32(_mm256_set1_epi32((int)W), colo));
+            k0 = caffe_pool_lanes8(pw0, PW);
+            k1 = caffe_pool_lanes8(pw0 - 1, PW);
+            st0 = caffe_pool_lanes8(w0, W);
+            st1 = caffe_pool_lanes8(w0 + 8, W);
+        }
+        int full = w0 >= 0 && w0 + 16 <= W;
+        Py_ssize_t h, q, q0 = pad_h / 2, q1 = (H - 1 + pad_h) / 2;
+        __m256i a0 = none, a1 = none, b0, b1, pe, po;
+        __m256 g0 = _mm256_setzero_ps(), g1 = g0, f0, f1, e, o;
+        if (q0 >= 1 && q0 - 1 < PH)
+            caffe_pool_back_row8(mask + (q0 - 1) * PW + pw0, dy + (q0 - 1) * PW + pw0, plain, k0, k1, &a0, &a1, &g0, &g1);
+        for (q = q0; q <= q1; q++) {
+            b0 = none;
+            b1 = none;
+            f0 = _mm256_setzero_ps();
+            f1 = f0;
+            if (q < PH)
+                caffe_pool_back_row8(mask + q * PW + pw0, dy + q * PW + pw0, plain, k0, k1, &b0, &b1, &f0, &f1);
+            h = 2 * q - pad_h;  /* v = 2q: window rows q - 1, q */
+            if (h >= 0) {
+                pe = _mm256_add_epi32(col, _mm256_set1_epi32((int)(h * W)));
+                po = _mm256_add_epi32(pe, one);
+                e = _mm256_setzero_ps();
+                o = e;
+                caffe_pool_back_take8(a0, a1, g0, g1, pe, po, ie, io, &e, &o, cnt);
+                caffe_pool_back_take8(b0, b1, f0, f1, pe, po, ie, io, &e, &o, cnt);
+                caffe_pool_back_store8(dx + h * W + w0, e, o, full, st0, st1);
+            }
+            h++;  /* v = 2q + 1: window row q */
+            if (h < H) {
+                pe = _mm256_add_epi32(col, _mm256_set1_epi32((int)(h * W)));
+                po = _mm256_add_epi32(pe, one);
+                e = _mm256_setzero_ps();
+                o = e;
+                caffe_pool_back_take8(b0, b1, f0, f1, pe, po, ie, io, &e, &o, cnt);
+                caffe_pool_back_store8(dx + h * W + w0, e, o, full, st0, st1);
+            }
+            a0 = b0;
+            a1 = b1;
+            g0 = f0;
+            g1 = f1;
+        }
+    }
+    static inline Py_ssize_t caffe_pool_back_k3s2(const float* dy, const int* mask, float* dx, Py_ssize_t H,
+                                                  Py_ssize_t W, Py_ssize_t PH, Py_ssize_t PW, Py_ssize_t pad_h,
+                                                  Py_ssize_t pad_w) {
+        __m256i cnt = _mm256_setzero_si256();
+        Py_ssize_t pw0, w0, k, total = 0;
+        for (pw0 = 0; (w0 = 2 * pw0 - pad_w) < W; pw0 += 8) {
+            /* inside the row and between windows 0 and PW: plain loads, every pixel compared */
+            if (pw0 >= 1 && pw0 + 8 <= PW && w0 >= 0 && w0 + 16 <= W)
+                caffe_pool_back_block8(dy, mask, dx, H, W, PH, PW, pad_h, pw0, w0, 1, &cnt);
+            else
+                caffe_pool_back_block8(dy, mask, dx, H, W, PH, PW, pad_h, pw0, w0, 0, &cnt);
+        }
+        int part[8];
+        _mm256_storeu_si256((__m256i*)part, cnt);
+        for (k = 0; k < 8; k++)
+            total += part[k];
+        return total;
+    }
+    #else
+    #define CAFFE_POOL_K3S2 0
+    static inline void caffe_pool_max_k3s2(const float* x, float* y, int* mask, Py_ssize_t H, Py_ssize_t W,
+                                           Py_ssize_t PH, Py_ssize_t PW, Py_ssize_t pad_h, Py_ssize_t pad_w,
+                                           const char* nxt, Py_ssize_t nxt_bytes) {}
+    static inline Py_ssize_t caffe_pool_count_argmax(const int* mask, Py_ssize_t n) { return -1; }
+    static inline Py_ssize_t caffe_pool_back_k3s2(const float* dy, const int* mask, float* dx, Py_ssize_t H,
+                                                  Py_ssize_t W, Py_ssize_t PH, Py_ssize_t PW, Py_ssize_t pad_h,
+                                                  Py_ssize_t pad_w) { return -2; }
+    #endif
+    """
+    int CAFFE_POOL_K3S2
+    void caffe_pool_max_k3s2(const float* x, float* y, int* mask, Py_ssize_t H, Py_ssize_t W, Py_ssize_t PH,
+                             Py_ssize_t PW, Py_ssize_t pad_h, Py_ssize_t pad_w, const char* nxt,
+                             Py_ssize_t nxt_bytes) nogil
+    Py_ssize_t caffe_pool_count_argmax(const int* mask, Py_ssize_t n) nogil
+    Py_ssize_t caffe_pool_back_k3s2(const float* dy, const int* mask, float* dx, Py_ssize_t H, Py_ssize_t W,
+                                    Py_ssize_t PH, Py_ssize_t PW, Py_ssize_t pad_h, Py_ssize_t pad_w) nogil
+
+
 cdef inline void _max_hrow_k3s2(const real* src, real* hm, int* hc, Py_ssize_t lo,
                                 Py_ssize_t hi) noexcept nogil:
     cdef Py_ssize_t pw
@@ -803,8 +1280,17 @@ cdef inline void _max_back_plane(const real* dy, const int* mask, real* dx, Py_s
         dx[k] = 0
     for k in range(PHW):
         idx = mask[k]
-        if idx >= 0:
+        if idx >= 0 and idx < HW:  # (an argmax past the plane, from an edited mask top, is dropped, not written)
             dx[idx] = dx[idx] + dy[k]
+
+
+cdef inline void _max_back_plane_k3s2(const real* dy, const int* mask, real* dx, Py_ssize_t H, Py_ssize_t W,
+                                      Py_ssize_t PH, Py_ssize_t PW, Py_ssize_t pad_h, Py_ssize_t pad_w) noexcept nogil:
+    """caffe_pool_back_k3s2 (float32), or the scatter where an argmax lies outside its window."""
+    if real is float:
+        if caffe_pool_back_k3s2(dy, mask, dx, H, W, PH, PW, pad_h, pad_w) == caffe_pool_count_argmax(mask, PH * PW):
+            return
+    _max_back_plane(dy, mask, dx, H * W, PH * PW)
 
 
 # Each window's share dy / pool size is divided once into q (PW of scratch), not once per pixel it
@@ -1020,6 +1506,14 @@ def max_pool_forward(const real[::1] x, real[::1] y, int[::1] mask, Py_ssize_t p
     cdef bint prefetch = H * W * sizeof(real) >= PREFETCH_MIN_BYTES
     if prefetch and g < PREFETCH_CHUNK:
         g = PREFETCH_CHUNK
+    if real is float:
+        if CAFFE_POOL_K3S2 and mp != NULL and kh == 3 and kw == 3 and sh == 2 and sw == 2:
+            with nogil:
+                for p in prange(planes, schedule="dynamic", chunksize=g, num_threads=nt):
+                    nxt = xp + (p + 1) * H * W if prefetch and (p + 1) % g != 0 and p + 1 < planes else NULL
+                    caffe_pool_max_k3s2(xp + p * H * W, yp + p * PH * PW, mp + p * PH * PW, H, W, PH, PW, pad_h,
+                                        pad_w, <const char*>nxt, H * W * sizeof(float))
+            return
     with nogil, parallel(num_threads=nt):
         # per thread: the plane's row maxima and their columns
         hm = <real*>malloc(H * PW * sizeof(real) + H * PW * sizeof(int) + 64)
@@ -1069,9 +1563,16 @@ def ave_pool_forward(const real[::1] x, real[::1] y, Py_ssize_t planes,
 
 
 def max_pool_backward(const real[::1] dy, const int[::1] mask, real[::1] dx,
-                      Py_ssize_t planes, Py_ssize_t HW, Py_ssize_t PHW):
-    """dx = 0, then dx[mask] += dy, plane by plane."""
+                      Py_ssize_t planes, Py_ssize_t HW, Py_ssize_t PHW, tuple window=None):
+    """dx = 0, then dx[mask] += dy, plane by plane. window: (H, W, PH, PW, kh, kw, sh, sw, pad_h, pad_w), the
+    forward's geometry, for the kernels that gather by it (3x3 / stride 2, float32); without it, the scatter."""
     cdef Py_ssize_t p
+    cdef Py_ssize_t H = 0, W = 0, PH = 0, PW = 0, kh = 0, kw = 0, sh = 0, sw = 0, pad_h = 0, pad_w = 0
+    cdef bint gather = False
+    if window is not None:
+        H, W, PH, PW, kh, kw, sh, sw, pad_h, pad_w = window
+        gather = (CAFFE_POOL_K3S2 != 0 and kh == 3 and kw == 3 and sh == 2 and sw == 2 and H * W == HW
+                  and PH * PW == PHW and pad_h >= 0 and pad_w >= 0)
     if planes * HW == 0:
         return
     _check(dx.shape[0], planes * HW, "bottom diff")
@@ -1087,7 +1588,10 @@ def max_pool_backward(const real[::1] dy, const int[::1] mask, real[::1] dx,
     cdef Py_ssize_t g = _grab(HW + PHW)
     with nogil:
         for p in prange(planes, schedule="dynamic", chunksize=g, num_threads=nt):
-            _max_back_plane(dyp + p * PHW, mp + p * PHW, dxp + p * HW, HW, PHW)
+            if gather:
+                _max_back_plane_k3s2(dyp + p * PHW, mp + p * PHW, dxp + p * HW, H, W, PH, PW, pad_h, pad_w)
+            else:
+                _max_back_plane(dyp + p * PHW, mp + p * PHW, dxp + p * HW, HW, PHW)
 
 
 def ave_pool_backward(const real[::1] dy, real[::1] dx, Py_ssize_t planes,
