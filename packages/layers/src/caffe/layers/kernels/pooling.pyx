@@ -454,6 +454,9 @@ cdef extern from *:
     """
     #include <math.h>
     #include <float.h>
+    #ifndef CAFFE_POOL_NT
+    #define CAFFE_POOL_NT 1
+    #endif
     #if defined(__AVX512F__)
     #include <immintrin.h>
     #define CAFFE_POOL_K3S2 16
@@ -469,11 +472,19 @@ cdef extern from *:
     /* one image row under 16 windows: xr points at their first column (c0 = 2 pw0 - pad_w, which may be outside the
        row: the la / lb / lc lanes are the columns inside it, the others NaN); m = the row maximum (taps in order,
        strictly greater, from -FLT_MAX), c = its column (b0 + tap) + rw */
-    static inline void caffe_pool_k3s2_hrow16(const float* xr, __mmask16 la, __mmask16 lb, __mmask16 lc, __m512i b0,
-                                              __m512i b1, __m512i b2, __m512i rw, __m512* m, __m512i* c) {
+    static inline void caffe_pool_k3s2_hrow16(const float* xr, int plain, __mmask16 la, __mmask16 lb, __mmask16 lc,
+                                              __m512i b0, __m512i b1, __m512i b2, __m512i rw, __m512* m, __m512i* c) {
         const __m512 nan = _mm512_set1_ps(NAN);
-        __m512 a = _mm512_mask_loadu_ps(nan, la, xr), b = _mm512_mask_loadu_ps(nan, lb, xr + 16);
-        __m512 e = _mm512_mask_loadu_ps(nan, lc, xr + 32);
+        __m512 a, b, e;
+        if (plain) {  /* all inside the row: plain loads (masked ones that miss the cache are slow here) */
+            a = _mm512_loadu_ps(xr);
+            b = _mm512_loadu_ps(xr + 16);
+            e = _mm512_set1_ps(xr[32]);
+        } else {
+            a = _mm512_mask_loadu_ps(nan, la, xr);
+            b = _mm512_mask_loadu_ps(nan, lb, xr + 16);
+            e = _mm512_mask_loadu_ps(nan, lc, xr + 32);
+        }
         __m512 t0 = _mm512_permutex2var_ps(a, _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), b);
         __m512 t1 = _mm512_permutex2var_ps(a, _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31), b);
         /* t0 moved down one lane, column c0 + 32 into the top one */
@@ -502,6 +513,7 @@ cdef extern from *:
             __mmask16 la = caffe_pool_lanes16(c0, W), lb = caffe_pool_lanes16(c0 + 16, W);
             __mmask16 lc = caffe_pool_lanes16(c0 + 32, W) & 1;
             __mmask16 st = caffe_pool_lanes16(pw0, PW);
+            int plain = la == 0xFFFF && lb == 0xFFFF && lc == 1;
             __m512i b0 = _mm512_add_epi32(_mm512_set1_epi32((int)c0), lane2);
             __m512i b1 = _mm512_add_epi32(b0, _mm512_set1_epi32(1)), b2 = _mm512_add_epi32(b0, _mm512_set1_epi32(2));
             __m512 mc = neg, m1, m2, v;
@@ -509,15 +521,15 @@ cdef extern from *:
             __mmask16 k;
             r = -pad_h;  /* window row 0's first image row */
             if (r >= 0 && r < H)
-                caffe_pool_k3s2_hrow16(x + r * W + c0, la, lb, lc, b0, b1, b2, _mm512_set1_epi32((int)(r * W)), &mc, &cc);
+                caffe_pool_k3s2_hrow16(x + r * W + c0, plain, la, lb, lc, b0, b1, b2, _mm512_set1_epi32((int)(r * W)), &mc, &cc);
             for (ph = 0; ph < PH; ph++) {
                 m1 = neg; c1 = none; m2 = neg; c2 = none;  /* rows outside the image: nothing to take */
                 r = 2 * ph - pad_h + 1;
                 if (r >= 0 && r < H)
-                    caffe_pool_k3s2_hrow16(x + r * W + c0, la, lb, lc, b0, b1, b2, _mm512_set1_epi32((int)(r * W)), &m1, &c1);
+                    caffe_pool_k3s2_hrow16(x + r * W + c0, plain, la, lb, lc, b0, b1, b2, _mm512_set1_epi32((int)(r * W)), &m1, &c1);
                 r++;
                 if (r >= 0 && r < H)
-                    caffe_pool_k3s2_hrow16(x + r * W + c0, la, lb, lc, b0, b1, b2, _mm512_set1_epi32((int)(r * W)), &m2, &c2);
+                    caffe_pool_k3s2_hrow16(x + r * W + c0, plain, la, lb, lc, b0, b1, b2, _mm512_set1_epi32((int)(r * W)), &m2, &c2);
                 k = _mm512_cmp_ps_mask(m1, mc, _CMP_GT_OQ);
                 v = _mm512_mask_mov_ps(mc, k, m1);
                 i = _mm512_mask_mov_epi32(cc, k, c1);
@@ -554,6 +566,37 @@ cdef extern from *:
         }
         return _mm512_reduce_add_epi32(cnt);
     }
+    /* a plane gathered in cache (src) on its way out to dx (dst), written while the next plane is gathered: its
+       lines wholly inside dst streamed past the cache a few at a time (no read for ownership, and the writes overlap
+       the next plane's reads and compares), the partial ones at its ends stored as they are */
+    typedef struct { float* dst; const float* src; Py_ssize_t n, done; } caffe_pool_pending;
+    static inline void caffe_pool_pending_set(caffe_pool_pending* pd, float* dst, const float* src, Py_ssize_t n) {
+        Py_ssize_t head = (Py_ssize_t)(((64 - ((size_t)dst & 63)) & 63) / sizeof(float)), k;
+        if (((size_t)dst & 3) != 0)  /* (a float array is never so, but then nothing is streamed) */
+            head = n;
+        if (head > n)
+            head = n;
+        for (k = 0; k < head; k++)
+            dst[k] = src[k];
+        pd->dst = dst;
+        pd->src = src;
+        pd->n = n;
+        pd->done = head;
+    }
+    /* up to `lines` more whole lines of the pending plane; lines < 0: all that is left, and the fence */
+    static inline void caffe_pool_pending_step(caffe_pool_pending* pd, Py_ssize_t lines) {
+        Py_ssize_t k = pd->done, end = pd->n;
+        if (lines >= 0 && k + 16 * lines < end)
+            end = k + 16 * lines;
+        for (; k + 16 <= end; k += 16)
+            _mm512_stream_ps(pd->dst + k, _mm512_loadu_ps(pd->src + k));
+        if (lines < 0) {
+            for (; k < pd->n; k++)
+                pd->dst[k] = pd->src[k];
+            _mm_sfence();
+        }
+        pd->done = k;
+    }
     /* 16 even-u and 16 odd-u pixels' sums, interleaved, into dr[0..32) (st0 / st1: the columns inside the row) */
     static inline void caffe_pool_back_store16(float* dr, __m512 e, __m512 o, __m512i ilo, __m512i ihi, int full,
                                                __mmask16 st0, __mmask16 st1) {
@@ -572,7 +615,7 @@ cdef extern from *:
        alone, so each window row is loaded once (and carried to the next q) */
     static inline Py_ssize_t caffe_pool_back_k3s2(const float* dy, const int* mask, float* dx, Py_ssize_t H,
                                                   Py_ssize_t W, Py_ssize_t PH, Py_ssize_t PW, Py_ssize_t pad_h,
-                                                  Py_ssize_t pad_w) {
+                                                  Py_ssize_t pad_w, caffe_pool_pending* pd) {
         const __m512i one = _mm512_set1_epi32(1), none = _mm512_set1_epi32(-1);
         const __m512i lane2 = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
         /* the even-u pixels (e) and the odd-u ones (o) interleaved back into columns */
@@ -580,6 +623,7 @@ cdef extern from *:
         const __m512i ihi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
         __m512i cnt = _mm512_setzero_si512();
         Py_ssize_t h, pw0, w0, q, q0 = pad_h / 2, q1 = (H - 1 + pad_h) / 2;
+        Py_ssize_t per = (pd->n - pd->done + 15) / 16 / (q1 - q0 + 1) + 1;
         for (pw0 = 0; (w0 = 2 * pw0 - pad_w) < W; pw0 += 16) {
             /* k0, k1: the windows pw, pw - 1 that exist (the others load as 0 and are never compared); ke, ko: the
                even / odd pixels inside the row (a column past its end is the next row's index) */
@@ -601,6 +645,8 @@ cdef extern from *:
                 g1 = _mm512_maskz_loadu_ps(k1, dy + (q0 - 1) * PW + pw0 - 1);
             }
             for (q = q0; q <= q1; q++) {
+                if (pw0 == 0)  /* the plane before's lines out, spread over this one's rows */
+                    caffe_pool_pending_step(pd, per);
                 b0 = none;
                 b1 = none;
                 f0 = _mm512_setzero_ps();
@@ -770,6 +816,37 @@ cdef extern from *:
             total += part[k];
         return total;
     }
+    typedef struct { float* dst; const float* src; Py_ssize_t n, done; } caffe_pool_pending;
+    static inline void caffe_pool_pending_set(caffe_pool_pending* pd, float* dst, const float* src, Py_ssize_t n) {
+        Py_ssize_t head = (Py_ssize_t)(((64 - ((size_t)dst & 63)) & 63) / sizeof(float)), k;
+        if (((size_t)dst & 3) != 0)  /* (a float array is never so, but then nothing is streamed) */
+            head = n;
+        if (head > n)
+            head = n;
+        for (k = 0; k < head; k++)
+            dst[k] = src[k];
+        pd->dst = dst;
+        pd->src = src;
+        pd->n = n;
+        pd->done = head;
+    }
+    /* up to `lines` more whole lines of the pending plane; lines < 0: all that is left, and the fence */
+    static inline void caffe_pool_pending_step(caffe_pool_pending* pd, Py_ssize_t lines) {
+        Py_ssize_t k = pd->done, end = pd->n;
+        if (lines >= 0 && k + 16 * lines < end)
+            end = k + 16 * lines;
+        for (; k + 16 <= end; k += 16)
+            {
+            _mm256_stream_ps(pd->dst + k, _mm256_loadu_ps(pd->src + k));
+            _mm256_stream_ps(pd->dst + k + 8, _mm256_loadu_ps(pd->src + k + 8));
+        }
+        if (lines < 0) {
+            for (; k < pd->n; k++)
+                pd->dst[k] = pd->src[k];
+            _mm_sfence();
+        }
+        pd->done = k;
+    }
     /* pixels pe (even u) / po (odd u) against one window row's argmax of windows pw - 1 (m1) and pw (m0): add the dy
        (d1, d0) of those that match (ie, io: the pixels that may); a lane that matches nothing adds +0, which leaves a
        sum from +0 as it is (such a sum is never -0) */
@@ -815,7 +892,8 @@ cdef extern from *:
     /* one block of 16 columns (windows pw0 - 1 .. pw0 + 7) down the plane: caffe_pool_back_k3s2 of the AVX-512 build */
     static inline void caffe_pool_back_block8(const float* dy, const int* mask, float* dx, Py_ssize_t H, Py_ssize_t W,
                                               Py_ssize_t PH, Py_ssize_t PW, Py_ssize_t pad_h, Py_ssize_t pw0,
-                                              Py_ssize_t w0, int plain, __m256i* cnt) {
+                                              Py_ssize_t w0, int plain, __m256i* cnt, caffe_pool_pending* pd,
+                                              Py_ssize_t per) {
         const __m256i one = _mm256_set1_epi32(1), none = _mm256_set1_epi32(-1);
         __m256i col = _mm256_add_epi32(_mm256_set1_epi32((int)w0), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
         __m256i colo = _mm256_add_epi32(col, one);
@@ -835,6 +913,8 @@ cdef extern from *:
         if (q0 >= 1 && q0 - 1 < PH)
             caffe_pool_back_row8(mask + (q0 - 1) * PW + pw0, dy + (q0 - 1) * PW + pw0, plain, k0, k1, &a0, &a1, &g0, &g1);
         for (q = q0; q <= q1; q++) {
+            if (pd != NULL)  /* the plane before's lines out, spread over this one's rows */
+                caffe_pool_pending_step(pd, per);
             b0 = none;
             b1 = none;
             f0 = _mm256_setzero_ps();
@@ -868,15 +948,15 @@ cdef extern from *:
     }
     static inline Py_ssize_t caffe_pool_back_k3s2(const float* dy, const int* mask, float* dx, Py_ssize_t H,
                                                   Py_ssize_t W, Py_ssize_t PH, Py_ssize_t PW, Py_ssize_t pad_h,
-                                                  Py_ssize_t pad_w) {
+                                                  Py_ssize_t pad_w, caffe_pool_pending* pd) {
         __m256i cnt = _mm256_setzero_si256();
-        Py_ssize_t pw0, w0, k, total = 0;
+        Py_ssize_t pw0, w0, k, total = 0, per = (pd->n - pd->done + 15) / 16 / ((H + 1) / 2 + 1) + 1;
         for (pw0 = 0; (w0 = 2 * pw0 - pad_w) < W; pw0 += 8) {
             /* inside the row and between windows 0 and PW: plain loads, every pixel compared */
             if (pw0 >= 1 && pw0 + 8 <= PW && w0 >= 0 && w0 + 16 <= W)
-                caffe_pool_back_block8(dy, mask, dx, H, W, PH, PW, pad_h, pw0, w0, 1, &cnt);
+                caffe_pool_back_block8(dy, mask, dx, H, W, PH, PW, pad_h, pw0, w0, 1, &cnt, NULL, 0);
             else
-                caffe_pool_back_block8(dy, mask, dx, H, W, PH, PW, pad_h, pw0, w0, 0, &cnt);
+                caffe_pool_back_block8(dy, mask, dx, H, W, PH, PW, pad_h, pw0, w0, 0, &cnt, pw0 == 0 ? pd : NULL, per);
         }
         int part[8];
         _mm256_storeu_si256((__m256i*)part, cnt);
@@ -886,13 +966,16 @@ cdef extern from *:
     }
     #else
     #define CAFFE_POOL_K3S2 0
+    typedef struct { float* dst; const float* src; Py_ssize_t n, done; } caffe_pool_pending;
+    static inline void caffe_pool_pending_set(caffe_pool_pending* pd, float* dst, const float* src, Py_ssize_t n) {}
+    static inline void caffe_pool_pending_step(caffe_pool_pending* pd, Py_ssize_t lines) {}
     static inline void caffe_pool_max_k3s2(const float* x, float* y, int* mask, Py_ssize_t H, Py_ssize_t W,
                                            Py_ssize_t PH, Py_ssize_t PW, Py_ssize_t pad_h, Py_ssize_t pad_w,
                                            const char* nxt, Py_ssize_t nxt_bytes) {}
     static inline Py_ssize_t caffe_pool_count_argmax(const int* mask, Py_ssize_t n) { return -1; }
     static inline Py_ssize_t caffe_pool_back_k3s2(const float* dy, const int* mask, float* dx, Py_ssize_t H,
                                                   Py_ssize_t W, Py_ssize_t PH, Py_ssize_t PW, Py_ssize_t pad_h,
-                                                  Py_ssize_t pad_w) { return -2; }
+                                                  Py_ssize_t pad_w, caffe_pool_pending* pd) { return -2; }
     #endif
     """
     int CAFFE_POOL_K3S2
@@ -900,8 +983,14 @@ cdef extern from *:
                              Py_ssize_t PW, Py_ssize_t pad_h, Py_ssize_t pad_w, const char* nxt,
                              Py_ssize_t nxt_bytes) nogil
     Py_ssize_t caffe_pool_count_argmax(const int* mask, Py_ssize_t n) nogil
+    ctypedef struct caffe_pool_pending:
+        Py_ssize_t n
+        Py_ssize_t done
     Py_ssize_t caffe_pool_back_k3s2(const float* dy, const int* mask, float* dx, Py_ssize_t H, Py_ssize_t W,
-                                    Py_ssize_t PH, Py_ssize_t PW, Py_ssize_t pad_h, Py_ssize_t pad_w) nogil
+                                    Py_ssize_t PH, Py_ssize_t PW, Py_ssize_t pad_h, Py_ssize_t pad_w,
+                                    caffe_pool_pending* pd) nogil
+    void caffe_pool_pending_set(caffe_pool_pending* pd, float* dst, const float* src, Py_ssize_t n) nogil
+    void caffe_pool_pending_step(caffe_pool_pending* pd, Py_ssize_t lines) nogil
 
 
 cdef inline void _max_hrow_k3s2(const real* src, real* hm, int* hc, Py_ssize_t lo,
@@ -1080,11 +1169,14 @@ cdef extern from *:
     """
     #if defined(__GNUC__)
     #define caffe_pool_prefetch(p) __builtin_prefetch((p), 0, 2)
+    #define caffe_pool_prefetch_l1(p) __builtin_prefetch((p), 0, 3)
     #else
     #define caffe_pool_prefetch(p) ((void)(p))
+    #define caffe_pool_prefetch_l1(p) ((void)(p))
     #endif
     """
     void caffe_pool_prefetch(const char* p) nogil
+    void caffe_pool_prefetch_l1(const char* p) nogil
 
 cdef enum:
     PREFETCH_CHUNK = 4  # MAX pooling planes per grab (at least): the plane after this one is the same thread's
@@ -1285,11 +1377,25 @@ cdef inline void _max_back_plane(const real* dy, const int* mask, real* dx, Py_s
 
 
 cdef inline void _max_back_plane_k3s2(const real* dy, const int* mask, real* dx, Py_ssize_t H, Py_ssize_t W,
-                                      Py_ssize_t PH, Py_ssize_t PW, Py_ssize_t pad_h, Py_ssize_t pad_w) noexcept nogil:
-    """caffe_pool_back_k3s2 (float32), or the scatter where an argmax lies outside its window."""
+                                      Py_ssize_t PH, Py_ssize_t PW, Py_ssize_t pad_h, Py_ssize_t pad_w,
+                                      real* scratch, caffe_pool_pending* pd, bint next) noexcept nogil:
+    """caffe_pool_back_k3s2 (float32) into scratch (H x W), which goes out to dx during the next plane's (pd); or,
+    where an argmax lies outside its window, the scatter."""
+    cdef Py_ssize_t valid, l
     if real is float:
-        if caffe_pool_back_k3s2(dy, mask, dx, H, W, PH, PW, pad_h, pad_w) == caffe_pool_count_argmax(mask, PH * PW):
+        # the plane's argmax read whole (plain loads) and its dy asked for, before the gather's masked loads (which
+        # are slow where they miss the cache)
+        valid = caffe_pool_count_argmax(mask, PH * PW)
+        for l in range(0, PH * PW * <Py_ssize_t>sizeof(float), 64):
+            caffe_pool_prefetch_l1(<const char*>dy + l)
+            if next:  # the next plane's (this thread's next) into L2 meanwhile
+                caffe_pool_prefetch(<const char*>(dy + PH * PW) + l)
+                caffe_pool_prefetch(<const char*>(mask + PH * PW) + l)
+        if caffe_pool_back_k3s2(dy, mask, scratch, H, W, PH, PW, pad_h, pad_w, pd) == valid:
+            caffe_pool_pending_step(pd, -1)
+            caffe_pool_pending_set(pd, dx, scratch, H * W)
             return
+        caffe_pool_pending_step(pd, -1)
     _max_back_plane(dy, mask, dx, H * W, PH * PW)
 
 
@@ -1586,12 +1692,32 @@ def max_pool_backward(const real[::1] dy, const int[::1] mask, real[::1] dx,
     cdef real* dxp = &dx[0]
     cdef int nt = _threads(planes * (HW + PHW))
     cdef Py_ssize_t g = _grab(HW + PHW)
-    with nogil:
-        for p in prange(planes, schedule="dynamic", chunksize=g, num_threads=nt):
-            if gather:
-                _max_back_plane_k3s2(dyp + p * PHW, mp + p * PHW, dxp + p * HW, H, W, PH, PW, pad_h, pad_w)
-            else:
+    cdef real* scratch
+    if not gather:
+        with nogil:
+            for p in prange(planes, schedule="dynamic", chunksize=g, num_threads=nt):
                 _max_back_plane(dyp + p * PHW, mp + p * PHW, dxp + p * HW, HW, PHW)
+        return
+    cdef caffe_pool_pending* pd
+    with nogil, parallel(num_threads=nt):
+        # per thread: two planes' dx gathered in cache (one on its way out while the next is gathered), and the
+        # state of that copy
+        scratch = <real*>malloc(2 * HW * sizeof(real) + sizeof(caffe_pool_pending) + 64)
+        if scratch == NULL:
+            with gil:
+                raise MemoryError()
+        else:
+            pd = <caffe_pool_pending*>(<char*>scratch + (2 * HW * sizeof(real) + 15) // 16 * 16)
+            pd.n = 0
+            pd.done = 0
+            for p in prange(planes, schedule="dynamic", chunksize=g):
+                _max_back_plane_k3s2(dyp + p * PHW, mp + p * PHW, dxp + p * HW, H, W, PH, PW, pad_h, pad_w,
+                                     scratch + (p % 2) * HW, pd, (p + 1) % g != 0 and p + 1 < planes)
+                if (p + 1) % g == 0 or p + 1 == planes:  # the last of this grab: its plane out now
+                    caffe_pool_pending_step(pd, -1)
+                    pd.n = 0
+                    pd.done = 0
+            free(scratch)
 
 
 def ave_pool_backward(const real[::1] dy, real[::1] dx, Py_ssize_t planes,
