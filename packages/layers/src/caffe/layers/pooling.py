@@ -172,8 +172,7 @@ def max_backward(xp, spec, dy, mask, dx):
     N, C, H, W = dx.shape
     PH, PW = dy.shape[2:]
     if _fast(xp, dx, dy, mask):
-        _k.max_pool_backward(dy.reshape(-1), mask.reshape(-1), dx.reshape(-1), N * C, H * W, PH * PW,
-                             (H, W, PH, PW) + spec.window_args())
+        _k.max_pool_backward(dy.reshape(-1), mask.reshape(-1), dx.reshape(-1), N * C, H * W, PH * PW)
         return
     _scatter_back(xp, spec, dy, mask, dx)
 

@@ -427,36 +427,26 @@ cdef extern from *:
     void caffe_poolv_vrows_f16(const float* h0, Py_ssize_t rows, Py_ssize_t PW, float* yr) nogil
 
 
-# MAX 3x3 / stride 2 on float32 planes (ResNet, GoogLeNet, CaffeNet, VGG-style pools), one pass per plane, with the
-# argmax (a TRAIN-phase forward) and its backward.
-#
-# Forward: for a block of 16 (AVX-512) / 8 (AVX2) window columns, walk down the plane's rows: each image row's maxima
-# over the block's windows (taps j = 0, 1, 2 in order, strictly greater, from -FLT_MAX: _max_plane_sep's horizontal
-# pass) are taken once, in registers, and the output row is the first maximum over its three rows, the last of which
-# is carried on as the next output row's first (3x3/2 windows share it). The separable scan's order, so Caffe's first
-# maximum in row-major order, bit for bit. What made the separable kernel with the argmax ~1.6x the values alone's
-# compute and 2.2x its time at full size: the row maxima and their taps went through scratch (H x PW floats and
-# ints written, then read three times), the vertical pass rebuilt each index from the tap (a multiply and four adds
-# per block) and every row's border windows were scalar calls. Here the index is the absolute column, kept with the
-# maximum (one add per row for h * W), and the border windows are lanes of the same blocks: columns outside the
-# image are loaded as NaN, which a strict greater-than never takes (Caffe's clipped window). An output that took
-# nothing is -FLT_MAX and its index is set to -1 at the end. The values alone (TEST) keep _max_plane_sep.
-#
-# Backward (dx = 0, then dx[mask] += dy): gathered instead of scattered, so every dx element is written once, in
-# order, with no zeroing pass and no read-modify-write chains through memory (the scatter's adds to a pixel shared
-# by neighbouring windows waited on each other's stores). With u = w + pad_w, a pixel with u even lies in windows
-# u / 2 - 1 and u / 2 of a window row, one with u odd in (u - 1) / 2 only (rows alike); each pixel adds the dy of
-# those of its windows whose argmax is this pixel, in ascending window order from 0: Caffe's sum, bit for bit. A
-# window whose argmax is not a pixel of its own window (a mask top edited between forward and backward) is never
-# matched: the matches are counted and a plane whose count differs from its windows with an argmax >= 0 is redone
-# by the scatter.
+# MAX 3x3 / stride 2 with the argmax (a TRAIN-phase forward) on float32 planes (ResNet, GoogLeNet, CaffeNet pools),
+# AVX-512 / AVX2 builds: one pass per plane. For a block of 16 / 8 window columns, walk down the plane's rows: each
+# image row's maxima over the block's windows (taps j = 0, 1, 2 in order, strictly greater, from -FLT_MAX:
+# _max_plane_sep's horizontal pass) are taken once, in registers, and the output row is the first maximum over its
+# three rows, the last of which is carried on as the next output row's first (3x3/2 windows share it). The separable
+# scan's order, so Caffe's first maximum in row-major order, bit for bit. What made _max_plane_sep with the argmax
+# ~1.6x the values alone's compute (and over 2x their time at full size): the row maxima and their taps went
+# through scratch (H x PW floats and ints written, then read three times), the vertical pass rebuilt each index from
+# the tap (a multiply and four adds per block) and every row's border windows were scalar calls. Here the index is
+# the absolute one, kept beside the maximum, and the border windows are lanes of the same blocks: columns outside
+# the image are loaded as NaN, which a strict greater-than never takes (Caffe's clipped window); an output that took
+# nothing is -FLT_MAX, and its index is set to -1 at the end. Blocks inside the row load plainly: masked loads that
+# miss the cache were slow here (Zen 5: the full-size forward took 1.5x longer with them). The values alone (TEST)
+# keep _max_plane_sep, already at memory speed. (A gathered backward, each dx pixel summing the dy of the windows
+# whose argmax it is, was tried and dropped: faster in cache, not at full size, where main's scatter after a memset
+# overlaps with memory better.)
 cdef extern from *:
     """
     #include <math.h>
     #include <float.h>
-    #ifndef CAFFE_POOL_NT
-    #define CAFFE_POOL_NT 1
-    #endif
     #if defined(__AVX512F__)
     #include <immintrin.h>
     #define CAFFE_POOL_K3S2 16
@@ -554,155 +544,6 @@ cdef extern from *:
                 break;
             pw0 += 16;
         }
-    }
-    /* how many of mask[0..n) are >= 0 */
-    static inline Py_ssize_t caffe_pool_count_argmax(const int* mask, Py_ssize_t n) {
-        __m512i cnt = _mm512_setzero_si512(), one = _mm512_set1_epi32(1), none = _mm512_set1_epi32(-1);
-        Py_ssize_t k;
-        for (k = 0; k < n; k += 16) {
-            __mmask16 in = caffe_pool_lanes16(k, n);
-            __m512i v = _mm512_mask_loadu_epi32(none, in, mask + k);
-            cnt = _mm512_mask_add_epi32(cnt, _mm512_cmpgt_epi32_mask(v, none), cnt, one);
-        }
-        return _mm512_reduce_add_epi32(cnt);
-    }
-    /* a plane gathered in cache (src) on its way out to dx (dst), written while the next plane is gathered: its
-       lines wholly inside dst streamed past the cache a few at a time (no read for ownership, and the writes overlap
-       the next plane's reads and compares), the partial ones at its ends stored as they are */
-    typedef struct { float* dst; const float* src; Py_ssize_t n, done; } caffe_pool_pending;
-    static inline void caffe_pool_pending_set(caffe_pool_pending* pd, float* dst, const float* src, Py_ssize_t n) {
-        Py_ssize_t head = (Py_ssize_t)(((64 - ((size_t)dst & 63)) & 63) / sizeof(float)), k;
-        if (((size_t)dst & 3) != 0)  /* (a float array is never so, but then nothing is streamed) */
-            head = n;
-        if (head > n)
-            head = n;
-        for (k = 0; k < head; k++)
-            dst[k] = src[k];
-        pd->dst = dst;
-        pd->src = src;
-        pd->n = n;
-        pd->done = head;
-    }
-    /* up to `lines` more whole lines of the pending plane; lines < 0: all that is left, and the fence */
-    static inline void caffe_pool_pending_step(caffe_pool_pending* pd, Py_ssize_t lines) {
-        Py_ssize_t k = pd->done, end = pd->n;
-        if (lines >= 0 && k + 16 * lines < end)
-            end = k + 16 * lines;
-        for (; k + 16 <= end; k += 16)
-            _mm512_stream_ps(pd->dst + k, _mm512_loadu_ps(pd->src + k));
-        if (lines < 0) {
-            for (; k < pd->n; k++)
-                pd->dst[k] = pd->src[k];
-            _mm_sfence();
-        }
-        pd->done = k;
-    }
-    /* 16 even-u and 16 odd-u pixels' sums, interleaved, into dr[0..32) (st0 / st1: the columns inside the row) */
-    static inline void caffe_pool_back_store16(float* dr, __m512 e, __m512 o, __m512i ilo, __m512i ihi, int full,
-                                               __mmask16 st0, __mmask16 st1) {
-        __m512 lo = _mm512_permutex2var_ps(e, ilo, o), hi = _mm512_permutex2var_ps(e, ihi, o);
-        if (full) {
-            _mm512_storeu_ps(dr, lo);
-            _mm512_storeu_ps(dr + 16, hi);
-        } else {
-            _mm512_mask_storeu_ps(dr, st0, lo);
-            _mm512_mask_storeu_ps(dr + 16, st1, hi);
-        }
-    }
-    /* dx of one plane, gathered (see above); returns how many (window, pixel) argmax matches it added. Blocks of 32
-       columns (windows pw0 - 1 .. pw0 + 15), each down the whole plane (its lane masks are the same for every row),
-       two image rows per window row q: with v = h + pad_h, v = 2q takes window rows q - 1 and q, v = 2q + 1 row q
-       alone, so each window row is loaded once (and carried to the next q) */
-    static inline Py_ssize_t caffe_pool_back_k3s2(const float* dy, const int* mask, float* dx, Py_ssize_t H,
-                                                  Py_ssize_t W, Py_ssize_t PH, Py_ssize_t PW, Py_ssize_t pad_h,
-                                                  Py_ssize_t pad_w, caffe_pool_pending* pd) {
-        const __m512i one = _mm512_set1_epi32(1), none = _mm512_set1_epi32(-1);
-        const __m512i lane2 = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-        /* the even-u pixels (e) and the odd-u ones (o) interleaved back into columns */
-        const __m512i ilo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-        const __m512i ihi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-        __m512i cnt = _mm512_setzero_si512();
-        Py_ssize_t h, pw0, w0, q, q0 = pad_h / 2, q1 = (H - 1 + pad_h) / 2;
-        Py_ssize_t per = (pd->n - pd->done + 15) / 16 / (q1 - q0 + 1) + 1;
-        for (pw0 = 0; (w0 = 2 * pw0 - pad_w) < W; pw0 += 16) {
-            /* k0, k1: the windows pw, pw - 1 that exist (the others load as 0 and are never compared); ke, ko: the
-               even / odd pixels inside the row (a column past its end is the next row's index) */
-            __mmask16 k0 = caffe_pool_lanes16(pw0, PW), k1 = caffe_pool_lanes16(pw0 - 1, PW), k;
-            __m512i col = _mm512_add_epi32(_mm512_set1_epi32((int)w0), lane2);
-            __mmask16 ke = _mm512_cmpgt_epi32_mask(col, none) & _mm512_cmpgt_epi32_mask(_mm512_set1_epi32((int)W), col);
-            __m512i colo = _mm512_add_epi32(col, one);
-            __mmask16 ko = _mm512_cmpgt_epi32_mask(colo, none) & _mm512_cmpgt_epi32_mask(_mm512_set1_epi32((int)W), colo);
-            __mmask16 ke1 = ke & k1, ke0 = ke & k0, ko0 = ko & k0;
-            __mmask16 s0 = caffe_pool_lanes16(w0, W), s1 = caffe_pool_lanes16(w0 + 16, W);
-            int full = s0 == 0xFFFF && s1 == 0xFFFF;
-            /* window row q - 1 (a: argmax of windows pw, pw - 1; g: their dy) and q (b, f); -1 / 0 outside the plane */
-            __m512i a0 = none, a1 = none, b0, b1, pe, po;
-            __m512 g0 = _mm512_setzero_ps(), g1 = g0, f0, f1, e, o;
-            if (q0 >= 1 && q0 - 1 < PH) {
-                a0 = _mm512_maskz_loadu_epi32(k0, mask + (q0 - 1) * PW + pw0);
-                a1 = _mm512_maskz_loadu_epi32(k1, mask + (q0 - 1) * PW + pw0 - 1);
-                g0 = _mm512_maskz_loadu_ps(k0, dy + (q0 - 1) * PW + pw0);
-                g1 = _mm512_maskz_loadu_ps(k1, dy + (q0 - 1) * PW + pw0 - 1);
-            }
-            for (q = q0; q <= q1; q++) {
-                if (pw0 == 0)  /* the plane before's lines out, spread over this one's rows */
-                    caffe_pool_pending_step(pd, per);
-                b0 = none;
-                b1 = none;
-                f0 = _mm512_setzero_ps();
-                f1 = f0;
-                if (q < PH) {
-                    b0 = _mm512_maskz_loadu_epi32(k0, mask + q * PW + pw0);
-                    b1 = _mm512_maskz_loadu_epi32(k1, mask + q * PW + pw0 - 1);
-                    f0 = _mm512_maskz_loadu_ps(k0, dy + q * PW + pw0);
-                    f1 = _mm512_maskz_loadu_ps(k1, dy + q * PW + pw0 - 1);
-                }
-                h = 2 * q - pad_h;  /* v = 2q: windows (q - 1, pw - 1), (q - 1, pw), (q, pw - 1), (q, pw): ascending */
-                if (h >= 0) {
-                    pe = _mm512_add_epi32(col, _mm512_set1_epi32((int)(h * W)));
-                    po = _mm512_add_epi32(pe, one);
-                    k = _mm512_mask_cmpeq_epi32_mask(ke1, a1, pe);
-                    e = _mm512_maskz_add_ps(k, _mm512_setzero_ps(), g1);  /* 0 + dy, Caffe's first add */
-                    cnt = _mm512_mask_add_epi32(cnt, k, cnt, one);
-                    k = _mm512_mask_cmpeq_epi32_mask(ke0, a0, pe);
-                    e = _mm512_mask_add_ps(e, k, e, g0);
-                    cnt = _mm512_mask_add_epi32(cnt, k, cnt, one);
-                    k = _mm512_mask_cmpeq_epi32_mask(ke1, b1, pe);
-                    e = _mm512_mask_add_ps(e, k, e, f1);
-                    cnt = _mm512_mask_add_epi32(cnt, k, cnt, one);
-                    k = _mm512_mask_cmpeq_epi32_mask(ke0, b0, pe);
-                    e = _mm512_mask_add_ps(e, k, e, f0);
-                    cnt = _mm512_mask_add_epi32(cnt, k, cnt, one);
-                    k = _mm512_mask_cmpeq_epi32_mask(ko0, a0, po);
-                    o = _mm512_maskz_add_ps(k, _mm512_setzero_ps(), g0);
-                    cnt = _mm512_mask_add_epi32(cnt, k, cnt, one);
-                    k = _mm512_mask_cmpeq_epi32_mask(ko0, b0, po);
-                    o = _mm512_mask_add_ps(o, k, o, f0);
-                    cnt = _mm512_mask_add_epi32(cnt, k, cnt, one);
-                    caffe_pool_back_store16(dx + h * W + w0, e, o, ilo, ihi, full, s0, s1);
-                }
-                h++;  /* v = 2q + 1: window (q, pw) alone */
-                if (h < H) {
-                    pe = _mm512_add_epi32(col, _mm512_set1_epi32((int)(h * W)));
-                    po = _mm512_add_epi32(pe, one);
-                    k = _mm512_mask_cmpeq_epi32_mask(ke1, b1, pe);
-                    e = _mm512_maskz_add_ps(k, _mm512_setzero_ps(), f1);
-                    cnt = _mm512_mask_add_epi32(cnt, k, cnt, one);
-                    k = _mm512_mask_cmpeq_epi32_mask(ke0, b0, pe);
-                    e = _mm512_mask_add_ps(e, k, e, f0);
-                    cnt = _mm512_mask_add_epi32(cnt, k, cnt, one);
-                    k = _mm512_mask_cmpeq_epi32_mask(ko0, b0, po);
-                    o = _mm512_maskz_add_ps(k, _mm512_setzero_ps(), f0);
-                    cnt = _mm512_mask_add_epi32(cnt, k, cnt, one);
-                    caffe_pool_back_store16(dx + h * W + w0, e, o, ilo, ihi, full, s0, s1);
-                }
-                a0 = b0;
-                a1 = b1;
-                g0 = f0;
-                g1 = f1;
-            }
-        }
-        return _mm512_reduce_add_epi32(cnt);
     }
     #elif defined(__AVX2__)
     #include <immintrin.h>
@@ -803,194 +644,17 @@ cdef extern from *:
             pw0 += 8;
         }
     }
-    static inline Py_ssize_t caffe_pool_count_argmax(const int* mask, Py_ssize_t n) {
-        __m256i cnt = _mm256_setzero_si256(), none = _mm256_set1_epi32(-1);
-        Py_ssize_t k, total = 0;
-        for (k = 0; k + 8 <= n; k += 8)
-            cnt = _mm256_sub_epi32(cnt, _mm256_cmpgt_epi32(_mm256_loadu_si256((const __m256i*)(mask + k)), none));
-        for (; k < n; k++)
-            total += mask[k] >= 0;
-        int part[8];
-        _mm256_storeu_si256((__m256i*)part, cnt);
-        for (k = 0; k < 8; k++)
-            total += part[k];
-        return total;
-    }
-    typedef struct { float* dst; const float* src; Py_ssize_t n, done; } caffe_pool_pending;
-    static inline void caffe_pool_pending_set(caffe_pool_pending* pd, float* dst, const float* src, Py_ssize_t n) {
-        Py_ssize_t head = (Py_ssize_t)(((64 - ((size_t)dst & 63)) & 63) / sizeof(float)), k;
-        if (((size_t)dst & 3) != 0)  /* (a float array is never so, but then nothing is streamed) */
-            head = n;
-        if (head > n)
-            head = n;
-        for (k = 0; k < head; k++)
-            dst[k] = src[k];
-        pd->dst = dst;
-        pd->src = src;
-        pd->n = n;
-        pd->done = head;
-    }
-    /* up to `lines` more whole lines of the pending plane; lines < 0: all that is left, and the fence */
-    static inline void caffe_pool_pending_step(caffe_pool_pending* pd, Py_ssize_t lines) {
-        Py_ssize_t k = pd->done, end = pd->n;
-        if (lines >= 0 && k + 16 * lines < end)
-            end = k + 16 * lines;
-        for (; k + 16 <= end; k += 16)
-            {
-            _mm256_stream_ps(pd->dst + k, _mm256_loadu_ps(pd->src + k));
-            _mm256_stream_ps(pd->dst + k + 8, _mm256_loadu_ps(pd->src + k + 8));
-        }
-        if (lines < 0) {
-            for (; k < pd->n; k++)
-                pd->dst[k] = pd->src[k];
-            _mm_sfence();
-        }
-        pd->done = k;
-    }
-    /* pixels pe (even u) / po (odd u) against one window row's argmax of windows pw - 1 (m1) and pw (m0): add the dy
-       (d1, d0) of those that match (ie, io: the pixels that may); a lane that matches nothing adds +0, which leaves a
-       sum from +0 as it is (such a sum is never -0) */
-    static inline void caffe_pool_back_take8(__m256i m0, __m256i m1, __m256 d0, __m256 d1, __m256i pe, __m256i po,
-                                             __m256i ie, __m256i io, __m256* e, __m256* o, __m256i* cnt) {
-        __m256i k = _mm256_and_si256(_mm256_cmpeq_epi32(m1, pe), ie);
-        *e = _mm256_add_ps(*e, _mm256_and_ps(_mm256_castsi256_ps(k), d1));
-        *cnt = _mm256_sub_epi32(*cnt, k);
-        k = _mm256_and_si256(_mm256_cmpeq_epi32(m0, pe), ie);
-        *e = _mm256_add_ps(*e, _mm256_and_ps(_mm256_castsi256_ps(k), d0));
-        *cnt = _mm256_sub_epi32(*cnt, k);
-        k = _mm256_and_si256(_mm256_cmpeq_epi32(m0, po), io);
-        *o = _mm256_add_ps(*o, _mm256_and_ps(_mm256_castsi256_ps(k), d0));
-        *cnt = _mm256_sub_epi32(*cnt, k);
-    }
-    static inline void caffe_pool_back_store8(float* dr, __m256 e, __m256 o, int full, __m256i st0, __m256i st1) {
-        __m256 a = _mm256_unpacklo_ps(e, o), b = _mm256_unpackhi_ps(e, o);  /* e0 o0 e1 o1 | e4 o4 e5 o5, e2 o2 .. */
-        __m256 lo = _mm256_permute2f128_ps(a, b, 0x20), hi = _mm256_permute2f128_ps(a, b, 0x31);
-        if (full) {
-            _mm256_storeu_ps(dr, lo);
-            _mm256_storeu_ps(dr + 8, hi);
-        } else {
-            _mm256_maskstore_ps(dr, st0, lo);
-            _mm256_maskstore_ps(dr + 8, st1, hi);
-        }
-    }
-    /* window row q's argmax of windows pw (m0) and pw - 1 (m1) and their dy; plain: all inside the plane, else the
-       lanes k0 / k1 (the others: argmax -1, dy 0) */
-    static inline void caffe_pool_back_row8(const int* mr, const float* dyr, int plain, __m256i k0, __m256i k1,
-                                            __m256i* m0, __m256i* m1, __m256* d0, __m256* d1) {
-        if (plain) {
-            *m0 = _mm256_loadu_si256((const __m256i*)mr);
-            *m1 = _mm256_loadu_si256((const __m256i*)(mr - 1));
-            *d0 = _mm256_loadu_ps(dyr);
-            *d1 = _mm256_loadu_ps(dyr - 1);
-        } else {
-            *m0 = _mm256_blendv_epi8(_mm256_set1_epi32(-1), _mm256_maskload_epi32(mr, k0), k0);
-            *m1 = _mm256_blendv_epi8(_mm256_set1_epi32(-1), _mm256_maskload_epi32(mr - 1, k1), k1);
-            *d0 = _mm256_maskload_ps(dyr, k0);
-            *d1 = _mm256_maskload_ps(dyr - 1, k1);
-        }
-    }
-    /* one block of 16 columns (windows pw0 - 1 .. pw0 + 7) down the plane: caffe_pool_back_k3s2 of the AVX-512 build */
-    static inline void caffe_pool_back_block8(const float* dy, const int* mask, float* dx, Py_ssize_t H, Py_ssize_t W,
-                                              Py_ssize_t PH, Py_ssize_t PW, Py_ssize_t pad_h, Py_ssize_t pw0,
-                                              Py_ssize_t w0, int plain, __m256i* cnt, caffe_pool_pending* pd,
-                                              Py_ssize_t per) {
-        const __m256i one = _mm256_set1_epi32(1), none = _mm256_set1_epi32(-1);
-        __m256i col = _mm256_add_epi32(_mm256_set1_epi32((int)w0), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
-        __m256i colo = _mm256_add_epi32(col, one);
-        __m256i ie = none, io = none, k0 = none, k1 = none, st0 = none, st1 = none;
-        if (!plain) {
-            ie = _mm256_and_si256(_mm256_cmpgt_epi32(col, none), _mm256_cmpgt_epi32(_mm256_set1_epi32((int)W), col));
-            io = _mm256_and_si256(_mm256_cmpgt_epi32(colo, none), _mm256_cmpgt_epi32(_mm256_set1_epi32((int)W), colo));
-            k0 = caffe_pool_lanes8(pw0, PW);
-            k1 = caffe_pool_lanes8(pw0 - 1, PW);
-            st0 = caffe_pool_lanes8(w0, W);
-            st1 = caffe_pool_lanes8(w0 + 8, W);
-        }
-        int full = w0 >= 0 && w0 + 16 <= W;
-        Py_ssize_t h, q, q0 = pad_h / 2, q1 = (H - 1 + pad_h) / 2;
-        __m256i a0 = none, a1 = none, b0, b1, pe, po;
-        __m256 g0 = _mm256_setzero_ps(), g1 = g0, f0, f1, e, o;
-        if (q0 >= 1 && q0 - 1 < PH)
-            caffe_pool_back_row8(mask + (q0 - 1) * PW + pw0, dy + (q0 - 1) * PW + pw0, plain, k0, k1, &a0, &a1, &g0, &g1);
-        for (q = q0; q <= q1; q++) {
-            if (pd != NULL)  /* the plane before's lines out, spread over this one's rows */
-                caffe_pool_pending_step(pd, per);
-            b0 = none;
-            b1 = none;
-            f0 = _mm256_setzero_ps();
-            f1 = f0;
-            if (q < PH)
-                caffe_pool_back_row8(mask + q * PW + pw0, dy + q * PW + pw0, plain, k0, k1, &b0, &b1, &f0, &f1);
-            h = 2 * q - pad_h;  /* v = 2q: window rows q - 1, q */
-            if (h >= 0) {
-                pe = _mm256_add_epi32(col, _mm256_set1_epi32((int)(h * W)));
-                po = _mm256_add_epi32(pe, one);
-                e = _mm256_setzero_ps();
-                o = e;
-                caffe_pool_back_take8(a0, a1, g0, g1, pe, po, ie, io, &e, &o, cnt);
-                caffe_pool_back_take8(b0, b1, f0, f1, pe, po, ie, io, &e, &o, cnt);
-                caffe_pool_back_store8(dx + h * W + w0, e, o, full, st0, st1);
-            }
-            h++;  /* v = 2q + 1: window row q */
-            if (h < H) {
-                pe = _mm256_add_epi32(col, _mm256_set1_epi32((int)(h * W)));
-                po = _mm256_add_epi32(pe, one);
-                e = _mm256_setzero_ps();
-                o = e;
-                caffe_pool_back_take8(b0, b1, f0, f1, pe, po, ie, io, &e, &o, cnt);
-                caffe_pool_back_store8(dx + h * W + w0, e, o, full, st0, st1);
-            }
-            a0 = b0;
-            a1 = b1;
-            g0 = f0;
-            g1 = f1;
-        }
-    }
-    static inline Py_ssize_t caffe_pool_back_k3s2(const float* dy, const int* mask, float* dx, Py_ssize_t H,
-                                                  Py_ssize_t W, Py_ssize_t PH, Py_ssize_t PW, Py_ssize_t pad_h,
-                                                  Py_ssize_t pad_w, caffe_pool_pending* pd) {
-        __m256i cnt = _mm256_setzero_si256();
-        Py_ssize_t pw0, w0, k, total = 0, per = (pd->n - pd->done + 15) / 16 / ((H + 1) / 2 + 1) + 1;
-        for (pw0 = 0; (w0 = 2 * pw0 - pad_w) < W; pw0 += 8) {
-            /* inside the row and between windows 0 and PW: plain loads, every pixel compared */
-            if (pw0 >= 1 && pw0 + 8 <= PW && w0 >= 0 && w0 + 16 <= W)
-                caffe_pool_back_block8(dy, mask, dx, H, W, PH, PW, pad_h, pw0, w0, 1, &cnt, NULL, 0);
-            else
-                caffe_pool_back_block8(dy, mask, dx, H, W, PH, PW, pad_h, pw0, w0, 0, &cnt, pw0 == 0 ? pd : NULL, per);
-        }
-        int part[8];
-        _mm256_storeu_si256((__m256i*)part, cnt);
-        for (k = 0; k < 8; k++)
-            total += part[k];
-        return total;
-    }
     #else
     #define CAFFE_POOL_K3S2 0
-    typedef struct { float* dst; const float* src; Py_ssize_t n, done; } caffe_pool_pending;
-    static inline void caffe_pool_pending_set(caffe_pool_pending* pd, float* dst, const float* src, Py_ssize_t n) {}
-    static inline void caffe_pool_pending_step(caffe_pool_pending* pd, Py_ssize_t lines) {}
     static inline void caffe_pool_max_k3s2(const float* x, float* y, int* mask, Py_ssize_t H, Py_ssize_t W,
                                            Py_ssize_t PH, Py_ssize_t PW, Py_ssize_t pad_h, Py_ssize_t pad_w,
                                            const char* nxt, Py_ssize_t nxt_bytes) {}
-    static inline Py_ssize_t caffe_pool_count_argmax(const int* mask, Py_ssize_t n) { return -1; }
-    static inline Py_ssize_t caffe_pool_back_k3s2(const float* dy, const int* mask, float* dx, Py_ssize_t H,
-                                                  Py_ssize_t W, Py_ssize_t PH, Py_ssize_t PW, Py_ssize_t pad_h,
-                                                  Py_ssize_t pad_w, caffe_pool_pending* pd) { return -2; }
     #endif
     """
     int CAFFE_POOL_K3S2
     void caffe_pool_max_k3s2(const float* x, float* y, int* mask, Py_ssize_t H, Py_ssize_t W, Py_ssize_t PH,
                              Py_ssize_t PW, Py_ssize_t pad_h, Py_ssize_t pad_w, const char* nxt,
                              Py_ssize_t nxt_bytes) nogil
-    Py_ssize_t caffe_pool_count_argmax(const int* mask, Py_ssize_t n) nogil
-    ctypedef struct caffe_pool_pending:
-        Py_ssize_t n
-        Py_ssize_t done
-    Py_ssize_t caffe_pool_back_k3s2(const float* dy, const int* mask, float* dx, Py_ssize_t H, Py_ssize_t W,
-                                    Py_ssize_t PH, Py_ssize_t PW, Py_ssize_t pad_h, Py_ssize_t pad_w,
-                                    caffe_pool_pending* pd) nogil
-    void caffe_pool_pending_set(caffe_pool_pending* pd, float* dst, const float* src, Py_ssize_t n) nogil
-    void caffe_pool_pending_step(caffe_pool_pending* pd, Py_ssize_t lines) nogil
 
 
 cdef inline void _max_hrow_k3s2(const real* src, real* hm, int* hc, Py_ssize_t lo,
@@ -1169,14 +833,11 @@ cdef extern from *:
     """
     #if defined(__GNUC__)
     #define caffe_pool_prefetch(p) __builtin_prefetch((p), 0, 2)
-    #define caffe_pool_prefetch_l1(p) __builtin_prefetch((p), 0, 3)
     #else
     #define caffe_pool_prefetch(p) ((void)(p))
-    #define caffe_pool_prefetch_l1(p) ((void)(p))
     #endif
     """
     void caffe_pool_prefetch(const char* p) nogil
-    void caffe_pool_prefetch_l1(const char* p) nogil
 
 cdef enum:
     PREFETCH_CHUNK = 4  # MAX pooling planes per grab (at least): the plane after this one is the same thread's
@@ -1374,29 +1035,6 @@ cdef inline void _max_back_plane(const real* dy, const int* mask, real* dx, Py_s
         idx = mask[k]
         if idx >= 0 and idx < HW:  # (an argmax past the plane, from an edited mask top, is dropped, not written)
             dx[idx] = dx[idx] + dy[k]
-
-
-cdef inline void _max_back_plane_k3s2(const real* dy, const int* mask, real* dx, Py_ssize_t H, Py_ssize_t W,
-                                      Py_ssize_t PH, Py_ssize_t PW, Py_ssize_t pad_h, Py_ssize_t pad_w,
-                                      real* scratch, caffe_pool_pending* pd, bint next) noexcept nogil:
-    """caffe_pool_back_k3s2 (float32) into scratch (H x W), which goes out to dx during the next plane's (pd); or,
-    where an argmax lies outside its window, the scatter."""
-    cdef Py_ssize_t valid, l
-    if real is float:
-        # the plane's argmax read whole (plain loads) and its dy asked for, before the gather's masked loads (which
-        # are slow where they miss the cache)
-        valid = caffe_pool_count_argmax(mask, PH * PW)
-        for l in range(0, PH * PW * <Py_ssize_t>sizeof(float), 64):
-            caffe_pool_prefetch_l1(<const char*>dy + l)
-            if next:  # the next plane's (this thread's next) into L2 meanwhile
-                caffe_pool_prefetch(<const char*>(dy + PH * PW) + l)
-                caffe_pool_prefetch(<const char*>(mask + PH * PW) + l)
-        if caffe_pool_back_k3s2(dy, mask, scratch, H, W, PH, PW, pad_h, pad_w, pd) == valid:
-            caffe_pool_pending_step(pd, -1)
-            caffe_pool_pending_set(pd, dx, scratch, H * W)
-            return
-        caffe_pool_pending_step(pd, -1)
-    _max_back_plane(dy, mask, dx, H * W, PH * PW)
 
 
 # Each window's share dy / pool size is divided once into q (PW of scratch), not once per pixel it
@@ -1669,16 +1307,9 @@ def ave_pool_forward(const real[::1] x, real[::1] y, Py_ssize_t planes,
 
 
 def max_pool_backward(const real[::1] dy, const int[::1] mask, real[::1] dx,
-                      Py_ssize_t planes, Py_ssize_t HW, Py_ssize_t PHW, tuple window=None):
-    """dx = 0, then dx[mask] += dy, plane by plane. window: (H, W, PH, PW, kh, kw, sh, sw, pad_h, pad_w), the
-    forward's geometry, for the kernels that gather by it (3x3 / stride 2, float32); without it, the scatter."""
+                      Py_ssize_t planes, Py_ssize_t HW, Py_ssize_t PHW):
+    """dx = 0, then dx[mask] += dy, plane by plane."""
     cdef Py_ssize_t p
-    cdef Py_ssize_t H = 0, W = 0, PH = 0, PW = 0, kh = 0, kw = 0, sh = 0, sw = 0, pad_h = 0, pad_w = 0
-    cdef bint gather = False
-    if window is not None:
-        H, W, PH, PW, kh, kw, sh, sw, pad_h, pad_w = window
-        gather = (CAFFE_POOL_K3S2 != 0 and kh == 3 and kw == 3 and sh == 2 and sw == 2 and H * W == HW
-                  and PH * PW == PHW and pad_h >= 0 and pad_w >= 0)
     if planes * HW == 0:
         return
     _check(dx.shape[0], planes * HW, "bottom diff")
@@ -1692,32 +1323,9 @@ def max_pool_backward(const real[::1] dy, const int[::1] mask, real[::1] dx,
     cdef real* dxp = &dx[0]
     cdef int nt = _threads(planes * (HW + PHW))
     cdef Py_ssize_t g = _grab(HW + PHW)
-    cdef real* scratch
-    if not gather:
-        with nogil:
-            for p in prange(planes, schedule="dynamic", chunksize=g, num_threads=nt):
-                _max_back_plane(dyp + p * PHW, mp + p * PHW, dxp + p * HW, HW, PHW)
-        return
-    cdef caffe_pool_pending* pd
-    with nogil, parallel(num_threads=nt):
-        # per thread: two planes' dx gathered in cache (one on its way out while the next is gathered), and the
-        # state of that copy
-        scratch = <real*>malloc(2 * HW * sizeof(real) + sizeof(caffe_pool_pending) + 64)
-        if scratch == NULL:
-            with gil:
-                raise MemoryError()
-        else:
-            pd = <caffe_pool_pending*>(<char*>scratch + (2 * HW * sizeof(real) + 15) // 16 * 16)
-            pd.n = 0
-            pd.done = 0
-            for p in prange(planes, schedule="dynamic", chunksize=g):
-                _max_back_plane_k3s2(dyp + p * PHW, mp + p * PHW, dxp + p * HW, H, W, PH, PW, pad_h, pad_w,
-                                     scratch + (p % 2) * HW, pd, (p + 1) % g != 0 and p + 1 < planes)
-                if (p + 1) % g == 0 or p + 1 == planes:  # the last of this grab: its plane out now
-                    caffe_pool_pending_step(pd, -1)
-                    pd.n = 0
-                    pd.done = 0
-            free(scratch)
+    with nogil:
+        for p in prange(planes, schedule="dynamic", chunksize=g, num_threads=nt):
+            _max_back_plane(dyp + p * PHW, mp + p * PHW, dxp + p * HW, HW, PHW)
 
 
 def ave_pool_backward(const real[::1] dy, real[::1] dx, Py_ssize_t planes,
