@@ -8,7 +8,8 @@ plane by plane:
        only a strictly greater value replaces it, so the first maximum in row-major
        order wins; the argmax is stored as h * W + w (-1 for an empty window). Computed
        separably (row maxima, then the maximum of those over the window's rows), which
-       picks the same first maximum: see _max_plane_sep.
+       picks the same first maximum: see _max_plane_sep; 3x3 / stride 2 with the argmax in
+       float32 (AVX2 / AVX-512 builds), the same scans in one pass: caffe_pool_max_k3s2.
   AVE: the divisor is the window clipped to the padded extent (H + pad), computed
        before clipping to the image; the sum runs over the image part only.
 Backward writes every bottom-diff plane (zero first, then scatter/accumulate), so
