@@ -273,3 +273,75 @@ def test_max_pooling_train_phase_and_mask_top_always_write_the_argmax():
     test.Forward(bottom, top)  # the mask top is an output: always written
     assert not test.mask_state.stale
     assert (top[1].data >= 0).all()
+
+
+# -- MAX 3x3 / stride 2 with the argmax, float32: the one-pass kernel of the AVX2 / AVX-512 builds ---------------
+# (caffe_pool_max_k3s2: blocks of 8 / 16 window columns down the rows, the shared row carried, columns outside the
+# image as NaN lanes, rows of fewer than 8 / 16 windows by masked stores.) Against the layer's NumPy path, bit for
+# bit: values (signed zeros: the first maximum's sign), argmax, and -1 / -FLT_MAX where a window takes nothing.
+
+def _k3s2_reference(x, pad, ceil):
+    """(y, mask) of MAX 3x3 / stride 2 by the layer's NumPy path (pooling._k None), and the PoolSpec and sizes."""
+    _, _, H, W = x.shape
+    spec = pooling.PoolSpec(pooling.MAX, (3, 3), (2, 2), pad)
+    PH, PW = pooling.pooled_size(H, 3, 2, pad[0], ceil), pooling.pooled_size(W, 3, 2, pad[1], ceil)
+    y, mask = np.empty(x.shape[:2] + (PH, PW), x.dtype), np.empty(x.shape[:2] + (PH, PW), np.int32)
+    saved = pooling._k
+    pooling._k = None
+    try:
+        pooling.max_forward(np, spec, x, y, mask)
+    finally:
+        pooling._k = saved
+    return y, mask, spec
+
+
+def _check_k3s2(mod, x, pad, ceil, what):
+    y_ref, m_ref, spec = _k3s2_reference(x, pad, ceil)
+    N, C, H, W = x.shape
+    PH, PW = y_ref.shape[2:]
+    y, mask = np.full(N * C * PH * PW, 7, x.dtype), np.full(N * C * PH * PW, 7, np.int32)
+    mod.max_pool_forward(x.reshape(-1), y, mask, N * C, H, W, PH, PW, 3, 3, 2, 2, pad[0], pad[1])
+    np.testing.assert_array_equal(_bits(y), _bits(y_ref.reshape(-1)), err_msg=what)
+    np.testing.assert_array_equal(mask, m_ref.reshape(-1), err_msg=what)
+
+
+@pytest.mark.parametrize("build", BUILDS)
+@given(hw=st.tuples(st.integers(1, 40), st.integers(1, 75)), pad=st.tuples(st.integers(0, 2), st.integers(0, 2)),
+       ceil=st.booleans(), planes=st.integers(1, 3), dtype=DTYPES, seed=SEEDS, specials=st.booleans())
+def test_max_pooling_3x3_stride2_kernel_matches_numpy(build, hw, pad, ceil, planes, dtype, seed, specials):
+    # H x W from 1 (windows clipped on every side, pads 0-2 each way, even empty ones: -1 / -FLT_MAX) to rows of
+    # 38 windows (two blocks of 16 and the last one overlapping); float64 runs the separable kernel, the reference's
+    # other client
+    H, W = max(hw[0], 3 - 2 * pad[0]), max(hw[1], 3 - 2 * pad[1])
+    if pooling.pooled_size(H, 3, 2, pad[0], ceil) < 1 or pooling.pooled_size(W, 3, 2, pad[1], ceil) < 1:
+        return
+    x = _values_signed_zeros(seed, (1, planes, H, W), specials).astype(dtype)
+    _check_k3s2(build_module("pooling", build), x, pad, ceil, f"{build} {H}x{W} pad {pad} ceil {ceil}")
+
+
+@pytest.mark.parametrize("build", ["avx2", "avx512"])
+def test_max_pooling_3x3_stride2_kernel_every_width_and_pad(build):
+    # Every row width from 1 to 70 (PW 1-35: masked rows of 1-15 windows, one block, every remainder of a 16 / 8
+    # block) at every pad pair with a padded side, ceil and floor; two planes of 5 rows (the carried row, a clipped
+    # last window row). Deterministic: every width on every run.
+    mod = build_module("pooling", build)
+    rng = np.random.default_rng(5)
+    for W in range(1, 71):
+        for pad in ((0, 0), (1, 1), (2, 1), (0, 2)):
+            for ceil in (True, False):
+                H = 5 + W % 3
+                if pooling.pooled_size(W, 3, 2, pad[1], ceil) < 1 or pooling.pooled_size(H, 3, 2, pad[0], ceil) < 1:
+                    continue
+                x = rng.integers(-3, 4, (1, 2, H, W)).astype(np.float32)
+                x.reshape(-1)[rng.integers(0, x.size, 3)] = rng.choice([np.nan, -np.inf, -FLT_MAX, -0.0], 3)
+                _check_k3s2(mod, x, pad, ceil, f"{build} W {W} pad {pad} ceil {ceil}")
+
+
+def test_max_pooling_backward_drops_an_argmax_outside_the_plane():
+    # A mask top edited between forward and backward (Caffe's backward reads the argmax back from it): an index past
+    # the plane is dropped (it was written into the next plane's dx), a negative one skipped, as before.
+    dy = np.array([1, 2, 3, 4, 10, 20, 30, 40], np.float32)
+    mask = np.array([0, 9, -5, 0, 1, 2, 3, 3], np.int32)  # plane 0: 9 is past its 3 x 3
+    dx = np.full(18, np.nan, np.float32)
+    pooling._k.max_pool_backward(dy, mask, dx, 2, 9, 4)
+    np.testing.assert_array_equal(dx, [5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 10, 20, 70, 0, 0, 0, 0, 0])

@@ -8,7 +8,8 @@ plane by plane:
        only a strictly greater value replaces it, so the first maximum in row-major
        order wins; the argmax is stored as h * W + w (-1 for an empty window). Computed
        separably (row maxima, then the maximum of those over the window's rows), which
-       picks the same first maximum: see _max_plane_sep.
+       picks the same first maximum: see _max_plane_sep; 3x3 / stride 2 with the argmax in
+       float32 (AVX2 / AVX-512 builds), the same scans in one pass: caffe_pool_max_k3s2.
   AVE: the divisor is the window clipped to the padded extent (H + pad), computed
        before clipping to the image; the sum runs over the image part only.
 Backward writes every bottom-diff plane (zero first, then scatter/accumulate), so
@@ -427,6 +428,236 @@ cdef extern from *:
     void caffe_poolv_vrows_f16(const float* h0, Py_ssize_t rows, Py_ssize_t PW, float* yr) nogil
 
 
+# MAX 3x3 / stride 2 with the argmax (a TRAIN-phase forward) on float32 planes (ResNet, GoogLeNet, CaffeNet pools),
+# AVX-512 / AVX2 builds: one pass per plane. For a block of 16 / 8 window columns, walk down the plane's rows: each
+# image row's maxima over the block's windows (taps j = 0, 1, 2 in order, strictly greater, from -FLT_MAX:
+# _max_plane_sep's horizontal pass) are taken once, in registers, and the output row is the first maximum over its
+# three rows, the last of which is carried on as the next output row's first (3x3/2 windows share it). The separable
+# scan's order, so Caffe's first maximum in row-major order, bit for bit. What made _max_plane_sep with the argmax
+# ~1.6x the values alone's compute (and over 2x their time at full size): the row maxima and their taps went
+# through scratch (H x PW floats and ints written, then read three times), the vertical pass rebuilt each index from
+# the tap (a multiply and four adds per block) and every row's border windows were scalar calls. Here the index is
+# the absolute one, kept beside the maximum, and the border windows are lanes of the same blocks: columns outside
+# the image are loaded as NaN, which a strict greater-than never takes (Caffe's clipped window); an output that took
+# nothing is -FLT_MAX, and its index is set to -1 at the end. Blocks inside the row load plainly: masked loads that
+# miss the cache were slow here (Zen 5: the full-size forward took 1.5x longer with them). The values alone (TEST)
+# keep _max_plane_sep, already at memory speed. (A gathered backward, each dx pixel summing the dy of the windows
+# whose argmax it is, was tried and dropped: faster in cache, not at full size, where main's scatter after a memset
+# overlaps with memory better.)
+cdef extern from *:
+    """
+    #include <math.h>
+    #include <float.h>
+    #if defined(__AVX512F__)
+    #include <immintrin.h>
+    #define CAFFE_POOL_K3S2 16
+    /* the lanes l < 16 with 0 <= c + l < n */
+    static inline __mmask16 caffe_pool_lanes16(Py_ssize_t c, Py_ssize_t n) {
+        Py_ssize_t lo = c < 0 ? -c : 0, hi = n - c;
+        if (hi > 16)
+            hi = 16;
+        if (hi <= lo)
+            return 0;
+        return (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+    }
+    /* one image row under 16 windows: xr points at their first column (c0 = 2 pw0 - pad_w, which may be outside the
+       row: the la / lb / lc lanes are the columns inside it, the others NaN); m = the row maximum (taps in order,
+       strictly greater, from -FLT_MAX), c = its column (b0 + tap) + rw */
+    static inline void caffe_pool_k3s2_hrow16(const float* xr, int plain, __mmask16 la, __mmask16 lb, __mmask16 lc,
+                                              __m512i b0, __m512i b1, __m512i b2, __m512i rw, __m512* m, __m512i* c) {
+        const __m512 nan = _mm512_set1_ps(NAN);
+        __m512 a, b, e;
+        if (plain) {  /* all inside the row: plain loads (masked ones that miss the cache are slow here) */
+            a = _mm512_loadu_ps(xr);
+            b = _mm512_loadu_ps(xr + 16);
+            e = _mm512_set1_ps(xr[32]);
+        } else {
+            a = _mm512_mask_loadu_ps(nan, la, xr);
+            b = _mm512_mask_loadu_ps(nan, lb, xr + 16);
+            e = _mm512_mask_loadu_ps(nan, lc, xr + 32);
+        }
+        __m512 t0 = _mm512_permutex2var_ps(a, _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), b);
+        __m512 t1 = _mm512_permutex2var_ps(a, _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31), b);
+        /* t0 moved down one lane, column c0 + 32 into the top one */
+        __m512 t2 = _mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(e), _mm512_castps_si512(t0), 1));
+        __m512 mm = _mm512_max_ps(t0, _mm512_set1_ps(-FLT_MAX));  /* t0 > -FLT_MAX ? t0 : -FLT_MAX */
+        __m512i cc = b0;
+        __mmask16 k = _mm512_cmp_ps_mask(t1, mm, _CMP_GT_OQ);
+        mm = _mm512_mask_mov_ps(mm, k, t1);
+        cc = _mm512_mask_mov_epi32(cc, k, b1);
+        k = _mm512_cmp_ps_mask(t2, mm, _CMP_GT_OQ);
+        *m = _mm512_mask_mov_ps(mm, k, t2);
+        *c = _mm512_add_epi32(_mm512_mask_mov_epi32(cc, k, b2), rw);
+    }
+    static inline void caffe_pool_max_k3s2(const float* x, float* y, int* mask, Py_ssize_t H, Py_ssize_t W,
+                                           Py_ssize_t PH, Py_ssize_t PW, Py_ssize_t pad_h, Py_ssize_t pad_w,
+                                           const char* nxt, Py_ssize_t nxt_bytes) {
+        const __m512 neg = _mm512_set1_ps(-FLT_MAX);
+        const __m512i none = _mm512_set1_epi32(-1);
+        const __m512i lane2 = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        Py_ssize_t pw0 = 0, ph, r, per = PH > 0 ? ((nxt_bytes + 63) / 64 + PH - 1) / PH : 0, l;
+        for (;;) {
+            /* the last block ends at the row's last window (overlapping the one before: the same values twice) */
+            if (PW >= 16 && pw0 + 16 > PW)
+                pw0 = PW - 16;
+            Py_ssize_t c0 = 2 * pw0 - pad_w;
+            __mmask16 la = caffe_pool_lanes16(c0, W), lb = caffe_pool_lanes16(c0 + 16, W);
+            __mmask16 lc = caffe_pool_lanes16(c0 + 32, W) & 1;
+            __mmask16 st = caffe_pool_lanes16(pw0, PW);
+            int plain = la == 0xFFFF && lb == 0xFFFF && lc == 1;
+            __m512i b0 = _mm512_add_epi32(_mm512_set1_epi32((int)c0), lane2);
+            __m512i b1 = _mm512_add_epi32(b0, _mm512_set1_epi32(1)), b2 = _mm512_add_epi32(b0, _mm512_set1_epi32(2));
+            __m512 mc = neg, m1, m2, v;
+            __m512i cc = none, c1, c2, i;
+            __mmask16 k;
+            r = -pad_h;  /* window row 0's first image row */
+            if (r >= 0 && r < H)
+                caffe_pool_k3s2_hrow16(x + r * W + c0, plain, la, lb, lc, b0, b1, b2, _mm512_set1_epi32((int)(r * W)), &mc, &cc);
+            for (ph = 0; ph < PH; ph++) {
+                m1 = neg; c1 = none; m2 = neg; c2 = none;  /* rows outside the image: nothing to take */
+                r = 2 * ph - pad_h + 1;
+                if (r >= 0 && r < H)
+                    caffe_pool_k3s2_hrow16(x + r * W + c0, plain, la, lb, lc, b0, b1, b2, _mm512_set1_epi32((int)(r * W)), &m1, &c1);
+                r++;
+                if (r >= 0 && r < H)
+                    caffe_pool_k3s2_hrow16(x + r * W + c0, plain, la, lb, lc, b0, b1, b2, _mm512_set1_epi32((int)(r * W)), &m2, &c2);
+                k = _mm512_cmp_ps_mask(m1, mc, _CMP_GT_OQ);
+                v = _mm512_mask_mov_ps(mc, k, m1);
+                i = _mm512_mask_mov_epi32(cc, k, c1);
+                k = _mm512_cmp_ps_mask(m2, v, _CMP_GT_OQ);
+                v = _mm512_mask_mov_ps(v, k, m2);
+                i = _mm512_mask_mov_epi32(i, k, c2);
+                i = _mm512_mask_mov_epi32(i, _mm512_cmp_ps_mask(v, neg, _CMP_EQ_OQ), none);  /* took nothing */
+                if (st == 0xFFFF) {
+                    _mm512_storeu_ps(y + ph * PW + pw0, v);
+                    _mm512_storeu_si512((void*)(mask + ph * PW + pw0), i);
+                } else {
+                    _mm512_mask_storeu_ps(y + ph * PW + pw0, st, v);
+                    _mm512_mask_storeu_epi32(mask + ph * PW + pw0, st, i);
+                }
+                mc = m2;
+                cc = c2;
+                if (nxt != NULL && pw0 == 0)  /* the next plane into L2, spread over the first block's rows */
+                    for (l = ph * per; l < (ph + 1) * per && 64 * l < nxt_bytes; l++)
+                        __builtin_prefetch(nxt + 64 * l, 0, 2);
+            }
+            if (pw0 + 16 >= PW)
+                break;
+            pw0 += 16;
+        }
+    }
+    #elif defined(__AVX2__)
+    #include <immintrin.h>
+    #define CAFFE_POOL_K3S2 8
+    /* all ones in the lanes l < 8 with 0 <= c + l < n */
+    static inline __m256i caffe_pool_lanes8(Py_ssize_t c, Py_ssize_t n) {
+        Py_ssize_t lo = c < 0 ? -c : 0, hi = n - c;
+        if (hi > 8)
+            hi = 8;
+        if (lo > 8)
+            lo = 8;
+        if (hi < lo)
+            hi = lo;
+        __m256i l = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        return _mm256_andnot_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)lo), l),
+                                   _mm256_cmpgt_epi32(_mm256_set1_epi32((int)hi), l));
+    }
+    /* caffe_pool_k3s2_hrow16 eight wide: xr[0..16] the columns of 8 windows; edge: only the lanes la / lb (and
+       xr[16] if lc) inside the row, the others NaN */
+    static inline void caffe_pool_k3s2_hrow8(const float* xr, int edge, __m256i la, __m256i lb, int lc, __m256i b0,
+                                             __m256i b1, __m256i b2, __m256i rw, __m256* m, __m256i* c) {
+        const __m256 nan = _mm256_set1_ps(NAN);
+        __m256 a, b, e, t0, t1, t2, mm, g;
+        __m256i cc;
+        if (!edge) {
+            a = _mm256_loadu_ps(xr);
+            b = _mm256_loadu_ps(xr + 8);
+            e = _mm256_broadcast_ss(xr + 16);
+        } else {
+            a = _mm256_blendv_ps(nan, _mm256_maskload_ps(xr, la), _mm256_castsi256_ps(la));
+            b = _mm256_blendv_ps(nan, _mm256_maskload_ps(xr + 8, lb), _mm256_castsi256_ps(lb));
+            e = _mm256_set1_ps(lc ? xr[16] : NAN);
+        }
+        t0 = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
+        t1 = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
+        t0 = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t0), _MM_SHUFFLE(3, 1, 2, 0)));
+        t1 = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t1), _MM_SHUFFLE(3, 1, 2, 0)));
+        t2 = _mm256_permutevar8x32_ps(t0, _mm256_setr_epi32(1, 2, 3, 4, 5, 6, 7, 7));
+        t2 = _mm256_blend_ps(t2, e, 0x80);
+        mm = _mm256_max_ps(t0, _mm256_set1_ps(-FLT_MAX));  /* t0 > -FLT_MAX ? t0 : -FLT_MAX */
+        g = _mm256_cmp_ps(t1, mm, _CMP_GT_OQ);
+        mm = _mm256_blendv_ps(mm, t1, g);
+        cc = _mm256_blendv_epi8(b0, b1, _mm256_castps_si256(g));
+        g = _mm256_cmp_ps(t2, mm, _CMP_GT_OQ);
+        *m = _mm256_blendv_ps(mm, t2, g);
+        *c = _mm256_add_epi32(_mm256_blendv_epi8(cc, b2, _mm256_castps_si256(g)), rw);
+    }
+    static inline void caffe_pool_max_k3s2(const float* x, float* y, int* mask, Py_ssize_t H, Py_ssize_t W,
+                                           Py_ssize_t PH, Py_ssize_t PW, Py_ssize_t pad_h, Py_ssize_t pad_w,
+                                           const char* nxt, Py_ssize_t nxt_bytes) {
+        const __m256 neg = _mm256_set1_ps(-FLT_MAX);
+        const __m256i none = _mm256_set1_epi32(-1), lane2 = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+        Py_ssize_t pw0 = 0, ph, r, per = PH > 0 ? ((nxt_bytes + 63) / 64 + PH - 1) / PH : 0, l;
+        for (;;) {
+            if (PW >= 8 && pw0 + 8 > PW)
+                pw0 = PW - 8;
+            Py_ssize_t c0 = 2 * pw0 - pad_w;
+            int edge = !(c0 >= 0 && c0 + 17 <= W), lc = c0 + 16 >= 0 && c0 + 16 < W;
+            __m256i la = caffe_pool_lanes8(c0, W), lb = caffe_pool_lanes8(c0 + 8, W), st = caffe_pool_lanes8(pw0, PW);
+            int full = PW - pw0 >= 8;
+            __m256i b0 = _mm256_add_epi32(_mm256_set1_epi32((int)c0), lane2);
+            __m256i b1 = _mm256_add_epi32(b0, _mm256_set1_epi32(1)), b2 = _mm256_add_epi32(b0, _mm256_set1_epi32(2));
+            __m256 mc = neg, m1, m2, v, g;
+            __m256i cc = none, c1, c2, i;
+            r = -pad_h;
+            if (r >= 0 && r < H)
+                caffe_pool_k3s2_hrow8(x + r * W + c0, edge, la, lb, lc, b0, b1, b2, _mm256_set1_epi32((int)(r * W)), &mc, &cc);
+            for (ph = 0; ph < PH; ph++) {
+                m1 = neg; c1 = none; m2 = neg; c2 = none;
+                r = 2 * ph - pad_h + 1;
+                if (r >= 0 && r < H)
+                    caffe_pool_k3s2_hrow8(x + r * W + c0, edge, la, lb, lc, b0, b1, b2, _mm256_set1_epi32((int)(r * W)), &m1, &c1);
+                r++;
+                if (r >= 0 && r < H)
+                    caffe_pool_k3s2_hrow8(x + r * W + c0, edge, la, lb, lc, b0, b1, b2, _mm256_set1_epi32((int)(r * W)), &m2, &c2);
+                g = _mm256_cmp_ps(m1, mc, _CMP_GT_OQ);
+                v = _mm256_blendv_ps(mc, m1, g);
+                i = _mm256_blendv_epi8(cc, c1, _mm256_castps_si256(g));
+                g = _mm256_cmp_ps(m2, v, _CMP_GT_OQ);
+                v = _mm256_blendv_ps(v, m2, g);
+                i = _mm256_blendv_epi8(i, c2, _mm256_castps_si256(g));
+                i = _mm256_or_si256(i, _mm256_castps_si256(_mm256_cmp_ps(v, neg, _CMP_EQ_OQ)));  /* took nothing: -1 */
+                if (full) {
+                    _mm256_storeu_ps(y + ph * PW + pw0, v);
+                    _mm256_storeu_si256((__m256i*)(mask + ph * PW + pw0), i);
+                } else {
+                    _mm256_maskstore_ps(y + ph * PW + pw0, st, v);
+                    _mm256_maskstore_epi32(mask + ph * PW + pw0, st, i);
+                }
+                mc = m2;
+                cc = c2;
+                if (nxt != NULL && pw0 == 0)
+                    for (l = ph * per; l < (ph + 1) * per && 64 * l < nxt_bytes; l++)
+                        __builtin_prefetch(nxt + 64 * l, 0, 2);
+            }
+            if (pw0 + 8 >= PW)
+                break;
+            pw0 += 8;
+        }
+    }
+    #else
+    #define CAFFE_POOL_K3S2 0
+    static inline void caffe_pool_max_k3s2(const float* x, float* y, int* mask, Py_ssize_t H, Py_ssize_t W,
+                                           Py_ssize_t PH, Py_ssize_t PW, Py_ssize_t pad_h, Py_ssize_t pad_w,
+                                           const char* nxt, Py_ssize_t nxt_bytes) {}
+    #endif
+    """
+    int CAFFE_POOL_K3S2
+    void caffe_pool_max_k3s2(const float* x, float* y, int* mask, Py_ssize_t H, Py_ssize_t W, Py_ssize_t PH,
+                             Py_ssize_t PW, Py_ssize_t pad_h, Py_ssize_t pad_w, const char* nxt,
+                             Py_ssize_t nxt_bytes) nogil
+
+
 cdef inline void _max_hrow_k3s2(const real* src, real* hm, int* hc, Py_ssize_t lo,
                                 Py_ssize_t hi) noexcept nogil:
     cdef Py_ssize_t pw
@@ -803,7 +1034,7 @@ cdef inline void _max_back_plane(const real* dy, const int* mask, real* dx, Py_s
         dx[k] = 0
     for k in range(PHW):
         idx = mask[k]
-        if idx >= 0:
+        if idx >= 0 and idx < HW:  # (an argmax past the plane, from an edited mask top, is dropped, not written)
             dx[idx] = dx[idx] + dy[k]
 
 
@@ -1020,6 +1251,14 @@ def max_pool_forward(const real[::1] x, real[::1] y, int[::1] mask, Py_ssize_t p
     cdef bint prefetch = H * W * sizeof(real) >= PREFETCH_MIN_BYTES
     if prefetch and g < PREFETCH_CHUNK:
         g = PREFETCH_CHUNK
+    if real is float:
+        if CAFFE_POOL_K3S2 and mp != NULL and kh == 3 and kw == 3 and sh == 2 and sw == 2:
+            with nogil:
+                for p in prange(planes, schedule="dynamic", chunksize=g, num_threads=nt):
+                    nxt = xp + (p + 1) * H * W if prefetch and (p + 1) % g != 0 and p + 1 < planes else NULL
+                    caffe_pool_max_k3s2(xp + p * H * W, yp + p * PH * PW, mp + p * PH * PW, H, W, PH, PW, pad_h,
+                                        pad_w, <const char*>nxt, H * W * sizeof(float))
+            return
     with nogil, parallel(num_threads=nt):
         # per thread: the plane's row maxima and their columns
         hm = <real*>malloc(H * PW * sizeof(real) + H * PW * sizeof(int) + 64)
