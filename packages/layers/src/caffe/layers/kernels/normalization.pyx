@@ -23,8 +23,9 @@ channels [c - r, c + r] slides along c in double (add the channel entering, subt
 leaving), as Caffe's CrossChannelForward_cpu does in Dtype. The backward slides dy * y / scale
 the same way.
 """
-from cython.parallel cimport prange
+from cython.parallel cimport parallel, prange
 from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy
 
 include "_threads.pxi"
 
@@ -174,96 +175,268 @@ cdef void _bn_stats(const real* x, Py_ssize_t N, Py_ssize_t C, Py_ssize_t S, dou
         var[0] = 0
 
 
-# x_norm (kept for backward only in place) is written with non-temporal stores where the blob is large:
-# nothing reads it until backward, so it needs no cache lines now, and a plain store first reads each line
-# from memory (write-allocate): one read of x, the in-place top written over it, and x_norm streamed out
-# cost 3 units of memory traffic instead of 4. The values are the same IEEE operations ((x - mean) * inv
-# in x's precision), so the same bits.
+# Outputs past the caches. A plain store first reads each line it writes from main memory (write-allocate),
+# so an output written by plain stores costs twice its size in memory traffic; non-temporal stores write it
+# once. Where an output is large (it does not fit beside its input in L3 anyway, and nothing reads it before
+# the next layer), the kernels compute a block of it into a small per-thread scratch buffer (L1) and stream
+# that out: the same loops write the scratch, so the same bits, and one streaming copy serves every build.
+# x_norm (kept for backward only in place) streams from a smaller size: nothing reads it until backward.
 cdef extern from *:
     """
+    #include <stddef.h>
     #include <stdint.h>
+    #include <string.h>
     #if defined(__SSE2__)
-    #include <emmintrin.h>
-    #if defined(__AVX__)
     #include <immintrin.h>
     #endif
-    #define CAFFE_BN_STREAM 1
-    /* q[i] = r[i] = (p[i] - mean) * inv, r by streaming stores (r's aligned middle part) */
-    static inline void caffe_bn_norm_stream_f(const float* p, float* q, float* r, Py_ssize_t n, float mean,
-                                              float inv) {
-        Py_ssize_t i = 0;
-        float v;
-        for (; i < n && (((uintptr_t)(r + i)) & 31) != 0; i++) {
-            v = (p[i] - mean) * inv;
-            q[i] = v;
-            r[i] = v;
-        }
-    #if defined(__AVX__)
-        {
-            __m256 vm = _mm256_set1_ps(mean), vi = _mm256_set1_ps(inv), w;
-            for (; i + 8 <= n; i += 8) {
-                w = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(p + i), vm), vi);
-                _mm256_storeu_ps(q + i, w);
-                _mm256_stream_ps(r + i, w);
-            }
+    /* dst = src (n bytes; dst and src aligned to the element size e), non-temporal where the build can:
+       plain stores up to dst's first 64-byte line and after its last whole one */
+    static inline void caffe_norm_stream_copy(void* dst, const void* src, ptrdiff_t n, ptrdiff_t e) {
+        char* d = (char*)dst;
+        const char* s = (const char*)src;
+        ptrdiff_t j = 0;
+    #if defined(__SSE2__)
+        ptrdiff_t head = (ptrdiff_t)((64 - ((uintptr_t)d & 63)) & 63);
+        if (head > n) head = n;
+        if (head) memcpy(d, s, (size_t)head);
+        j = head;
+    #if defined(__AVX512F__)
+        for (; j + 64 <= n; j += 64)
+            _mm512_stream_si512((__m512i*)(d + j), _mm512_loadu_si512((const void*)(s + j)));
+    #elif defined(__AVX__)
+        for (; j + 64 <= n; j += 64) {
+            _mm256_stream_si256((__m256i*)(d + j), _mm256_loadu_si256((const __m256i*)(s + j)));
+            _mm256_stream_si256((__m256i*)(d + j + 32), _mm256_loadu_si256((const __m256i*)(s + j + 32)));
         }
     #else
-        {
-            __m128 vm = _mm_set1_ps(mean), vi = _mm_set1_ps(inv), w;
-            for (; i + 4 <= n; i += 4) {
-                w = _mm_mul_ps(_mm_sub_ps(_mm_loadu_ps(p + i), vm), vi);
-                _mm_storeu_ps(q + i, w);
-                _mm_stream_ps(r + i, w);
-            }
+        for (; j + 64 <= n; j += 64) {
+            _mm_stream_si128((__m128i*)(d + j), _mm_loadu_si128((const __m128i*)(s + j)));
+            _mm_stream_si128((__m128i*)(d + j + 16), _mm_loadu_si128((const __m128i*)(s + j + 16)));
+            _mm_stream_si128((__m128i*)(d + j + 32), _mm_loadu_si128((const __m128i*)(s + j + 32)));
+            _mm_stream_si128((__m128i*)(d + j + 48), _mm_loadu_si128((const __m128i*)(s + j + 48)));
         }
     #endif
-        for (; i < n; i++) {
-            v = (p[i] - mean) * inv;
-            q[i] = v;
-            r[i] = v;
-        }
+    #endif
+        (void)e;
+        if (j < n) memcpy(d + j, s + j, (size_t)(n - j));
     }
-    static inline void caffe_bn_sfence(void) { _mm_sfence(); }
-    #else
-    #define CAFFE_BN_STREAM 0
-    static inline void caffe_bn_norm_stream_f(const float* p, float* q, float* r, Py_ssize_t n, float mean,
-                                              float inv) {}
-    static inline void caffe_bn_sfence(void) {}
+    /* the streamed lines are visible to every thread (ordered before the later plain stores / the region's end) */
+    static inline void caffe_norm_store_fence(void) {
+    #if defined(__SSE2__)
+        _mm_sfence();
     #endif
+    }
+    /* elements of a block that starts at dst + j0: up to want, ending on a 64-byte line of dst where it can */
+    static inline ptrdiff_t caffe_norm_block(const void* dst, ptrdiff_t j0, ptrdiff_t want, ptrdiff_t n,
+                                             ptrdiff_t e) {
+        ptrdiff_t j1 = j0 + want, mis;
+        if (j1 >= n) return n - j0;
+        mis = (ptrdiff_t)(((uintptr_t)((const char*)dst + j1 * e) & 63) / (uintptr_t)e);
+        return want - mis > 0 ? want - mis : want;
+    }
     """
-    bint CAFFE_BN_STREAM
-    void caffe_bn_norm_stream_f(const float* p, float* q, float* r, Py_ssize_t n, float mean, float inv) nogil
-    void caffe_bn_sfence() nogil
+    void caffe_norm_stream_copy(void* dst, const void* src, Py_ssize_t nbytes, Py_ssize_t itemsize) nogil
+    void caffe_norm_store_fence() nogil
+    Py_ssize_t caffe_norm_block(const void* dst, Py_ssize_t j0, Py_ssize_t want, Py_ssize_t n,
+                                Py_ssize_t itemsize) nogil
 
 cdef enum:
-    STREAM_MIN_BYTES = 4 << 20  # x_norm at least this big: streamed (smaller ones may well stay in cache)
+    # Outputs of at least this many bytes are streamed (as kernels.softmax's): 25.7 MB ResNet / MobileNet
+    # blobs do not fit beside their input in a 32 MB L3
+    STREAM_MIN_BYTES = 12 << 20
+    XNORM_STREAM_MIN_BYTES = 4 << 20  # x_norm from this size (smaller ones may well stay in cache)
+    ROW_BLOCK = 1024  # elements per scratch block (4 KB of float32: L1)
+
+cdef Py_ssize_t _stream_min_bytes = STREAM_MIN_BYTES
+cdef Py_ssize_t _xnorm_stream_min_bytes = XNORM_STREAM_MIN_BYTES
+
+
+def _set_stream_min_bytes(Py_ssize_t nbytes, xnorm_nbytes=None):
+    """For the tests and benchmarks: the output size from which the kernels stream (0: always, the streaming
+    paths on small shapes) and x_norm's (default: the same as nbytes, or XNORM_STREAM_MIN_BYTES when nbytes is
+    STREAM_MIN_BYTES); returns the previous (outputs, x_norm) sizes."""
+    global _stream_min_bytes, _xnorm_stream_min_bytes
+    old = (_stream_min_bytes, _xnorm_stream_min_bytes)
+    _stream_min_bytes = nbytes
+    if xnorm_nbytes is None:
+        xnorm_nbytes = XNORM_STREAM_MIN_BYTES if nbytes == STREAM_MIN_BYTES else nbytes
+    _xnorm_stream_min_bytes = xnorm_nbytes
+    return old
+
+
+# BatchNorm's elementwise passes as SIMD loops with a choice of store per output (plain or non-temporal): the
+# arithmetic is the scalar code's IEEE operations in the same order (no FMA), so the same bits in every build and
+# in the scalar head and tail. (GCC cannot be asked for non-temporal stores in a loop it vectorizes itself.)
+cdef extern from *:
+    """
+    #if defined(__AVX512F__)
+    #define CAFFE_BN_VB 64
+    #define CAFFE_BN_SIMD(SUF, T, V, P)                                                                   \
+        CAFFE_BN_APPLY(SUF, T, V, P##_loadu_##SUF, P##_storeu_##SUF, P##_stream_##SUF, P##_set1_##SUF,  \
+                       P##_sub_##SUF, P##_mul_##SUF)
+    #define CAFFE_BN_F(SUF, T) CAFFE_BN_SIMD(SUF, T, __m512##SUF, _mm512)
+    #elif defined(__AVX__)
+    #define CAFFE_BN_VB 32
+    #define CAFFE_BN_F(SUF, T) CAFFE_BN_APPLY(SUF, T, __m256##SUF, _mm256_loadu_##SUF, _mm256_storeu_##SUF,    \
+                                              _mm256_stream_##SUF, _mm256_set1_##SUF, _mm256_sub_##SUF,      \
+                                              _mm256_mul_##SUF)
+    #elif defined(__SSE2__)
+    #define CAFFE_BN_VB 16
+    #define CAFFE_BN_F(SUF, T) CAFFE_BN_APPLY(SUF, T, __m128##SUF, _mm_loadu_##SUF, _mm_storeu_##SUF,          \
+                                              _mm_stream_##SUF, _mm_set1_##SUF, _mm_sub_##SUF, _mm_mul_##SUF)
+    #endif
+    /* (__m512ps does not exist: the float vector types are __m512 / __m256 / __m128) */
+    typedef float caffe_bn_scalar_ps;
+    #if defined(CAFFE_BN_VB)
+    #if CAFFE_BN_VB == 64
+    typedef __m512 __m512ps;
+    typedef __m512d __m512pd;
+    #elif CAFFE_BN_VB == 32
+    typedef __m256 __m256ps;
+    typedef __m256d __m256pd;
+    #else
+    typedef __m128 __m128ps;
+    typedef __m128d __m128pd;
+    #endif
+    #define CAFFE_BN_PREFETCH(p) __builtin_prefetch((const void*)(p), 0, 3)
+    #define CAFFE_BN_ALIGNED(p) ((((uintptr_t)(p)) & (CAFFE_BN_VB - 1)) == 0)
+    /* q = (p - mean) * inv, and r the same unless NULL; sq / sr: q / r by non-temporal stores (both only
+       where their addresses agree modulo the vector size: else r by plain stores). */
+    #define CAFFE_BN_APPLY(SUF, T, V, LOAD, STORE, STREAM, SET1, SUB, MUL)                                 \
+    static void caffe_bn_norm_##SUF(const T* p, T* q, T* r, ptrdiff_t n, T mean, T inv, int sq, int sr,    \
+                                    const T* pf) {                                                       \
+        const ptrdiff_t w = CAFFE_BN_VB / (ptrdiff_t)sizeof(T);                                           \
+        ptrdiff_t i = 0;                                                                                 \
+        T v;                                                                                             \
+        T* a;                                                                                            \
+        if (r == NULL) sr = 0;                                                                           \
+        if (sq && sr && !CAFFE_BN_ALIGNED((uintptr_t)q - (uintptr_t)r)) sr = 0;                          \
+        a = sq ? q : (sr ? r : NULL);                                                                    \
+        if (a != NULL)                                                                                   \
+            for (; i < n && !CAFFE_BN_ALIGNED(a + i); i++) {                                             \
+                v = (p[i] - mean) * inv;                                                                 \
+                q[i] = v;                                                                                \
+                if (r != NULL) r[i] = v;                                                                 \
+            }                                                                                            \
+        {                                                                                                \
+            V vm = SET1(mean), vi = SET1(inv), x;                                                        \
+            if (r == NULL && sq && pf != NULL)                                                           \
+                for (; i + w <= n; i += w) {                                                             \
+                    CAFFE_BN_PREFETCH(pf + i);                                                           \
+                    STREAM(q + i, MUL(SUB(LOAD(p + i), vm), vi));                                        \
+                }                                                                                        \
+            else if (r == NULL && sq)                                                                    \
+                for (; i + w <= n; i += w) STREAM(q + i, MUL(SUB(LOAD(p + i), vm), vi));                 \
+            else if (r == NULL)                                                                          \
+                for (; i + w <= n; i += w) STORE(q + i, MUL(SUB(LOAD(p + i), vm), vi));                  \
+            else                                                                                         \
+                for (; i + w <= n; i += w) {                                                             \
+                    if (pf != NULL) CAFFE_BN_PREFETCH(pf + i);                                           \
+                    x = MUL(SUB(LOAD(p + i), vm), vi);                                                   \
+                    if (sq) STREAM(q + i, x); else STORE(q + i, x);                                      \
+                    if (sr) STREAM(r + i, x); else STORE(r + i, x);                                      \
+                }                                                                                        \
+        }                                                                                                \
+        for (; i < n; i++) {                                                                             \
+            v = (p[i] - mean) * inv;                                                                     \
+            q[i] = v;                                                                                    \
+            if (r != NULL) r[i] = v;                                                                     \
+        }                                                                                                \
+    }                                                                                                    \
+    /* g = (d - md - v * mdy) * inv, v = p (x_norm) or, from_x, (p - mean) * inv; sg: g by non-temporal   \
+       stores */                                                                                         \
+    static void caffe_bn_grad_##SUF(const T* d, const T* p, T* g, ptrdiff_t n, T md, T mdy, T mean, T inv,  \
+                                    int from_x, int sg, const T* pfd, const T* pfp) {                    \
+        const ptrdiff_t w = CAFFE_BN_VB / (ptrdiff_t)sizeof(T);                                           \
+        ptrdiff_t i = 0;                                                                                 \
+        if (sg)                                                                                          \
+            for (; i < n && !CAFFE_BN_ALIGNED(g + i); i++)                                               \
+                g[i] = (d[i] - md - (from_x ? (p[i] - mean) * inv : p[i]) * mdy) * inv;                 \
+        {                                                                                                \
+            V vmd = SET1(md), vmdy = SET1(mdy), vm = SET1(mean), vi = SET1(inv), v, x;                   \
+            for (; i + w <= n; i += w) {                                                                 \
+                if (pfd != NULL) {                                                                       \
+                    CAFFE_BN_PREFETCH(pfd + i);                                                          \
+                    CAFFE_BN_PREFETCH(pfp + i);                                                          \
+                }                                                                                        \
+                v = LOAD(p + i);                                                                         \
+                if (from_x) v = MUL(SUB(v, vm), vi);                                                     \
+                x = MUL(SUB(SUB(LOAD(d + i), vmd), MUL(v, vmdy)), vi);                                   \
+                if (sg) STREAM(g + i, x); else STORE(g + i, x);                                          \
+            }                                                                                            \
+        }                                                                                                \
+        for (; i < n; i++)                                                                               \
+            g[i] = (d[i] - md - (from_x ? (p[i] - mean) * inv : p[i]) * mdy) * inv;                     \
+    }
+    CAFFE_BN_F(ps, float)
+    CAFFE_BN_F(pd, double)
+    #define caffe_bn_norm_f caffe_bn_norm_ps
+    #define caffe_bn_norm_d caffe_bn_norm_pd
+    #define caffe_bn_grad_f caffe_bn_grad_ps
+    #define caffe_bn_grad_d caffe_bn_grad_pd
+    #else
+    /* no SIMD build: plain loops, no streaming */
+    #define CAFFE_BN_PLAIN(SUF, T)                                                                        \
+    static void caffe_bn_norm_##SUF(const T* p, T* q, T* r, ptrdiff_t n, T mean, T inv, int sq, int sr,    \
+                                    const T* pf) {                                                       \
+        ptrdiff_t i;                                                                                     \
+        T v;                                                                                             \
+        for (i = 0; i < n; i++) {                                                                        \
+            v = (p[i] - mean) * inv;                                                                     \
+            q[i] = v;                                                                                    \
+            if (r != NULL) r[i] = v;                                                                     \
+        }                                                                                                \
+    }                                                                                                    \
+    static void caffe_bn_grad_##SUF(const T* d, const T* p, T* g, ptrdiff_t n, T md, T mdy, T mean, T inv,  \
+                                    int from_x, int sg, const T* pfd, const T* pfp) {                    \
+        ptrdiff_t i;                                                                                     \
+        for (i = 0; i < n; i++)                                                                          \
+            g[i] = (d[i] - md - (from_x ? (p[i] - mean) * inv : p[i]) * mdy) * inv;                     \
+    }
+    CAFFE_BN_PLAIN(f, float)
+    CAFFE_BN_PLAIN(d, double)
+    #endif
+    """
+    void caffe_bn_norm_f(const float* p, float* q, float* r, Py_ssize_t n, float mean, float inv, int sq,
+                         int sr, const float* pf) nogil
+    void caffe_bn_norm_d(const double* p, double* q, double* r, Py_ssize_t n, double mean, double inv, int sq,
+                         int sr, const double* pf) nogil
+    void caffe_bn_grad_f(const float* d, const float* p, float* g, Py_ssize_t n, float md, float mdy, float mean,
+                         float inv, int from_x, int sg, const float* pfd, const float* pfp) nogil
+    void caffe_bn_grad_d(const double* d, const double* p, double* g, Py_ssize_t n, double md, double mdy,
+                         double mean, double inv, int from_x, int sg, const double* pfd, const double* pfp) nogil
 
 
 cdef void _bn_normalize(const real* x, real* y, real* xn, Py_ssize_t N, Py_ssize_t C, Py_ssize_t S,
-                        real mean, real inv, bint stream) noexcept nogil:
-    cdef Py_ssize_t n, i
-    cdef const real* p
-    cdef real* q
-    cdef real* r
-    cdef real v
-    if real is float:
-        if CAFFE_BN_STREAM and stream and xn != NULL:
-            for n in range(N):
-                caffe_bn_norm_stream_f(x + n * C * S, y + n * C * S, xn + n * C * S, S, mean, inv)
-            caffe_bn_sfence()  # the streamed lines are visible to every thread before the kernel returns
-            return
+                        real mean, real inv, bint stream_y, bint stream_xn, const real* nxt) noexcept nogil:
+    # y (and x_norm unless NULL) = (x - mean) * inv, one chunk of S per image. In place (y is x) y stays in
+    # cache: its lines were just read. nxt: the next channel's x (or NULL), prefetched chunk by chunk.
+    cdef Py_ssize_t n
     for n in range(N):
-        p = x + n * C * S
-        q = y + n * C * S
-        if xn != NULL:
-            r = xn + n * C * S
-            for i in range(S):
-                v = (p[i] - mean) * inv
-                q[i] = v
-                r[i] = v
+        if real is float:
+            caffe_bn_norm_f(x + n * C * S, y + n * C * S, xn + n * C * S if xn != NULL else NULL, S, mean, inv,
+                            stream_y, stream_xn, nxt + n * C * S if nxt != NULL else NULL)
         else:
-            for i in range(S):
-                q[i] = (p[i] - mean) * inv
+            caffe_bn_norm_d(x + n * C * S, y + n * C * S, xn + n * C * S if xn != NULL else NULL, S, mean, inv,
+                            stream_y, stream_xn, nxt + n * C * S if nxt != NULL else NULL)
+    if stream_y or stream_xn:
+        caffe_norm_store_fence()  # the streamed lines are visible to every thread before the kernel returns
+
+
+cdef enum:
+    GROUP_MAX = 8  # channels per BatchNorm work item at most
+    PREFETCH_MAX_BYTES = 448 << 10  # a channel's inputs up to this size: the next one is prefetched into L2
+
+
+cdef Py_ssize_t _bn_group(Py_ssize_t C, Py_ssize_t channel_bytes, int threads) noexcept nogil:
+    """Channels per work item: a thread works through consecutive channels, prefetching the next one while it
+    writes the current one (where two channels' inputs fit L2), at least 4 items per thread."""
+    cdef Py_ssize_t k = C // (4 * threads)
+    if channel_bytes > PREFETCH_MAX_BYTES:
+        return 1
+    if k > GROUP_MAX:
+        k = GROUP_MAX
+    return k if k > 1 else 1
 
 
 def batch_norm_train_forward(const real[::1] x, real[::1] y, real[::1] x_norm, double[::1] mean,
@@ -284,24 +457,31 @@ def batch_norm_train_forward(const real[::1] x, real[::1] y, real[::1] x_norm, d
     cdef const real* xp = &x[0]
     cdef real* yp = &y[0]
     cdef double* mp = &mean[0]
-    cdef bint stream = n * sizeof(real) >= STREAM_MIN_BYTES
     cdef double* vp = &var[0]
+    cdef bint stream_y = yp != xp and n * <Py_ssize_t>sizeof(real) >= _stream_min_bytes
+    cdef bint stream_xn = xnp != NULL and n * <Py_ssize_t>sizeof(real) >= _xnorm_stream_min_bytes
+    cdef int nt = _threads(n)
+    cdef Py_ssize_t K = _bn_group(C, N * S * sizeof(real), nt), g, c0, c1
     with nogil:
-        for c in prange(C, schedule="dynamic", chunksize=_grab(N * S), num_threads=_threads(n)):
-            _bn_stats(xp + c * S, N, C, S, mp + c, vp + c)
-            _bn_normalize(xp + c * S, yp + c * S, xnp + c * S if xnp != NULL else NULL, N, C, S,
-                          <real>mp[c], <real>(1.0 / sqrt(vp[c] + eps)), stream)
+        for g in prange((C + K - 1) // K, schedule="dynamic", chunksize=_grab(K * N * S), num_threads=nt):
+            c0 = g * K
+            c1 = c0 + K if c0 + K < C else C
+            for c in range(c0, c1):
+                _bn_stats(xp + c * S, N, C, S, mp + c, vp + c)
+                _bn_normalize(xp + c * S, yp + c * S, xnp + c * S if xnp != NULL else NULL, N, C, S,
+                              <real>mp[c], <real>(1.0 / sqrt(vp[c] + eps)), stream_y, stream_xn,
+                              xp + (c + 1) * S if c + 1 < c1 else NULL)
 
 
 cdef void _bn_backward(const real* dy, const real* xn, const real* x, real* dx, Py_ssize_t N, Py_ssize_t C,
-                       Py_ssize_t S, real mean, real inv) noexcept nogil:
+                       Py_ssize_t S, real mean, real inv, bint stream, bint nxt) noexcept nogil:
+    # stream: dx by non-temporal stores; nxt: prefetch the next channel's dy and x (x_norm)
     cdef Py_ssize_t n, i, i0, i1, j, S8 = S - S % LANES
     cdef const real* d
     cdef const real* p
-    cdef real* g
     cdef double ad[LANES]
     cdef double bd[LANES]
-    cdef double a = 0, b = 0, m = <double>N * S
+    cdef double a = 0, b = 0, tot = <double>N * S
     cdef real v, md, mdy
     for j in range(LANES):
         ad[j] = 0
@@ -324,18 +504,18 @@ cdef void _bn_backward(const real* dy, const real* xn, const real* x, real* dx, 
     for j in range(LANES):
         a += ad[j]
         b += bd[j]
-    md = <real>(a / m)
-    mdy = <real>(b / m)
-    for n in range(N):
-        d = dy + n * C * S
-        p = (xn if xn != NULL else x) + n * C * S
-        g = dx + n * C * S
-        if xn != NULL:
-            for i in range(S):
-                g[i] = (d[i] - md - p[i] * mdy) * inv
+    md = <real>(a / tot)
+    mdy = <real>(b / tot)
+    p = xn if xn != NULL else x
+    for n in range(N):  # the channel's dy and x (or x_norm) are in L2 now; the next one's are fetched meanwhile
+        if real is float:
+            caffe_bn_grad_f(dy + n * C * S, p + n * C * S, dx + n * C * S, S, md, mdy, mean, inv, xn == NULL, stream,
+                            dy + S + n * C * S if nxt else NULL, p + S + n * C * S if nxt else NULL)
         else:
-            for i in range(S):
-                g[i] = (d[i] - md - (p[i] - mean) * inv * mdy) * inv
+            caffe_bn_grad_d(dy + n * C * S, p + n * C * S, dx + n * C * S, S, md, mdy, mean, inv, xn == NULL, stream,
+                            dy + S + n * C * S if nxt else NULL, p + S + n * C * S if nxt else NULL)
+    if stream:
+        caffe_norm_store_fence()
 
 
 def batch_norm_train_backward(const real[::1] dy, const real[::1] x_norm, const real[::1] x,
@@ -360,10 +540,19 @@ def batch_norm_train_backward(const real[::1] dy, const real[::1] x_norm, const 
         xp = &x[0]
     cdef const real* dyp = &dy[0]
     cdef real* dxp = &dx[0]
+    cdef const real* mp = &mean[0]
+    cdef const real* ip = &inv_std[0]
+    # dx streams where large, unless it is dy (in place: its lines are in cache, just read)
+    cdef bint stream = <const real*>dxp != dyp and n * <Py_ssize_t>sizeof(real) >= _stream_min_bytes
+    cdef int nt = _threads(n)
+    cdef Py_ssize_t K = _bn_group(C, 2 * N * S * sizeof(real), nt), g, c0, c1
     with nogil:
-        for c in prange(C, schedule="dynamic", chunksize=_grab(N * S), num_threads=_threads(n)):
-            _bn_backward(dyp + c * S, xnp + c * S if xnp != NULL else NULL, xp + c * S if xp != NULL else NULL,
-                         dxp + c * S, N, C, S, mean[c], inv_std[c])
+        for g in prange((C + K - 1) // K, schedule="dynamic", chunksize=_grab(K * N * S), num_threads=nt):
+            c0 = g * K
+            c1 = c0 + K if c0 + K < C else C
+            for c in range(c0, c1):
+                _bn_backward(dyp + c * S, xnp + c * S if xnp != NULL else NULL, xp + c * S if xp != NULL else NULL,
+                             dxp + c * S, N, C, S, mp[c], ip[c], stream, c + 1 < c1)
 
 
 # -- LRN across channels -------------------------------------------------------------------------
