@@ -45,12 +45,13 @@ cdef enum:
 
 
 cdef Py_ssize_t _lrn_piece(Py_ssize_t N, Py_ssize_t S, int threads) noexcept nogil:
-    """Positions per LRN work item: up to PIECE, and short enough that there are at least four
-    items per thread where the images allow (batch 1), a multiple of 16 (whole cache lines)."""
+    """Positions per LRN work item: S cut into equal pieces of up to PIECE, and enough of them that there are
+    at least four items per thread where the images allow (batch 1); a multiple of 16 (whole cache lines),
+    MIN_PIECE at least."""
     cdef Py_ssize_t want = (4 * threads + N - 1) // N, p
+    if want < (S + PIECE - 1) // PIECE:
+        want = (S + PIECE - 1) // PIECE
     p = (S + want - 1) // want
-    if p > PIECE:
-        p = PIECE
     if p < MIN_PIECE:
         p = MIN_PIECE
     p = (p + 15) // 16 * 16
@@ -221,6 +222,13 @@ cdef extern from *:
         if (j < n) memcpy(d + j, s + j, (size_t)(n - j));
     }
     /* the streamed lines are visible to every thread (ordered before the later plain stores / the region's end) */
+    static inline void caffe_norm_prefetch(const void* p, ptrdiff_t nbytes) {
+    #if defined(__GNUC__)
+        const char* c = (const char*)p;
+        ptrdiff_t b;
+        for (b = 0; b < nbytes; b += 64) __builtin_prefetch(c + b, 0, 3);
+    #endif
+    }
     static inline void caffe_norm_store_fence(void) {
     #if defined(__SSE2__)
         _mm_sfence();
@@ -237,6 +245,7 @@ cdef extern from *:
     """
     void caffe_norm_stream_copy(void* dst, const void* src, Py_ssize_t nbytes, Py_ssize_t itemsize) nogil
     void caffe_norm_store_fence() nogil
+    void caffe_norm_prefetch(const void* p, Py_ssize_t nbytes) nogil
     Py_ssize_t caffe_norm_block(const void* dst, Py_ssize_t j0, Py_ssize_t want, Py_ssize_t n,
                                 Py_ssize_t itemsize) nogil
 
@@ -245,7 +254,8 @@ cdef enum:
     # blobs do not fit beside their input in a 32 MB L3
     STREAM_MIN_BYTES = 12 << 20
     XNORM_STREAM_MIN_BYTES = 4 << 20  # x_norm from this size (smaller ones may well stay in cache)
-    ROW_BLOCK = 1024  # elements per scratch block (4 KB of float32: L1)
+    ROW_BLOCK = 256  # elements per scratch block (1 KB of float32: L1)
+    PF_BLOCK = 256
 
 cdef Py_ssize_t _stream_min_bytes = STREAM_MIN_BYTES
 cdef Py_ssize_t _xnorm_stream_min_bytes = XNORM_STREAM_MIN_BYTES
@@ -566,27 +576,52 @@ cdef inline real _pow_neg(real s, real beta) noexcept nogil:
     return _pow(s, -beta)
 
 
+cdef inline void _lrn_fwd_span(double* acc, const real* xe, const real* xl, const real* xc, real* sc, real* yc,
+                               Py_ssize_t m, real a, real k, real beta) noexcept nogil:
+    # One channel step over m positions: add the square of the channel entering the window, compute, subtract
+    # the one leaving (the same operations in the same order per position as three passes, so the same bits;
+    # fused, the adds hide under the square roots and the division).
+    cdef Py_ssize_t j
+    cdef real s
+    cdef double t
+    if sc != NULL:
+        for j in range(m):
+            t = acc[j] + <double>xe[j] * xe[j]
+            s = k + a * <real>t
+            sc[j] = s
+            yc[j] = xc[j] * _pow_neg(s, beta)
+            acc[j] = t - <double>xl[j] * xl[j]
+    else:  # no backward reads it (a TEST-phase forward): the same values, the scale's write saved
+        for j in range(m):
+            t = acc[j] + <double>xe[j] * xe[j]
+            s = k + a * <real>t
+            yc[j] = xc[j] * _pow_neg(s, beta)
+            acc[j] = t - <double>xl[j] * xl[j]
+
+
 cdef void _lrn_fwd_piece(const real* x, real* y, real* scale, Py_ssize_t C, Py_ssize_t S, Py_ssize_t P,
-                         int r, real a, real k, real beta) noexcept nogil:
+                         int r, real a, real k, real beta, bint stream) noexcept nogil:
     # x, y, scale point at channel 0, position lo of one image; P positions; channel stride S.
-    # One pass over the positions per channel: add the square of the channel entering the window, compute,
-    # subtract the one leaving (the same operations in the same order per position as three passes, so
-    # the same bits; fused, the adds hide under the square roots and the division, which bound the loop).
-    # Where no channel enters or leaves, a row of zeros does (acc + 0.0 and acc - 0.0 are acc: the sums
-    # are never -0.0).
-    cdef double* acc = <double*> malloc(P * sizeof(double) + P * sizeof(real))
-    cdef Py_ssize_t c, j
+    # Where no channel enters or leaves the window, a row of zeros does (acc + 0.0 and acc - 0.0 are acc: the
+    # sums are never -0.0). stream: y and scale go out by non-temporal stores, a block of ROW_BLOCK positions
+    # at a time computed into scratch rows (L1) first.
+    cdef Py_ssize_t blk = ROW_BLOCK if stream else 0
+    cdef double* acc = <double*> malloc(P * sizeof(double) + (P + 2 * blk) * sizeof(real))
+    cdef Py_ssize_t c, j, j0, m
     cdef const real* xe
     cdef const real* xl
     cdef const real* xc
+    cdef const real* xn
     cdef real* zero
+    cdef real* yb
+    cdef real* sb
     cdef real* sc
     cdef real* yc
-    cdef real s
-    cdef double t
     if acc == NULL:
         return
     zero = <real*>(acc + P)
+    yb = zero + P
+    sb = yb + blk
     for j in range(P):
         acc[j] = 0
         zero[j] = 0
@@ -599,20 +634,29 @@ cdef void _lrn_fwd_piece(const real* x, real* y, real* scale, Py_ssize_t C, Py_s
         xl = x + (c - r) * S if c - r >= 0 else zero
         xc = x + c * S
         yc = y + c * S
-        if scale != NULL:
-            sc = scale + c * S
-            for j in range(P):
-                t = acc[j] + <double>xe[j] * xe[j]
-                s = k + a * <real>t
-                sc[j] = s
-                yc[j] = xc[j] * _pow_neg(s, beta)
-                acc[j] = t - <double>xl[j] * xl[j]
-        else:  # no backward reads it (a TEST-phase forward): the same values, the scale's write saved
-            for j in range(P):
-                t = acc[j] + <double>xe[j] * xe[j]
-                s = k + a * <real>t
-                yc[j] = xc[j] * _pow_neg(s, beta)
-                acc[j] = t - <double>xl[j] * xl[j]
+        sc = scale + c * S if scale != NULL else NULL
+        xn = x + (c + r + 1) * S if c + r + 1 < C else NULL
+        if not stream:
+            j0 = 0
+            while j0 < P:
+                m = P - j0 if P - j0 < PF_BLOCK else PF_BLOCK
+                if xn != NULL:
+                    caffe_norm_prefetch(xn + j0, m * sizeof(real))
+                _lrn_fwd_span(acc + j0, xe + j0, xl + j0, xc + j0, sc + j0 if sc != NULL else NULL, yc + j0, m, a, k, beta)
+                j0 += m
+            continue
+        j0 = 0
+        while j0 < P:
+            m = caffe_norm_block(yc, j0, blk, P, sizeof(real))
+            if xn != NULL:
+                caffe_norm_prefetch(xn + j0, m * sizeof(real))
+            _lrn_fwd_span(acc + j0, xe + j0, xl + j0, xc + j0, sb if sc != NULL else NULL, yb, m, a, k, beta)
+            caffe_norm_stream_copy(yc + j0, yb, m * sizeof(real), sizeof(real))
+            if sc != NULL:
+                caffe_norm_stream_copy(sc + j0, sb, m * sizeof(real), sizeof(real))
+            j0 += m
+    if stream:
+        caffe_norm_store_fence()
     free(acc)
 
 
@@ -634,6 +678,7 @@ def lrn_across_forward(const real[::1] x, real[::1] y, real[::1] scale, Py_ssize
     cdef const real* xp = &x[0]
     cdef real* yp = &y[0]
     cdef real* sp = &scale[0] if scale is not None else NULL
+    cdef bint stream = n * <Py_ssize_t>sizeof(real) >= _stream_min_bytes
     with nogil:
         for t in prange(N * pieces, schedule="dynamic", chunksize=_grab(C * P), num_threads=nt):
             img = t // pieces
@@ -641,33 +686,53 @@ def lrn_across_forward(const real[::1] x, real[::1] y, real[::1] scale, Py_ssize
             m = S - lo if S - lo < P else P
             _lrn_fwd_piece(xp + img * C * S + lo, yp + img * C * S + lo,
                            sp + img * C * S + lo if sp != NULL else NULL, C, S, m, r,
-                           <real>(alpha / size), <real>k, <real>beta)
+                           <real>(alpha / size), <real>k, <real>beta, stream)
 
 
-cdef inline real _ratio(const real* dy, const real* y, const real* scale, Py_ssize_t i) noexcept nogil:
-    return dy[i] * y[i] / scale[i]
+cdef inline void _lrn_ratio_span(real* q, const real* dy, const real* y, const real* scale,
+                                 Py_ssize_t m) noexcept nogil:
+    cdef Py_ssize_t j
+    for j in range(m):
+        q[j] = dy[j] * y[j] / scale[j]
+
+
+cdef inline void _lrn_bwd_span(double* acc, const real* qe, const real* ql, const real* dy, const real* scale,
+                               const real* x, real* g, Py_ssize_t m, real cache, real beta) noexcept nogil:
+    # One channel step over m positions: the entering row of dy * y / scale in (qe), dx, the leaving row out.
+    # (Apart from _lrn_ratio_span: one loop over ten arrays was not vectorized.)
+    cdef Py_ssize_t j
+    cdef double t
+    for j in range(m):
+        t = acc[j] + qe[j]
+        g[j] = dy[j] * _pow_neg(scale[j], beta) - <real>t * x[j] * cache
+        acc[j] = t - ql[j]
 
 
 cdef void _lrn_bwd_piece(const real* x, const real* y, const real* scale, const real* dy, real* dx,
-                         Py_ssize_t C, Py_ssize_t S, Py_ssize_t P, int r, real cache, real beta) noexcept nogil:
+                         Py_ssize_t C, Py_ssize_t S, Py_ssize_t P, int r, real cache, real beta,
+                         bint stream) noexcept nogil:
     # The window's rows of dy * y / scale are kept in a ring of 2r + 1 rows (L1/L2): each is computed once,
     # when its channel enters the window, and subtracted from that same row when it leaves (the same
     # values as computing it twice, without the second division). One pass over the positions per
     # channel, as the forward: enter, compute, leave, in the order three passes took (the same bits);
-    # a row of zeros leaves where no channel does.
+    # a row of zeros enters or leaves where no channel does (acc + 0.0 is acc: the sums are never -0.0).
+    # Each step goes by blocks of positions, prefetching the same block of the rows the next step reads
+    # first (dy, y, scale of the channel entering next, x of the next channel); stream: dx goes out by
+    # non-temporal stores from a scratch block.
     cdef Py_ssize_t ring = 2 * r + 1
-    cdef double* acc = <double*> malloc(P * sizeof(double) + (ring + 1) * P * sizeof(real))
+    cdef double* acc = <double*> malloc(P * sizeof(double) + ((ring + 1) * P + ROW_BLOCK) * sizeof(real))
     cdef real* rows
     cdef real* q
     cdef real* ql
     cdef real* zero
-    cdef Py_ssize_t c, j, o, oe
+    cdef real* gb
+    cdef Py_ssize_t c, j, j0, m, o, oe, on
     cdef double t
-    cdef real v
     if acc == NULL:
         return
     rows = <real*>(acc + P)
     zero = rows + ring * P
+    gb = zero + P
     for j in range(P):
         acc[j] = 0
         zero[j] = 0
@@ -675,25 +740,35 @@ cdef void _lrn_bwd_piece(const real* x, const real* y, const real* scale, const 
         o = c * S
         q = rows + (c % ring) * P
         for j in range(P):
-            q[j] = _ratio(dy, y, scale, o + j)
+            q[j] = dy[o + j] * y[o + j] / scale[o + j]
             acc[j] += q[j]
     for c in range(C):
         o = c * S
         ql = rows + ((c - r) % ring) * P if c - r >= 0 else zero
-        if c + r < C:
-            oe = (c + r) * S
-            q = rows + ((c + r) % ring) * P
-            for j in range(P):  # (apart: one loop over ten arrays was not vectorized)
-                q[j] = _ratio(dy, y, scale, oe + j)
-            for j in range(P):
-                t = acc[j] + q[j]
-                dx[o + j] = dy[o + j] * _pow_neg(scale[o + j], beta) - <real>t * x[o + j] * cache
-                acc[j] = t - ql[j]
-        else:
-            for j in range(P):
-                t = acc[j]
-                dx[o + j] = dy[o + j] * _pow_neg(scale[o + j], beta) - <real>t * x[o + j] * cache
-                acc[j] = t - ql[j]
+        q = rows + ((c + r) % ring) * P if c + r < C else zero
+        oe = (c + r) * S
+        on = (c + r + 1) * S if c + r + 1 < C else -1
+        j0 = 0
+        while j0 < P:
+            if stream:
+                m = caffe_norm_block(dx + o, j0, ROW_BLOCK, P, sizeof(real))
+            else:
+                m = P - j0 if P - j0 < ROW_BLOCK else ROW_BLOCK
+            if on >= 0:
+                caffe_norm_prefetch(dy + on + j0, m * sizeof(real))
+                caffe_norm_prefetch(y + on + j0, m * sizeof(real))
+                caffe_norm_prefetch(scale + on + j0, m * sizeof(real))
+            if c + 1 < C:
+                caffe_norm_prefetch(x + o + S + j0, m * sizeof(real))
+            if c + r < C:
+                _lrn_ratio_span(q + j0, dy + oe + j0, y + oe + j0, scale + oe + j0, m)
+            _lrn_bwd_span(acc + j0, q + j0, ql + j0, dy + o + j0, scale + o + j0, x + o + j0,
+                          gb if stream else dx + o + j0, m, cache, beta)
+            if stream:
+                caffe_norm_stream_copy(dx + o + j0, gb, m * sizeof(real), sizeof(real))
+            j0 += m
+    if stream:
+        caffe_norm_store_fence()
     free(acc)
 
 
@@ -711,6 +786,7 @@ def lrn_across_backward(const real[::1] x, const real[::1] y, const real[::1] sc
     cdef Py_ssize_t P = _lrn_piece(N, S, nt)
     cdef Py_ssize_t pieces = (S + P - 1) // P
     cdef real cache = <real>(2.0 * alpha * beta / size)
+    cdef bint stream = n * <Py_ssize_t>sizeof(real) >= _stream_min_bytes and &dx[0] != &dy[0]
     with nogil:
         for t in prange(N * pieces, schedule="dynamic", chunksize=_grab(C * P), num_threads=nt):
             img = t // pieces
@@ -718,4 +794,4 @@ def lrn_across_backward(const real[::1] x, const real[::1] y, const real[::1] sc
             m = S - lo if S - lo < P else P
             off = img * C * S + lo
             _lrn_bwd_piece(&x[0] + off, &y[0] + off, &scale[0] + off, &dy[0] + off, &dx[0] + off, C, S, m, r,
-                           cache, <real>beta)
+                           cache, <real>beta, stream)
