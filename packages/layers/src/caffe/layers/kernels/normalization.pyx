@@ -59,6 +59,11 @@ cdef Py_ssize_t _lrn_piece(Py_ssize_t N, Py_ssize_t S, int threads) noexcept nog
     return p if p < S else S
 
 
+def _lrn_piece_for_tests(Py_ssize_t N, Py_ssize_t S, int threads):
+    """_lrn_piece, for the tests."""
+    return _lrn_piece(N, S, threads)
+
+
 def _need(Py_ssize_t have, Py_ssize_t need, str what):
     if have < need:
         raise ValueError(f"normalization kernel: {what} holds {have} elements, needs {need}")
