@@ -1,7 +1,7 @@
 """kernels.normalization's streaming and blocked paths (BatchNorm with batch statistics, LRN across channels) in
-every build: the non-temporal stores forced on small shapes against the NumPy reference and against the in-cache
-code (the same bits), the channel groups with the next channel prefetched, LRN's blocks per channel step and its
-equal pieces, odd and tiny sizes, float32 and float64, in place where Caffe allows it."""
+every build: the non-temporal stores and the prefetching forced on small shapes against the NumPy reference and
+against the in-cache code (the same bits), the channel groups with the next channel prefetched, LRN's blocks per
+channel step and its equal pieces, odd and tiny sizes, float32 and float64, in place where Caffe allows it."""
 import contextlib
 import os
 import sys
@@ -24,15 +24,22 @@ NCS = [(1, 1, 1), (2, 3, 5), (1, 9, 17), (3, 13, 67), (2, 33, 65), (1, 4, 300), 
 
 
 @contextlib.contextmanager
-def stream_from(nbytes, *mods):
-    """`mods` (and the layers' build) stream outputs of at least nbytes (0: always) inside the block."""
+def stream_from(nbytes, *mods, prefetch=None):
+    """`mods` (and the layers' build) stream outputs of at least nbytes (0: always) inside the block, and prefetch
+    (LRN: by blocks) from `prefetch` bytes (0: always) where given."""
     mods = {m for m in (*mods, _cpu.normalization) if m is not None}
-    old = {m: m._set_stream_min_bytes(nbytes) for m in mods}
+    old = {m: (m._set_stream_min_bytes(nbytes),
+               m._set_prefetch_min_bytes(prefetch) if prefetch is not None else None) for m in mods}
     try:
         yield
     finally:
-        for m, v in old.items():
+        for m, (v, p) in old.items():
             m._set_stream_min_bytes(*v)
+            if p is not None:
+                m._set_prefetch_min_bytes(p)
+
+
+NEVER = 1 << 62
 
 
 def _cases(max_n=3, max_c=20, max_s=400):
@@ -63,12 +70,15 @@ def test_batch_norm_streaming_is_the_cached_bits_and_matches_numpy(build, ncs, d
     N, C, S = ncs
     x = (arrays(seed, N * C * S) * 3 + offset).astype(dtype)
     dy = arrays(seed + 1, N * C * S).astype(dtype)
-    with stream_from(0, mod):
+    with stream_from(0, mod):  # streamed, the next channel prefetched (small blobs: prefetch forced below)
         got = _bn_all(mod, x, dy, N, C, S)
-    with stream_from(1 << 62, mod):
+    with stream_from(NEVER, mod, prefetch=0):
+        prefetched = _bn_all(mod, x, dy, N, C, S)
+    with stream_from(NEVER, mod, prefetch=NEVER):
         want = _bn_all(mod, x, dy, N, C, S)
     for key in want:
         np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+        np.testing.assert_array_equal(prefetched[key], want[key], err_msg=key)
     # in place is the out-of-place top, its x_norm a copy; both forwards the same statistics
     for a, b in (("in_place", "y"), ("x_norm", "y"), ("mean2", "mean"), ("var2", "var"), ("dx_in_place", "dx_xn")):
         np.testing.assert_array_equal(got[a], got[b], err_msg=f"{a} vs {b}")
@@ -136,9 +146,11 @@ def test_lrn_streaming_is_the_cached_bits_and_matches_numpy(build, ncs, dtype, s
     N, C, S = ncs
     alpha = 0.7
     x, dy = arrays(seed, N * C * S).astype(dtype), arrays(seed + 1, N * C * S).astype(dtype)
-    with stream_from(0, mod):
+    with stream_from(0, mod):  # streamed, by blocks
         got = _lrn_all(mod, x, dy, N, C, S, size, alpha, k, beta)
-    with stream_from(1 << 62, mod):
+    with stream_from(NEVER, mod, prefetch=0):  # by blocks, stored in cache
+        blocks = _lrn_all(mod, x, dy, N, C, S, size, alpha, k, beta)
+    with stream_from(NEVER, mod, prefetch=NEVER):  # one block a step
         want = _lrn_all(mod, x, dy, N, C, S, size, alpha, k, beta)
     # beta 0.75 is square roots and a division (IEEE: the same bits wherever the blocks cut the vector loops);
     # another beta calls pow, libmvec's in the vector loops and libm's in their scalar tails (within a few ulps)
@@ -150,7 +162,9 @@ def test_lrn_streaming_is_the_cached_bits_and_matches_numpy(build, ncs, dtype, s
             np.testing.assert_allclose(a, b, rtol=r, atol=r * max(1.0, float(np.abs(b).max())), err_msg=what)
     for key in want:
         same(got[key], want[key], key)
+        same(blocks[key], want[key], key)
     np.testing.assert_array_equal(got["scale"], want["scale"])  # no pow in it
+    np.testing.assert_array_equal(blocks["scale"], want["scale"])
     same(got["y_alone"], got["y"], "y alone")
     same(got["dx_in_place"], got["dx"], "dx in place")
     sc, y, dx = lrn_reference(x.reshape(N, C, S).astype(np.float64), dy.reshape(N, C, S).astype(np.float64),
@@ -183,12 +197,14 @@ def test_lrn_pieces_are_equal_and_whole_lines(n, s, threads, piece):
     assert normalization._lrn_piece_for_tests(n, s, threads) == piece
 
 
-def test_stream_min_bytes_switch_round_trips():
+def test_stream_and_prefetch_switches_round_trip():
     from caffe.layers.kernels import normalization
-    old = normalization._set_stream_min_bytes(0)
+    old, old_p = normalization._set_stream_min_bytes(0), normalization._set_prefetch_min_bytes(5)
     try:
         assert normalization._set_stream_min_bytes(1 << 20, 1 << 19) == (0, 0)
         assert normalization._set_stream_min_bytes(12 << 20) == (1 << 20, 1 << 19)
         assert normalization._set_stream_min_bytes(*old) == (12 << 20, 4 << 20)  # the defaults
+        assert normalization._set_prefetch_min_bytes(old_p) == 5 and old_p == 1 << 20
     finally:
         normalization._set_stream_min_bytes(*old)
+        normalization._set_prefetch_min_bytes(old_p)
