@@ -3,7 +3,8 @@
 # distutils: libraries = m
 """BatchNorm (batch statistics) and LRN (across channels) on the CPU, OpenMP-parallel.
 
-BatchNorm works on (N, C, S) arrays, one channel per work item (the channel's N planes of S):
+BatchNorm works on (N, C, S) arrays, one channel per step (the channel's N planes of S), a thread taking up to
+8 consecutive channels:
   forward   one pass for the statistics: sums of (x - K) and (x - K)^2 (blocks of 128 in x's
             precision, their totals in double: see BLOCK), K the channel's first value (a sample,
             so |mean - K| is of the order of the spread and the shifted sums lose nothing to
@@ -12,16 +13,17 @@ BatchNorm works on (N, C, S) arrays, one channel per work item (the channel's N 
             x_norm * mean(dy * x_norm)) * inv_std; x_norm is read from a saved copy or
             recomputed from x as the forward did (the same bits)
 A channel of a ResNet/MobileNet batch (N * S * 4 bytes, ~100-400 KB) stays in the core's L2
-cache between the two passes, so each kernel reads and writes main memory once. x_norm (kept in
-place only) goes out by non-temporal stores from 4 MB up (float32): see caffe_bn_norm_stream_f.
-
-LRN's work items are pieces of up to 4096 positions of one image (cut shorter for the threads at
-small batches): the window's rows stay in cache while each channel row is read as one long run.
+cache between the two passes, so each kernel reads main memory once; the second pass prefetches the
+next channel (where two fit L2), so that its read overlaps the current channel's write. Large outputs
+(y, dx from 12 MB, x_norm from 4 MB) go out by non-temporal stores: see STREAM_MIN_BYTES.
 
 LRN ACROSS_CHANNELS works on (N, C, S): per image and piece of S, the window sum of x^2 over
 channels [c - r, c + r] slides along c in double (add the channel entering, subtract the one
 leaving), as Caffe's CrossChannelForward_cpu does in Dtype. The backward slides dy * y / scale
-the same way.
+the same way. Work items are equal pieces of up to 4096 positions of one image (cut shorter for the
+threads at small batches): the window's rows stay in cache while each channel row is read as one long
+run; each channel step prefetches the rows the next step reads from memory, and large outputs (y, scale,
+dx) stream past the caches.
 """
 from cython.parallel cimport prange
 from libc.stdlib cimport free, malloc
@@ -44,16 +46,22 @@ cdef enum:
 
 
 cdef Py_ssize_t _lrn_piece(Py_ssize_t N, Py_ssize_t S, int threads) noexcept nogil:
-    """Positions per LRN work item: up to PIECE, and short enough that there are at least four
-    items per thread where the images allow (batch 1), a multiple of 16 (whole cache lines)."""
+    """Positions per LRN work item: S cut into equal pieces of up to PIECE, and enough of them that there are
+    at least four items per thread where the images allow (batch 1); a multiple of 16 (whole cache lines),
+    MIN_PIECE at least."""
     cdef Py_ssize_t want = (4 * threads + N - 1) // N, p
+    if want < (S + PIECE - 1) // PIECE:
+        want = (S + PIECE - 1) // PIECE
     p = (S + want - 1) // want
-    if p > PIECE:
-        p = PIECE
     if p < MIN_PIECE:
         p = MIN_PIECE
     p = (p + 15) // 16 * 16
     return p if p < S else S
+
+
+def _lrn_piece_for_tests(Py_ssize_t N, Py_ssize_t S, int threads):
+    """_lrn_piece, for the tests."""
+    return _lrn_piece(N, S, threads)
 
 
 def _need(Py_ssize_t have, Py_ssize_t need, str what):
@@ -174,96 +182,286 @@ cdef void _bn_stats(const real* x, Py_ssize_t N, Py_ssize_t C, Py_ssize_t S, dou
         var[0] = 0
 
 
-# x_norm (kept for backward only in place) is written with non-temporal stores where the blob is large:
-# nothing reads it until backward, so it needs no cache lines now, and a plain store first reads each line
-# from memory (write-allocate): one read of x, the in-place top written over it, and x_norm streamed out
-# cost 3 units of memory traffic instead of 4. The values are the same IEEE operations ((x - mean) * inv
-# in x's precision), so the same bits.
+# Outputs past the caches. A plain store first reads each line it writes from main memory (write-allocate),
+# so an output written by plain stores costs twice its size in memory traffic; non-temporal stores write it
+# once. Where an output is large (it does not fit beside its input in L3 anyway, and nothing reads it before
+# the next layer), BatchNorm's SIMD loops store it so directly (caffe_bn_norm / caffe_bn_grad below), and
+# LRN's loops (square roots, a division and double sums, vectorized by the compiler) compute a block of it
+# into a small scratch buffer (L1) that one streaming copy sends out: the same loops, so the same bits.
+# x_norm (kept for backward only in place) streams from a smaller size: nothing reads it until backward.
+# A work item that streamed ends with a store fence (the lines are visible to every thread when it is done).
 cdef extern from *:
     """
+    #include <stddef.h>
     #include <stdint.h>
+    #include <string.h>
     #if defined(__SSE2__)
-    #include <emmintrin.h>
-    #if defined(__AVX__)
     #include <immintrin.h>
     #endif
-    #define CAFFE_BN_STREAM 1
-    /* q[i] = r[i] = (p[i] - mean) * inv, r by streaming stores (r's aligned middle part) */
-    static inline void caffe_bn_norm_stream_f(const float* p, float* q, float* r, Py_ssize_t n, float mean,
-                                              float inv) {
-        Py_ssize_t i = 0;
-        float v;
-        for (; i < n && (((uintptr_t)(r + i)) & 31) != 0; i++) {
-            v = (p[i] - mean) * inv;
-            q[i] = v;
-            r[i] = v;
-        }
-    #if defined(__AVX__)
-        {
-            __m256 vm = _mm256_set1_ps(mean), vi = _mm256_set1_ps(inv), w;
-            for (; i + 8 <= n; i += 8) {
-                w = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(p + i), vm), vi);
-                _mm256_storeu_ps(q + i, w);
-                _mm256_stream_ps(r + i, w);
-            }
+    /* dst = src (n bytes), non-temporal where the build can:
+       plain stores up to dst's first 64-byte line and after its last whole one */
+    static inline void caffe_norm_stream_copy(void* dst, const void* src, ptrdiff_t n) {
+        char* d = (char*)dst;
+        const char* s = (const char*)src;
+        ptrdiff_t j = 0;
+    #if defined(__SSE2__)
+        ptrdiff_t head = (ptrdiff_t)((64 - ((uintptr_t)d & 63)) & 63);
+        if (head > n) head = n;
+        if (head) memcpy(d, s, (size_t)head);
+        j = head;
+    #if defined(__AVX512F__)
+        for (; j + 64 <= n; j += 64)
+            _mm512_stream_si512((__m512i*)(d + j), _mm512_loadu_si512((const void*)(s + j)));
+    #elif defined(__AVX__)
+        for (; j + 64 <= n; j += 64) {
+            _mm256_stream_si256((__m256i*)(d + j), _mm256_loadu_si256((const __m256i*)(s + j)));
+            _mm256_stream_si256((__m256i*)(d + j + 32), _mm256_loadu_si256((const __m256i*)(s + j + 32)));
         }
     #else
-        {
-            __m128 vm = _mm_set1_ps(mean), vi = _mm_set1_ps(inv), w;
-            for (; i + 4 <= n; i += 4) {
-                w = _mm_mul_ps(_mm_sub_ps(_mm_loadu_ps(p + i), vm), vi);
-                _mm_storeu_ps(q + i, w);
-                _mm_stream_ps(r + i, w);
-            }
+        for (; j + 64 <= n; j += 64) {
+            _mm_stream_si128((__m128i*)(d + j), _mm_loadu_si128((const __m128i*)(s + j)));
+            _mm_stream_si128((__m128i*)(d + j + 16), _mm_loadu_si128((const __m128i*)(s + j + 16)));
+            _mm_stream_si128((__m128i*)(d + j + 32), _mm_loadu_si128((const __m128i*)(s + j + 32)));
+            _mm_stream_si128((__m128i*)(d + j + 48), _mm_loadu_si128((const __m128i*)(s + j + 48)));
         }
     #endif
-        for (; i < n; i++) {
-            v = (p[i] - mean) * inv;
-            q[i] = v;
-            r[i] = v;
-        }
+    #endif
+        if (j < n) memcpy(d + j, s + j, (size_t)(n - j));
     }
-    static inline void caffe_bn_sfence(void) { _mm_sfence(); }
-    #else
-    #define CAFFE_BN_STREAM 0
-    static inline void caffe_bn_norm_stream_f(const float* p, float* q, float* r, Py_ssize_t n, float mean,
-                                              float inv) {}
-    static inline void caffe_bn_sfence(void) {}
+    /* the streamed lines are visible to every thread (ordered before the later plain stores / the region's end) */
+    static inline void caffe_norm_prefetch(const void* p, ptrdiff_t nbytes) {
+    #if defined(__GNUC__)
+        const char* c = (const char*)p;
+        ptrdiff_t b;
+        for (b = 0; b < nbytes; b += 64) __builtin_prefetch(c + b, 0, 3);
     #endif
+    }
+    static inline void caffe_norm_store_fence(void) {
+    #if defined(__SSE2__)
+        _mm_sfence();
+    #endif
+    }
+    /* elements of a block that starts at dst + j0: up to want, ending on a 64-byte line of dst where it can */
+    static inline ptrdiff_t caffe_norm_block(const void* dst, ptrdiff_t j0, ptrdiff_t want, ptrdiff_t n,
+                                             ptrdiff_t e) {
+        ptrdiff_t j1 = j0 + want, mis;
+        if (j1 >= n) return n - j0;
+        mis = (ptrdiff_t)(((uintptr_t)((const char*)dst + j1 * e) & 63) / (uintptr_t)e);
+        return want - mis > 0 ? want - mis : want;
+    }
     """
-    bint CAFFE_BN_STREAM
-    void caffe_bn_norm_stream_f(const float* p, float* q, float* r, Py_ssize_t n, float mean, float inv) nogil
-    void caffe_bn_sfence() nogil
+    void caffe_norm_stream_copy(void* dst, const void* src, Py_ssize_t nbytes) nogil
+    void caffe_norm_store_fence() nogil
+    void caffe_norm_prefetch(const void* p, Py_ssize_t nbytes) nogil
+    Py_ssize_t caffe_norm_block(const void* dst, Py_ssize_t j0, Py_ssize_t want, Py_ssize_t n,
+                                Py_ssize_t itemsize) nogil
 
 cdef enum:
-    STREAM_MIN_BYTES = 4 << 20  # x_norm at least this big: streamed (smaller ones may well stay in cache)
+    # Outputs of at least this many bytes are streamed (as kernels.softmax's): 25.7 MB ResNet / MobileNet
+    # blobs do not fit beside their input in a 32 MB L3
+    STREAM_MIN_BYTES = 12 << 20
+    XNORM_STREAM_MIN_BYTES = 4 << 20  # x_norm from this size (smaller ones may well stay in cache)
+    # LRN: positions per block of a channel step (a scratch block where the outputs stream; the next step's
+    # rows prefetched a block at a time). Single-thread A/B at 8x256x56x56 and 8x64x112x112: forward 256 as
+    # good as 128 and 1.3x faster than 1024; backward (four rows to prefetch) 64 1.12x faster than 128 and
+    # 1.15x faster than 32.
+    FWD_BLOCK = 256
+    BWD_BLOCK = 64
+    # Blobs of at least this many bytes prefetch (LRN: by blocks); smaller ones are in cache, where the
+    # prefetches find nothing to fetch (LRN's blocks cost 5-20% at 2x32x28x28 and 32x16x14x14)
+    PREFETCH_MIN_BYTES = 1 << 20
+
+cdef Py_ssize_t _stream_min_bytes = STREAM_MIN_BYTES
+cdef Py_ssize_t _xnorm_stream_min_bytes = XNORM_STREAM_MIN_BYTES
+cdef Py_ssize_t _prefetch_min_bytes = PREFETCH_MIN_BYTES
+
+
+def _set_stream_min_bytes(Py_ssize_t nbytes, xnorm_nbytes=None):
+    """For the tests and benchmarks: the output size from which the kernels stream (0: always, the streaming
+    paths on small shapes) and x_norm's (default: the same as nbytes, or XNORM_STREAM_MIN_BYTES when nbytes is
+    STREAM_MIN_BYTES); returns the previous (outputs, x_norm) sizes."""
+    global _stream_min_bytes, _xnorm_stream_min_bytes
+    old = (_stream_min_bytes, _xnorm_stream_min_bytes)
+    _stream_min_bytes = nbytes
+    if xnorm_nbytes is None:
+        xnorm_nbytes = XNORM_STREAM_MIN_BYTES if nbytes == STREAM_MIN_BYTES else nbytes
+    _xnorm_stream_min_bytes = xnorm_nbytes
+    return old
+
+
+def _set_prefetch_min_bytes(Py_ssize_t nbytes):
+    """For the tests: the blob size from which the kernels prefetch (LRN: by blocks); returns the previous one."""
+    global _prefetch_min_bytes
+    old = _prefetch_min_bytes
+    _prefetch_min_bytes = nbytes
+    return old
+
+
+# BatchNorm's elementwise passes as SIMD loops with a choice of store per output (plain or non-temporal): the
+# arithmetic is the scalar code's IEEE operations in the same order (no FMA), so the same bits in every build and
+# in the scalar head and tail. (GCC cannot be asked for non-temporal stores in a loop it vectorizes itself.)
+cdef extern from *:
+    """
+    #if defined(__AVX512F__)
+    #define CAFFE_BN_VB 64
+    #define CAFFE_BN_OP(name) _mm512_##name
+    typedef __m512 caffe_bn_vps;
+    typedef __m512d caffe_bn_vpd;
+    #elif defined(__AVX__)
+    #define CAFFE_BN_VB 32
+    #define CAFFE_BN_OP(name) _mm256_##name
+    typedef __m256 caffe_bn_vps;
+    typedef __m256d caffe_bn_vpd;
+    #elif defined(__SSE2__)
+    #define CAFFE_BN_VB 16
+    #define CAFFE_BN_OP(name) _mm_##name
+    typedef __m128 caffe_bn_vps;
+    typedef __m128d caffe_bn_vpd;
+    #endif
+    #if defined(CAFFE_BN_VB)
+    #define CAFFE_BN_PREFETCH(p) __builtin_prefetch((const void*)(p), 0, 3)
+    #define CAFFE_BN_ALIGNED(p) ((((uintptr_t)(p)) & (CAFFE_BN_VB - 1)) == 0)
+    /* q = (p - mean) * inv, and r the same unless NULL; sq / sr: q / r by non-temporal stores (both only
+       where their addresses agree modulo the vector size: else r by plain stores). */
+    #define CAFFE_BN_APPLY(SUF, T, V, LOAD, STORE, STREAM, SET1, SUB, MUL)                                 \
+    static void caffe_bn_norm_##SUF(const T* p, T* q, T* r, ptrdiff_t n, T mean, T inv, int sq, int sr,    \
+                                    const T* pf) {                                                       \
+        const ptrdiff_t w = CAFFE_BN_VB / (ptrdiff_t)sizeof(T);                                           \
+        ptrdiff_t i = 0;                                                                                 \
+        T v;                                                                                             \
+        T* a;                                                                                            \
+        if (r == NULL) sr = 0;                                                                           \
+        if (sq && sr && !CAFFE_BN_ALIGNED((uintptr_t)q - (uintptr_t)r)) sr = 0;                          \
+        a = sq ? q : (sr ? r : NULL);                                                                    \
+        if (a != NULL)                                                                                   \
+            for (; i < n && !CAFFE_BN_ALIGNED(a + i); i++) {                                             \
+                v = (p[i] - mean) * inv;                                                                 \
+                q[i] = v;                                                                                \
+                if (r != NULL) r[i] = v;                                                                 \
+            }                                                                                            \
+        {                                                                                                \
+            V vm = SET1(mean), vi = SET1(inv), x;                                                        \
+            if (r == NULL && sq && pf != NULL)                                                           \
+                for (; i + w <= n; i += w) {                                                             \
+                    CAFFE_BN_PREFETCH(pf + i);                                                           \
+                    STREAM(q + i, MUL(SUB(LOAD(p + i), vm), vi));                                        \
+                }                                                                                        \
+            else if (r == NULL && sq)                                                                    \
+                for (; i + w <= n; i += w) STREAM(q + i, MUL(SUB(LOAD(p + i), vm), vi));                 \
+            else if (r == NULL)                                                                          \
+                for (; i + w <= n; i += w) STORE(q + i, MUL(SUB(LOAD(p + i), vm), vi));                  \
+            else                                                                                         \
+                for (; i + w <= n; i += w) {                                                             \
+                    if (pf != NULL) CAFFE_BN_PREFETCH(pf + i);                                           \
+                    x = MUL(SUB(LOAD(p + i), vm), vi);                                                   \
+                    if (sq) STREAM(q + i, x); else STORE(q + i, x);                                      \
+                    if (sr) STREAM(r + i, x); else STORE(r + i, x);                                      \
+                }                                                                                        \
+        }                                                                                                \
+        for (; i < n; i++) {                                                                             \
+            v = (p[i] - mean) * inv;                                                                     \
+            q[i] = v;                                                                                    \
+            if (r != NULL) r[i] = v;                                                                     \
+        }                                                                                                \
+    }                                                                                                    \
+    /* g = (d - md - v * mdy) * inv, v = p (x_norm) or, from_x, (p - mean) * inv; sg: g by non-temporal   \
+       stores */                                                                                         \
+    static void caffe_bn_grad_##SUF(const T* d, const T* p, T* g, ptrdiff_t n, T md, T mdy, T mean, T inv,  \
+                                    int from_x, int sg, const T* pfd, const T* pfp) {                    \
+        const ptrdiff_t w = CAFFE_BN_VB / (ptrdiff_t)sizeof(T);                                           \
+        ptrdiff_t i = 0;                                                                                 \
+        if (sg)                                                                                          \
+            for (; i < n && !CAFFE_BN_ALIGNED(g + i); i++)                                               \
+                g[i] = (d[i] - md - (from_x ? (p[i] - mean) * inv : p[i]) * mdy) * inv;                 \
+        {                                                                                                \
+            V vmd = SET1(md), vmdy = SET1(mdy), vm = SET1(mean), vi = SET1(inv), v, x;                   \
+            for (; i + w <= n; i += w) {                                                                 \
+                if (pfd != NULL) {                                                                       \
+                    CAFFE_BN_PREFETCH(pfd + i);                                                          \
+                    CAFFE_BN_PREFETCH(pfp + i);                                                          \
+                }                                                                                        \
+                v = LOAD(p + i);                                                                         \
+                if (from_x) v = MUL(SUB(v, vm), vi);                                                     \
+                x = MUL(SUB(SUB(LOAD(d + i), vmd), MUL(v, vmdy)), vi);                                   \
+                if (sg) STREAM(g + i, x); else STORE(g + i, x);                                          \
+            }                                                                                            \
+        }                                                                                                \
+        for (; i < n; i++)                                                                               \
+            g[i] = (d[i] - md - (from_x ? (p[i] - mean) * inv : p[i]) * mdy) * inv;                     \
+    }
+    #define CAFFE_BN_F(SUF, T)                                                                            \
+        CAFFE_BN_APPLY(SUF, T, caffe_bn_v##SUF, CAFFE_BN_OP(loadu_##SUF), CAFFE_BN_OP(storeu_##SUF),        \
+                       CAFFE_BN_OP(stream_##SUF), CAFFE_BN_OP(set1_##SUF), CAFFE_BN_OP(sub_##SUF),          \
+                       CAFFE_BN_OP(mul_##SUF))
+    CAFFE_BN_F(ps, float)
+    CAFFE_BN_F(pd, double)
+    #define caffe_bn_norm_f caffe_bn_norm_ps
+    #define caffe_bn_norm_d caffe_bn_norm_pd
+    #define caffe_bn_grad_f caffe_bn_grad_ps
+    #define caffe_bn_grad_d caffe_bn_grad_pd
+    #else
+    /* no SIMD build: plain loops, no streaming */
+    #define CAFFE_BN_PLAIN(SUF, T)                                                                        \
+    static void caffe_bn_norm_##SUF(const T* p, T* q, T* r, ptrdiff_t n, T mean, T inv, int sq, int sr,    \
+                                    const T* pf) {                                                       \
+        ptrdiff_t i;                                                                                     \
+        T v;                                                                                             \
+        for (i = 0; i < n; i++) {                                                                        \
+            v = (p[i] - mean) * inv;                                                                     \
+            q[i] = v;                                                                                    \
+            if (r != NULL) r[i] = v;                                                                     \
+        }                                                                                                \
+    }                                                                                                    \
+    static void caffe_bn_grad_##SUF(const T* d, const T* p, T* g, ptrdiff_t n, T md, T mdy, T mean, T inv,  \
+                                    int from_x, int sg, const T* pfd, const T* pfp) {                    \
+        ptrdiff_t i;                                                                                     \
+        for (i = 0; i < n; i++)                                                                          \
+            g[i] = (d[i] - md - (from_x ? (p[i] - mean) * inv : p[i]) * mdy) * inv;                     \
+    }
+    CAFFE_BN_PLAIN(f, float)
+    CAFFE_BN_PLAIN(d, double)
+    #endif
+    """
+    void caffe_bn_norm_f(const float* p, float* q, float* r, Py_ssize_t n, float mean, float inv, int sq,
+                         int sr, const float* pf) nogil
+    void caffe_bn_norm_d(const double* p, double* q, double* r, Py_ssize_t n, double mean, double inv, int sq,
+                         int sr, const double* pf) nogil
+    void caffe_bn_grad_f(const float* d, const float* p, float* g, Py_ssize_t n, float md, float mdy, float mean,
+                         float inv, int from_x, int sg, const float* pfd, const float* pfp) nogil
+    void caffe_bn_grad_d(const double* d, const double* p, double* g, Py_ssize_t n, double md, double mdy,
+                         double mean, double inv, int from_x, int sg, const double* pfd, const double* pfp) nogil
 
 
 cdef void _bn_normalize(const real* x, real* y, real* xn, Py_ssize_t N, Py_ssize_t C, Py_ssize_t S,
-                        real mean, real inv, bint stream) noexcept nogil:
-    cdef Py_ssize_t n, i
-    cdef const real* p
-    cdef real* q
-    cdef real* r
-    cdef real v
-    if real is float:
-        if CAFFE_BN_STREAM and stream and xn != NULL:
-            for n in range(N):
-                caffe_bn_norm_stream_f(x + n * C * S, y + n * C * S, xn + n * C * S, S, mean, inv)
-            caffe_bn_sfence()  # the streamed lines are visible to every thread before the kernel returns
-            return
+                        real mean, real inv, bint stream_y, bint stream_xn, const real* nxt) noexcept nogil:
+    # y (and x_norm unless NULL) = (x - mean) * inv, one chunk of S per image. In place (y is x) y stays in
+    # cache: its lines were just read. nxt: the next channel's x (or NULL), prefetched chunk by chunk.
+    cdef Py_ssize_t n
     for n in range(N):
-        p = x + n * C * S
-        q = y + n * C * S
-        if xn != NULL:
-            r = xn + n * C * S
-            for i in range(S):
-                v = (p[i] - mean) * inv
-                q[i] = v
-                r[i] = v
+        if real is float:
+            caffe_bn_norm_f(x + n * C * S, y + n * C * S, xn + n * C * S if xn != NULL else NULL, S, mean, inv,
+                            stream_y, stream_xn, nxt + n * C * S if nxt != NULL else NULL)
         else:
-            for i in range(S):
-                q[i] = (p[i] - mean) * inv
+            caffe_bn_norm_d(x + n * C * S, y + n * C * S, xn + n * C * S if xn != NULL else NULL, S, mean, inv,
+                            stream_y, stream_xn, nxt + n * C * S if nxt != NULL else NULL)
+    if stream_y or stream_xn:
+        caffe_norm_store_fence()  # the streamed lines are visible to every thread before the kernel returns
+
+
+cdef enum:
+    GROUP_MAX = 8  # channels per BatchNorm work item at most
+    PREFETCH_MAX_BYTES = 448 << 10  # a channel's inputs up to this size: the next one is prefetched into L2
+
+
+cdef Py_ssize_t _bn_group(Py_ssize_t C, Py_ssize_t channel_bytes, int threads) noexcept nogil:
+    """Channels per work item: a thread works through consecutive channels, prefetching the next one while it
+    writes the current one (where two channels' inputs fit L2), at least 4 items per thread."""
+    cdef Py_ssize_t k = C // (4 * threads)
+    if channel_bytes > PREFETCH_MAX_BYTES:
+        return 1
+    if k > GROUP_MAX:
+        k = GROUP_MAX
+    return k if k > 1 else 1
 
 
 def batch_norm_train_forward(const real[::1] x, real[::1] y, real[::1] x_norm, double[::1] mean,
@@ -284,24 +482,32 @@ def batch_norm_train_forward(const real[::1] x, real[::1] y, real[::1] x_norm, d
     cdef const real* xp = &x[0]
     cdef real* yp = &y[0]
     cdef double* mp = &mean[0]
-    cdef bint stream = n * sizeof(real) >= STREAM_MIN_BYTES
     cdef double* vp = &var[0]
+    cdef bint stream_y = yp != xp and n * <Py_ssize_t>sizeof(real) >= _stream_min_bytes
+    cdef bint stream_xn = xnp != NULL and n * <Py_ssize_t>sizeof(real) >= _xnorm_stream_min_bytes
+    cdef int nt = _threads(n)
+    cdef Py_ssize_t K = _bn_group(C, N * S * sizeof(real), nt), g, c0, c1
+    cdef bint prefetch = n * <Py_ssize_t>sizeof(real) >= _prefetch_min_bytes
     with nogil:
-        for c in prange(C, schedule="dynamic", chunksize=_grab(N * S), num_threads=_threads(n)):
-            _bn_stats(xp + c * S, N, C, S, mp + c, vp + c)
-            _bn_normalize(xp + c * S, yp + c * S, xnp + c * S if xnp != NULL else NULL, N, C, S,
-                          <real>mp[c], <real>(1.0 / sqrt(vp[c] + eps)), stream)
+        for g in prange((C + K - 1) // K, schedule="dynamic", chunksize=_grab(K * N * S), num_threads=nt):
+            c0 = g * K
+            c1 = c0 + K if c0 + K < C else C
+            for c in range(c0, c1):
+                _bn_stats(xp + c * S, N, C, S, mp + c, vp + c)
+                _bn_normalize(xp + c * S, yp + c * S, xnp + c * S if xnp != NULL else NULL, N, C, S,
+                              <real>mp[c], <real>(1.0 / sqrt(vp[c] + eps)), stream_y, stream_xn,
+                              xp + (c + 1) * S if c + 1 < c1 and prefetch else NULL)
 
 
 cdef void _bn_backward(const real* dy, const real* xn, const real* x, real* dx, Py_ssize_t N, Py_ssize_t C,
-                       Py_ssize_t S, real mean, real inv) noexcept nogil:
+                       Py_ssize_t S, real mean, real inv, bint stream, bint nxt) noexcept nogil:
+    # stream: dx by non-temporal stores; nxt: prefetch the next channel's dy and x (x_norm)
     cdef Py_ssize_t n, i, i0, i1, j, S8 = S - S % LANES
     cdef const real* d
     cdef const real* p
-    cdef real* g
     cdef double ad[LANES]
     cdef double bd[LANES]
-    cdef double a = 0, b = 0, m = <double>N * S
+    cdef double a = 0, b = 0, tot = <double>N * S
     cdef real v, md, mdy
     for j in range(LANES):
         ad[j] = 0
@@ -324,18 +530,18 @@ cdef void _bn_backward(const real* dy, const real* xn, const real* x, real* dx, 
     for j in range(LANES):
         a += ad[j]
         b += bd[j]
-    md = <real>(a / m)
-    mdy = <real>(b / m)
-    for n in range(N):
-        d = dy + n * C * S
-        p = (xn if xn != NULL else x) + n * C * S
-        g = dx + n * C * S
-        if xn != NULL:
-            for i in range(S):
-                g[i] = (d[i] - md - p[i] * mdy) * inv
+    md = <real>(a / tot)
+    mdy = <real>(b / tot)
+    p = xn if xn != NULL else x
+    for n in range(N):  # the channel's dy and x (or x_norm) are in L2 now; the next one's are fetched meanwhile
+        if real is float:
+            caffe_bn_grad_f(dy + n * C * S, p + n * C * S, dx + n * C * S, S, md, mdy, mean, inv, xn == NULL, stream,
+                            dy + S + n * C * S if nxt else NULL, p + S + n * C * S if nxt else NULL)
         else:
-            for i in range(S):
-                g[i] = (d[i] - md - (p[i] - mean) * inv * mdy) * inv
+            caffe_bn_grad_d(dy + n * C * S, p + n * C * S, dx + n * C * S, S, md, mdy, mean, inv, xn == NULL, stream,
+                            dy + S + n * C * S if nxt else NULL, p + S + n * C * S if nxt else NULL)
+    if stream:
+        caffe_norm_store_fence()
 
 
 def batch_norm_train_backward(const real[::1] dy, const real[::1] x_norm, const real[::1] x,
@@ -360,10 +566,20 @@ def batch_norm_train_backward(const real[::1] dy, const real[::1] x_norm, const 
         xp = &x[0]
     cdef const real* dyp = &dy[0]
     cdef real* dxp = &dx[0]
+    cdef const real* mp = &mean[0]
+    cdef const real* ip = &inv_std[0]
+    # dx streams where large, unless it is dy (in place: its lines are in cache, just read)
+    cdef bint stream = <const real*>dxp != dyp and n * <Py_ssize_t>sizeof(real) >= _stream_min_bytes
+    cdef int nt = _threads(n)
+    cdef Py_ssize_t K = _bn_group(C, 2 * N * S * sizeof(real), nt), g, c0, c1
+    cdef bint prefetch = n * <Py_ssize_t>sizeof(real) >= _prefetch_min_bytes
     with nogil:
-        for c in prange(C, schedule="dynamic", chunksize=_grab(N * S), num_threads=_threads(n)):
-            _bn_backward(dyp + c * S, xnp + c * S if xnp != NULL else NULL, xp + c * S if xp != NULL else NULL,
-                         dxp + c * S, N, C, S, mean[c], inv_std[c])
+        for g in prange((C + K - 1) // K, schedule="dynamic", chunksize=_grab(K * N * S), num_threads=nt):
+            c0 = g * K
+            c1 = c0 + K if c0 + K < C else C
+            for c in range(c0, c1):
+                _bn_backward(dyp + c * S, xnp + c * S if xnp != NULL else NULL, xp + c * S if xp != NULL else NULL,
+                             dxp + c * S, N, C, S, mp[c], ip[c], stream, c + 1 < c1 and prefetch)
 
 
 # -- LRN across channels -------------------------------------------------------------------------
@@ -377,27 +593,54 @@ cdef inline real _pow_neg(real s, real beta) noexcept nogil:
     return _pow(s, -beta)
 
 
+cdef inline void _lrn_fwd_span(double* acc, const real* xe, const real* xl, const real* xc, real* sc, real* yc,
+                               Py_ssize_t m, real a, real k, real beta) noexcept nogil:
+    # One channel step over m positions: add the square of the channel entering the window, compute, subtract
+    # the one leaving (the same operations in the same order per position as three passes, so the same bits;
+    # fused, the adds hide under the square roots and the division).
+    cdef Py_ssize_t j
+    cdef real s
+    cdef double t
+    if sc != NULL:
+        for j in range(m):
+            t = acc[j] + <double>xe[j] * xe[j]
+            s = k + a * <real>t
+            sc[j] = s
+            yc[j] = xc[j] * _pow_neg(s, beta)
+            acc[j] = t - <double>xl[j] * xl[j]
+    else:  # no backward reads it (a TEST-phase forward): the same values, the scale's write saved
+        for j in range(m):
+            t = acc[j] + <double>xe[j] * xe[j]
+            s = k + a * <real>t
+            yc[j] = xc[j] * _pow_neg(s, beta)
+            acc[j] = t - <double>xl[j] * xl[j]
+
+
 cdef void _lrn_fwd_piece(const real* x, real* y, real* scale, Py_ssize_t C, Py_ssize_t S, Py_ssize_t P,
-                         int r, real a, real k, real beta) noexcept nogil:
+                         int r, real a, real k, real beta, bint stream, bint blocked) noexcept nogil:
     # x, y, scale point at channel 0, position lo of one image; P positions; channel stride S.
-    # One pass over the positions per channel: add the square of the channel entering the window, compute,
-    # subtract the one leaving (the same operations in the same order per position as three passes, so
-    # the same bits; fused, the adds hide under the square roots and the division, which bound the loop).
-    # Where no channel enters or leaves, a row of zeros does (acc + 0.0 and acc - 0.0 are acc: the sums
-    # are never -0.0).
-    cdef double* acc = <double*> malloc(P * sizeof(double) + P * sizeof(real))
-    cdef Py_ssize_t c, j
+    # Where no channel enters or leaves the window, a row of zeros does (acc + 0.0 and acc - 0.0 are acc: the
+    # sums are never -0.0). Each channel step goes by blocks of FWD_BLOCK positions, prefetching the same block
+    # of the row that enters the window next (the only row read from memory: the others were read by the
+    # steps before), where `blocked` (else one block: a blob in cache); stream: y and scale are computed into
+    # scratch blocks (L1) and go out by non-temporal stores.
+    cdef Py_ssize_t blk = FWD_BLOCK if stream else 0
+    cdef double* acc = <double*> malloc(P * sizeof(double) + (P + 2 * blk) * sizeof(real))
+    cdef Py_ssize_t c, j, j0, m
     cdef const real* xe
     cdef const real* xl
     cdef const real* xc
+    cdef const real* xn
     cdef real* zero
+    cdef real* yb
+    cdef real* sb
     cdef real* sc
     cdef real* yc
-    cdef real s
-    cdef double t
     if acc == NULL:
         return
     zero = <real*>(acc + P)
+    yb = zero + P
+    sb = yb + blk
     for j in range(P):
         acc[j] = 0
         zero[j] = 0
@@ -410,20 +653,29 @@ cdef void _lrn_fwd_piece(const real* x, real* y, real* scale, Py_ssize_t C, Py_s
         xl = x + (c - r) * S if c - r >= 0 else zero
         xc = x + c * S
         yc = y + c * S
-        if scale != NULL:
-            sc = scale + c * S
-            for j in range(P):
-                t = acc[j] + <double>xe[j] * xe[j]
-                s = k + a * <real>t
-                sc[j] = s
-                yc[j] = xc[j] * _pow_neg(s, beta)
-                acc[j] = t - <double>xl[j] * xl[j]
-        else:  # no backward reads it (a TEST-phase forward): the same values, the scale's write saved
-            for j in range(P):
-                t = acc[j] + <double>xe[j] * xe[j]
-                s = k + a * <real>t
-                yc[j] = xc[j] * _pow_neg(s, beta)
-                acc[j] = t - <double>xl[j] * xl[j]
+        sc = scale + c * S if scale != NULL else NULL
+        xn = x + (c + r + 1) * S if c + r + 1 < C else NULL
+        j0 = 0
+        while j0 < P:
+            if stream:
+                m = caffe_norm_block(yc, j0, FWD_BLOCK, P, sizeof(real))
+            elif blocked:
+                m = P - j0 if P - j0 < FWD_BLOCK else FWD_BLOCK
+            else:
+                m = P
+            if xn != NULL and blocked:
+                caffe_norm_prefetch(xn + j0, m * sizeof(real))
+            if stream:
+                _lrn_fwd_span(acc + j0, xe + j0, xl + j0, xc + j0, sb if sc != NULL else NULL, yb, m, a, k, beta)
+                caffe_norm_stream_copy(yc + j0, yb, m * sizeof(real))
+                if sc != NULL:
+                    caffe_norm_stream_copy(sc + j0, sb, m * sizeof(real))
+            else:
+                _lrn_fwd_span(acc + j0, xe + j0, xl + j0, xc + j0, sc + j0 if sc != NULL else NULL, yc + j0, m, a,
+                              k, beta)
+            j0 += m
+    if stream:
+        caffe_norm_store_fence()
     free(acc)
 
 
@@ -445,6 +697,8 @@ def lrn_across_forward(const real[::1] x, real[::1] y, real[::1] scale, Py_ssize
     cdef const real* xp = &x[0]
     cdef real* yp = &y[0]
     cdef real* sp = &scale[0] if scale is not None else NULL
+    cdef bint stream = n * <Py_ssize_t>sizeof(real) >= _stream_min_bytes
+    cdef bint blocked = stream or n * <Py_ssize_t>sizeof(real) >= _prefetch_min_bytes
     with nogil:
         for t in prange(N * pieces, schedule="dynamic", chunksize=_grab(C * P), num_threads=nt):
             img = t // pieces
@@ -452,33 +706,53 @@ def lrn_across_forward(const real[::1] x, real[::1] y, real[::1] scale, Py_ssize
             m = S - lo if S - lo < P else P
             _lrn_fwd_piece(xp + img * C * S + lo, yp + img * C * S + lo,
                            sp + img * C * S + lo if sp != NULL else NULL, C, S, m, r,
-                           <real>(alpha / size), <real>k, <real>beta)
+                           <real>(alpha / size), <real>k, <real>beta, stream, blocked)
 
 
-cdef inline real _ratio(const real* dy, const real* y, const real* scale, Py_ssize_t i) noexcept nogil:
-    return dy[i] * y[i] / scale[i]
+cdef inline void _lrn_ratio_span(real* q, const real* dy, const real* y, const real* scale,
+                                 Py_ssize_t m) noexcept nogil:
+    cdef Py_ssize_t j
+    for j in range(m):
+        q[j] = dy[j] * y[j] / scale[j]
+
+
+cdef inline void _lrn_bwd_span(double* acc, const real* qe, const real* ql, const real* dy, const real* scale,
+                               const real* x, real* g, Py_ssize_t m, real cache, real beta) noexcept nogil:
+    # One channel step over m positions: the entering row of dy * y / scale in (qe), dx, the leaving row out.
+    # (Apart from _lrn_ratio_span: one loop over ten arrays was not vectorized.)
+    cdef Py_ssize_t j
+    cdef double t
+    for j in range(m):
+        t = acc[j] + qe[j]
+        g[j] = dy[j] * _pow_neg(scale[j], beta) - <real>t * x[j] * cache
+        acc[j] = t - ql[j]
 
 
 cdef void _lrn_bwd_piece(const real* x, const real* y, const real* scale, const real* dy, real* dx,
-                         Py_ssize_t C, Py_ssize_t S, Py_ssize_t P, int r, real cache, real beta) noexcept nogil:
+                         Py_ssize_t C, Py_ssize_t S, Py_ssize_t P, int r, real cache, real beta,
+                         bint stream, bint blocked) noexcept nogil:
     # The window's rows of dy * y / scale are kept in a ring of 2r + 1 rows (L1/L2): each is computed once,
     # when its channel enters the window, and subtracted from that same row when it leaves (the same
     # values as computing it twice, without the second division). One pass over the positions per
     # channel, as the forward: enter, compute, leave, in the order three passes took (the same bits);
-    # a row of zeros leaves where no channel does.
+    # a row of zeros enters or leaves where no channel does (acc + 0.0 is acc: the sums are never -0.0).
+    # Each step goes by blocks of positions, prefetching the same block of the rows the next step reads
+    # first (dy, y, scale of the channel entering next, x of the next channel), where `blocked`; stream: dx goes
+    # out by non-temporal stores from a scratch block.
     cdef Py_ssize_t ring = 2 * r + 1
-    cdef double* acc = <double*> malloc(P * sizeof(double) + (ring + 1) * P * sizeof(real))
+    cdef double* acc = <double*> malloc(P * sizeof(double) + ((ring + 1) * P + BWD_BLOCK) * sizeof(real))
     cdef real* rows
     cdef real* q
     cdef real* ql
     cdef real* zero
-    cdef Py_ssize_t c, j, o, oe
+    cdef real* gb
+    cdef Py_ssize_t c, j, j0, m, o, oe, on
     cdef double t
-    cdef real v
     if acc == NULL:
         return
     rows = <real*>(acc + P)
     zero = rows + ring * P
+    gb = zero + P
     for j in range(P):
         acc[j] = 0
         zero[j] = 0
@@ -486,25 +760,37 @@ cdef void _lrn_bwd_piece(const real* x, const real* y, const real* scale, const 
         o = c * S
         q = rows + (c % ring) * P
         for j in range(P):
-            q[j] = _ratio(dy, y, scale, o + j)
+            q[j] = dy[o + j] * y[o + j] / scale[o + j]
             acc[j] += q[j]
     for c in range(C):
         o = c * S
         ql = rows + ((c - r) % ring) * P if c - r >= 0 else zero
-        if c + r < C:
-            oe = (c + r) * S
-            q = rows + ((c + r) % ring) * P
-            for j in range(P):  # (apart: one loop over ten arrays was not vectorized)
-                q[j] = _ratio(dy, y, scale, oe + j)
-            for j in range(P):
-                t = acc[j] + q[j]
-                dx[o + j] = dy[o + j] * _pow_neg(scale[o + j], beta) - <real>t * x[o + j] * cache
-                acc[j] = t - ql[j]
-        else:
-            for j in range(P):
-                t = acc[j]
-                dx[o + j] = dy[o + j] * _pow_neg(scale[o + j], beta) - <real>t * x[o + j] * cache
-                acc[j] = t - ql[j]
+        q = rows + ((c + r) % ring) * P if c + r < C else zero
+        oe = (c + r) * S
+        on = (c + r + 1) * S if c + r + 1 < C else -1
+        j0 = 0
+        while j0 < P:
+            if stream:
+                m = caffe_norm_block(dx + o, j0, BWD_BLOCK, P, sizeof(real))
+            elif blocked:
+                m = P - j0 if P - j0 < BWD_BLOCK else BWD_BLOCK
+            else:
+                m = P
+            if on >= 0 and blocked:
+                caffe_norm_prefetch(dy + on + j0, m * sizeof(real))
+                caffe_norm_prefetch(y + on + j0, m * sizeof(real))
+                caffe_norm_prefetch(scale + on + j0, m * sizeof(real))
+            if c + 1 < C and blocked:
+                caffe_norm_prefetch(x + o + S + j0, m * sizeof(real))
+            if c + r < C:
+                _lrn_ratio_span(q + j0, dy + oe + j0, y + oe + j0, scale + oe + j0, m)
+            _lrn_bwd_span(acc + j0, q + j0, ql + j0, dy + o + j0, scale + o + j0, x + o + j0,
+                          gb if stream else dx + o + j0, m, cache, beta)
+            if stream:
+                caffe_norm_stream_copy(dx + o + j0, gb, m * sizeof(real))
+            j0 += m
+    if stream:
+        caffe_norm_store_fence()
     free(acc)
 
 
@@ -522,6 +808,8 @@ def lrn_across_backward(const real[::1] x, const real[::1] y, const real[::1] sc
     cdef Py_ssize_t P = _lrn_piece(N, S, nt)
     cdef Py_ssize_t pieces = (S + P - 1) // P
     cdef real cache = <real>(2.0 * alpha * beta / size)
+    cdef bint stream = n * <Py_ssize_t>sizeof(real) >= _stream_min_bytes and &dx[0] != &dy[0]
+    cdef bint blocked = stream or n * <Py_ssize_t>sizeof(real) >= _prefetch_min_bytes
     with nogil:
         for t in prange(N * pieces, schedule="dynamic", chunksize=_grab(C * P), num_threads=nt):
             img = t // pieces
@@ -529,4 +817,4 @@ def lrn_across_backward(const real[::1] x, const real[::1] y, const real[::1] sc
             m = S - lo if S - lo < P else P
             off = img * C * S + lo
             _lrn_bwd_piece(&x[0] + off, &y[0] + off, &scale[0] + off, &dy[0] + off, &dx[0] + off, C, S, m, r,
-                           cache, <real>beta)
+                           cache, <real>beta, stream, blocked)
