@@ -319,7 +319,8 @@ cdef extern from *:
        P floats, s: P doubles; f: P floats of scratch) with the vector exp above: row by row as _fwd_piece (walking a
        vector of positions down 16 channels instead, with the running max and sums in registers, measured 1.2-1.8x
        slower: rows a multiple of 4 KB apart fall in one L1 set, and a vector that straddles two lines loses the
-       second before its use). The same order of operations per position (the max in channel order, the sums by
+       second before its use). Whole vectors by plain loads and stores, the tail by masked ones (masked stores with
+       every lane on took twice the time on blobs in main memory, Zen 5). The same order of operations per position (the max in channel order, the sums by
        blocks of 16 channels in float32, then double). nxt (or NULL): the next piece's x, prefetched row by row
        during the exp pass. */
     static inline void caffe_softmax_maxexp_f(const float* x, ptrdiff_t inner, ptrdiff_t C, ptrdiff_t P, float* e,
@@ -360,11 +361,11 @@ cdef extern from *:
     /* y = the exp above of x (n values; y may be x) */
     static inline void caffe_softmax_exp_block(const float* x, float* y, ptrdiff_t n) {
         ptrdiff_t j;
-        for (j = 0; j < n; j += CAFFE_SW) {
-            int full = n - j >= CAFFE_SW;
-            caffe_sk k = caffe_sk_first((int)(n - j < CAFFE_SW ? n - j : CAFFE_SW));
-            caffe_sv_store(y + j, caffe_sv_exp(caffe_sv_load(x + j, k, full)), k, full, 0);
-        }
+        const caffe_sk k = caffe_sk_first((int)(n % CAFFE_SW));
+        for (j = 0; j + CAFFE_SW <= n; j += CAFFE_SW)  /* (plain loads and stores: see caffe_softmax_maxexp_f) */
+            caffe_sv_store(y + j, caffe_sv_exp(caffe_sv_load(x + j, k, 1)), k, 1, 0);
+        if (j < n)
+            caffe_sv_store(y + j, caffe_sv_exp(caffe_sv_load(x + j, k, 0)), k, 0, 0);
     }
     #else
     static inline void caffe_softmax_exp_block(const float* x, float* y, ptrdiff_t n) {}
