@@ -23,47 +23,6 @@ ctypedef fused real:
 
 include "_vmath.pxi"
 
-# exp of softmax's arguments (x - max <= 0) in float32, where the build has FMA (softmax_avx2): libmvec's
-# expf cost more than the rest of the forward together. Cephes' expf with FMA: x = n ln2 + r (n by
-# rounding with 1.5 * 2^23, whose bits also give n), a degree-6 polynomial in r, times 2^n built in the
-# exponent bits; within 1 ulp of the correctly rounded exp (a test checks it against float64). Below
-# ln(FLT_MIN) the result is 0 (a denormal in libm, < 1.2e-38); NaN stays NaN. Other builds use libm's.
-cdef extern from *:
-    """
-    #include <stdint.h>
-    #include <string.h>
-    #include <math.h>
-    #if defined(__FMA__)
-    #define CAFFE_SOFTMAX_FAST_EXP 1
-    static inline float caffe_softmax_expf(float x) {
-        const float big = 12582912.0f;  /* 1.5 * 2^23 */
-        float xc = x < -88.0f ? -88.0f : x;  /* (NaN passes) */
-        float t = fmaf(xc, 1.44269504088896341f, big);
-        uint32_t tb, sb;
-        float fx, r, p, scale;
-        memcpy(&tb, &t, 4);
-        fx = t - big;
-        r = fmaf(fx, -0.693359375f, xc);
-        r = fmaf(fx, 2.12194440e-4f, r);
-        p = fmaf(1.9875691500e-4f, r, 1.3981999507e-3f);
-        p = fmaf(p, r, 8.3334519073e-3f);
-        p = fmaf(p, r, 4.1665795894e-2f);
-        p = fmaf(p, r, 1.6666665459e-1f);
-        p = fmaf(p, r, 5.0000001201e-1f);
-        p = fmaf(p, r * r, r) + 1.0f;
-        sb = (tb - 0x4B400000u + 127u) << 23;
-        memcpy(&scale, &sb, 4);
-        return x < -87.33654f ? 0.0f : p * scale;
-    }
-    #else
-    #define CAFFE_SOFTMAX_FAST_EXP 0
-    static inline float caffe_softmax_expf(float x) { return expf(x); }
-    #endif
-    """
-    bint CAFFE_SOFTMAX_FAST_EXP
-    float caffe_softmax_expf(float) nogil
-
-
 # y = e / d over n values (one row of a piece), with non-temporal stores where `stream` and the build has
 # SSE2 / AVX (x86-64 always has SSE2); the division is IEEE's either way, so the same bits. A piece that
 # streamed ends with a store fence, so that its rows are visible to the other threads after the region.
@@ -150,10 +109,10 @@ cdef extern from *:
     void caffe_softmax_div_d(double* y, const double* e, const double* d, Py_ssize_t n, int stream) nogil
 
 
-# The float32 max / exp / sum passes with intrinsics where the build has AVX2 + FMA (8 lanes) or AVX-512 (16): see
-# caffe_softmax_maxexp_f and caffe_softmax_dot_f below. (Walking one vector of positions down all C channels at a time
-# instead, all three passes in registers and L1, measured 1.3-3x slower: C rows a multiple of 4 KB apart fall in one
-# L1 set and each in its own page, so every load missed L1 and the L1 TLB.)
+# The float32 max and exp passes with intrinsics where the build has AVX2 + FMA (8 lanes) or AVX-512 (16): see
+# caffe_softmax_maxexp_f below; both builds compute the same exp (the same bits, a test checks it). (Walking one vector
+# of positions down all C channels at a time instead, all three passes in registers and L1, measured 1.3-3x slower:
+# C rows a multiple of 4 KB apart fall in one L1 set and each in its own page, so every load missed L1 and the L1 TLB.)
 cdef extern from *:
     """
     #include <stddef.h>
@@ -162,7 +121,7 @@ cdef extern from *:
     #include <float.h>
     #if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__FMA__)
     #include <immintrin.h>
-    #define CAFFE_SOFTMAX_STRIP 16
+    #define CAFFE_SOFTMAX_LANES 16
     typedef __m512 caffe_sv;
     typedef __mmask16 caffe_sk;
     static inline caffe_sk caffe_sk_first(int n) { return n >= 16 ? (caffe_sk)0xFFFF : (caffe_sk)((1u << n) - 1); }
@@ -175,12 +134,12 @@ cdef extern from *:
         else _mm512_mask_storeu_ps(p, k, v);
     }
     static inline caffe_sv caffe_sv_max(caffe_sv a, caffe_sv b) { return _mm512_max_ps(a, b); }  /* a > b ? a : b */
-    /* exp(x) for x <= 0 (or NaN), 16 lanes: caffe_softmax_expf's reduction (x = n ln2 + r, n by rounding with 1.5 *
-       2^23, ln2 in two parts) and its polynomial, 1 + r + r^2 P(r) evaluated as (P(r) r + 1) r + 1 (two FMAs where
-       the scalar form takes a multiply, an FMA and an add), and 2^n applied by VSCALEFPS (no bit building, no clamp):
-       13 vector operations where the scalar form vectorizes to 19, the exp being most of the forward's work. Within 1
-       ulp of exp (0.87 over 3M points of [-100, 0]; a test checks 3 against float64); 0 below ln(FLT_MIN) (no denormal arguments downstream: they are
-       slow on some CPUs), exp(0) = 1, NaN stays NaN. */
+    /* exp(x) for x <= 0 (or NaN), 16 lanes: Cephes' expf with FMA, x = n ln2 + r (n by rounding with 1.5 * 2^23, ln2
+       in two parts), 1 + r + r^2 P(r) evaluated as (P(r) r + 1) r + 1, 2^n applied by VSCALEFPS: 13 vector operations
+       where the scalar FMA form this replaced (the bits of 2^n built, a clamp, r^2) vectorized to 19, the exp being
+       most of the forward's work. Within 1
+       ulp of exp (0.87 over 5M points of [-100, 0]; a test checks 3 against float64); 0 below ln(FLT_MIN) (no
+       denormals downstream: slow on some CPUs), exp(0) = 1, NaN stays NaN. */
     static inline caffe_sv caffe_sv_exp(caffe_sv x) {
         const __m512 big = _mm512_set1_ps(12582912.0f);  /* 1.5 * 2^23 */
         __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33654f), _CMP_NLT_UQ);  /* !(x < ln FLT_MIN) */
@@ -199,7 +158,7 @@ cdef extern from *:
     }
     #elif defined(__AVX2__) && defined(__FMA__)
     #include <immintrin.h>
-    #define CAFFE_SOFTMAX_STRIP 8
+    #define CAFFE_SOFTMAX_LANES 8
     typedef __m256 caffe_sv;
     typedef __m256i caffe_sk;
     static inline caffe_sk caffe_sk_first(int n) {
@@ -214,13 +173,15 @@ cdef extern from *:
         else _mm256_maskstore_ps(p, k, v);
     }
     static inline caffe_sv caffe_sv_max(caffe_sv a, caffe_sv b) { return _mm256_max_ps(a, b); }
+    /* the AVX-512 exp above, 8 lanes: the same reduction and polynomial, 2^n as exponent bits times p (n >= -126
+       where the result is kept: one rounding of p 2^n, as VSCALEFPS's), 0 below ln(FLT_MIN): the same bits */
     static inline caffe_sv caffe_sv_exp(caffe_sv x) {
         const __m256 big = _mm256_set1_ps(12582912.0f);
-        __m256 xc = _mm256_max_ps(_mm256_set1_ps(-88.0f), x);
-        __m256 t = _mm256_fmadd_ps(xc, _mm256_set1_ps(1.44269504088896341f), big);
+        __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(-87.33654f), _CMP_NLT_UQ);
+        __m256 t = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), big);
         __m256 fx = _mm256_sub_ps(t, big);
-        __m256 r = _mm256_fmadd_ps(fx, _mm256_set1_ps(-0.693359375f), xc);
-        __m256 p, under;
+        __m256 r = _mm256_fmadd_ps(fx, _mm256_set1_ps(-0.693359375f), x);
+        __m256 p;
         __m256i sb;
         r = _mm256_fmadd_ps(fx, _mm256_set1_ps(2.12194440e-4f), r);
         p = _mm256_fmadd_ps(_mm256_set1_ps(1.9875691500e-4f), r, _mm256_set1_ps(1.3981999507e-3f));
@@ -228,17 +189,17 @@ cdef extern from *:
         p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
         p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
         p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-        p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
         sb = _mm256_slli_epi32(_mm256_add_epi32(_mm256_castps_si256(t), _mm256_set1_epi32((int)(127u - 0x4B400000u))), 23);
-        under = _mm256_cmp_ps(x, _mm256_set1_ps(-87.33654f), _CMP_LT_OQ);
-        return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(sb)));
+        return _mm256_and_ps(keep, _mm256_mul_ps(p, _mm256_castsi256_ps(sb)));
     }
     #else
-    #define CAFFE_SOFTMAX_STRIP 0
+    #define CAFFE_SOFTMAX_LANES 0
     #endif
 
-    #if CAFFE_SOFTMAX_STRIP
-    #define CAFFE_SW CAFFE_SOFTMAX_STRIP
+    #if CAFFE_SOFTMAX_LANES
+    #define CAFFE_SW CAFFE_SOFTMAX_LANES
     static inline caffe_sv caffe_sv_add(caffe_sv a, caffe_sv b) {
     #if CAFFE_SW == 16
         return _mm512_add_ps(a, b);
@@ -252,68 +213,6 @@ cdef extern from *:
     #else
         return _mm256_sub_ps(a, b);
     #endif
-    }
-    static inline caffe_sv caffe_sv_mul(caffe_sv a, caffe_sv b) {
-    #if CAFFE_SW == 16
-        return _mm512_mul_ps(a, b);
-    #else
-        return _mm256_mul_ps(a, b);
-    #endif
-    }
-    static inline caffe_sv caffe_sv_div(caffe_sv a, caffe_sv b) {
-    #if CAFFE_SW == 16
-        return _mm512_div_ps(a, b);
-    #else
-        return _mm256_div_ps(a, b);
-    #endif
-    }
-    static inline caffe_sv caffe_sv_zero(void) {
-    #if CAFFE_SW == 16
-        return _mm512_setzero_ps();
-    #else
-        return _mm256_setzero_ps();
-    #endif
-    }
-    static inline caffe_sv caffe_sv_loada(const float* p) {
-    #if CAFFE_SW == 16
-        return _mm512_load_ps(p);
-    #else
-        return _mm256_load_ps(p);
-    #endif
-    }
-    static inline void caffe_sv_storea(float* p, caffe_sv v) {
-    #if CAFFE_SW == 16
-        _mm512_store_ps(p, v);
-    #else
-        _mm256_store_ps(p, v);
-    #endif
-    }
-    /* s[0..n) = (first ? 0 : s) + f, in double (n: the lanes that are positions) */
-    static inline void caffe_sd_addto(double* s, caffe_sv f, int first, int n) {
-        float t[CAFFE_SW] __attribute__((aligned(64)));
-        int j;
-        if (n == CAFFE_SW) {
-    #if CAFFE_SW == 16
-            __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(f)), hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(f, 1));
-            if (!first) {
-                lo = _mm512_add_pd(_mm512_loadu_pd(s), lo);
-                hi = _mm512_add_pd(_mm512_loadu_pd(s + 8), hi);
-            }
-            _mm512_storeu_pd(s, lo);
-            _mm512_storeu_pd(s + 8, hi);
-    #else
-            __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(f)), hi = _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1));
-            if (!first) {
-                lo = _mm256_add_pd(_mm256_loadu_pd(s), lo);
-                hi = _mm256_add_pd(_mm256_loadu_pd(s + 4), hi);
-            }
-            _mm256_storeu_pd(s, lo);
-            _mm256_storeu_pd(s + 4, hi);
-    #endif
-            return;
-        }
-        caffe_sv_storea(t, f);
-        for (j = 0; j < n; j++) s[j] = first ? (double)t[j] : s[j] + (double)t[j];
     }
     /* The max and exp passes of _fwd_piece over P positions (x at channel 0, rows `inner` apart; e rows es apart; m:
        P floats, s: P doubles; f: P floats of scratch) with the vector exp above: row by row as _fwd_piece (walking a
@@ -373,17 +272,14 @@ cdef extern from *:
                                               ptrdiff_t es, float* m, double* s, float* f, const float* nxt) {}
     #endif
     """
-    const int STRIP "CAFFE_SOFTMAX_STRIP"
+    const int LANES "CAFFE_SOFTMAX_LANES"
     void caffe_softmax_exp_block(const float* x, float* y, Py_ssize_t n) nogil
     void caffe_softmax_maxexp_f(const float* x, Py_ssize_t inner, Py_ssize_t C, Py_ssize_t P, float* e, Py_ssize_t es,
                                 float* m, double* s, float* f, const float* nxt) nogil
 
 
 cdef inline real _sexp(real v) noexcept nogil:
-    """exp(v) for v <= 0 (or NaN): the FMA kernel above in float32 where built, libm otherwise."""
-    if real is float:
-        if CAFFE_SOFTMAX_FAST_EXP:
-            return caffe_softmax_expf(v)
+    """exp(v) for v <= 0 (or NaN) where no vector exp is built (float64; float32 in the baseline build): libm's."""
     return _exp(v)
 
 
@@ -393,7 +289,7 @@ def exp_nonpositive(const real[::1] x, real[::1] y):
     if y.shape[0] < x.shape[0]:
         raise ValueError("softmax kernel: y is shorter than x")
     if real is float:
-        if STRIP and x.shape[0] > 0:
+        if LANES and x.shape[0] > 0:
             caffe_softmax_exp_block(&x[0], &y[0], x.shape[0])
             return
     for i in range(x.shape[0]):
@@ -489,7 +385,7 @@ cdef void _fwd_row(const real* x, real* y, Py_ssize_t C) noexcept nogil:
     cdef real s
     for c in range(1, C):
         m = x[c] if x[c] > m else m
-    if real is float and STRIP:  # the strip builds' vector exp, as in the pieces
+    if real is float and LANES:  # the vector builds' exp, as in the pieces
         for c in range(C):
             y[c] = x[c] - m
         caffe_softmax_exp_block(y, y, C)
@@ -531,7 +427,7 @@ cdef double _fwd_piece(const real* x, real* y, Py_ssize_t C, Py_ssize_t inner, P
     cdef real v
     cdef double loss = 0
     if real is float:
-        if STRIP:
+        if LANES:
             caffe_softmax_maxexp_f(x, inner, C, P, e, es, m, s, f, nxt)
             for j in range(P):
                 m[j] = <real>s[j]  # the divisor, in x's precision
