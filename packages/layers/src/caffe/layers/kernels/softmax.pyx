@@ -254,7 +254,11 @@ cdef extern from *:
                     caffe_sv_store(f + PV, c == c0 ? v : caffe_sv_add(caffe_sv_load(f + PV, kt, 0), v), kt, 0, 0);
                 }
             }
-            for (j = 0; j < P; j++) s[j] = c0 == 0 ? (double)f[j] : s[j] + (double)f[j];
+            /* (two plain loops, which GCC vectorizes; one with the choice inside stayed scalar) */
+            if (c0 == 0)
+                for (j = 0; j < P; j++) s[j] = (double)f[j];
+            else
+                for (j = 0; j < P; j++) s[j] += (double)f[j];
         }
     }
     /* y = the exp above of x (n values; y may be x) */
