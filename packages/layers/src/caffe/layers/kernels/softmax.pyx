@@ -128,18 +128,16 @@ cdef extern from *:
     static inline caffe_sv caffe_sv_load(const float* p, caffe_sk k, int full) {
         return full ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(k, p);
     }
-    static inline void caffe_sv_store(float* p, caffe_sv v, caffe_sk k, int full, int nt) {
-        if (nt) _mm512_stream_ps(p, v);
-        else if (full) _mm512_storeu_ps(p, v);
+    static inline void caffe_sv_store(float* p, caffe_sv v, caffe_sk k, int full) {
+        if (full) _mm512_storeu_ps(p, v);
         else _mm512_mask_storeu_ps(p, k, v);
     }
     static inline caffe_sv caffe_sv_max(caffe_sv a, caffe_sv b) { return _mm512_max_ps(a, b); }  /* a > b ? a : b */
     /* exp(x) for x <= 0 (or NaN), 16 lanes: Cephes' expf with FMA, x = n ln2 + r (n by rounding with 1.5 * 2^23, ln2
        in two parts), 1 + r + r^2 P(r) evaluated as (P(r) r + 1) r + 1, 2^n applied by VSCALEFPS: 13 vector operations
        where the scalar FMA form this replaced (the bits of 2^n built, a clamp, r^2) vectorized to 19, the exp being
-       most of the forward's work. Within 1
-       ulp of exp (0.87 over 5M points of [-100, 0]; a test checks 3 against float64); 0 below ln(FLT_MIN) (no
-       denormals downstream: slow on some CPUs), exp(0) = 1, NaN stays NaN. */
+       most of the forward's work. Within 1 ulp of exp (0.87 over 5M points of [-100, 0]; a test checks 3 against
+       float64); 0 below ln(FLT_MIN) (no denormals downstream: slow on some CPUs), exp(0) = 1, NaN stays NaN. */
     static inline caffe_sv caffe_sv_exp(caffe_sv x) {
         const __m512 big = _mm512_set1_ps(12582912.0f);  /* 1.5 * 2^23 */
         __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33654f), _CMP_NLT_UQ);  /* !(x < ln FLT_MIN) */
@@ -167,9 +165,8 @@ cdef extern from *:
     static inline caffe_sv caffe_sv_load(const float* p, caffe_sk k, int full) {
         return full ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, k);
     }
-    static inline void caffe_sv_store(float* p, caffe_sv v, caffe_sk k, int full, int nt) {
-        if (nt) _mm256_stream_ps(p, v);
-        else if (full) _mm256_storeu_ps(p, v);
+    static inline void caffe_sv_store(float* p, caffe_sv v, caffe_sk k, int full) {
+        if (full) _mm256_storeu_ps(p, v);
         else _mm256_maskstore_ps(p, k, v);
     }
     static inline caffe_sv caffe_sv_max(caffe_sv a, caffe_sv b) { return _mm256_max_ps(a, b); }
@@ -191,7 +188,8 @@ cdef extern from *:
         p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
         p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
         p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-        sb = _mm256_slli_epi32(_mm256_add_epi32(_mm256_castps_si256(t), _mm256_set1_epi32((int)(127u - 0x4B400000u))), 23);
+        sb = _mm256_add_epi32(_mm256_castps_si256(t), _mm256_set1_epi32((int)(127u - 0x4B400000u)));
+        sb = _mm256_slli_epi32(sb, 23);
         return _mm256_and_ps(keep, _mm256_mul_ps(p, _mm256_castsi256_ps(sb)));
     }
     #else
@@ -219,9 +217,9 @@ cdef extern from *:
        vector of positions down 16 channels instead, with the running max and sums in registers, measured 1.2-1.8x
        slower: rows a multiple of 4 KB apart fall in one L1 set, and a vector that straddles two lines loses the
        second before its use). Whole vectors by plain loads and stores, the tail by masked ones (masked stores with
-       every lane on took twice the time on blobs in main memory, Zen 5). The same order of operations per position (the max in channel order, the sums by
-       blocks of 16 channels in float32, then double). nxt (or NULL): the next piece's x, prefetched row by row
-       during the exp pass. */
+       every lane on took twice the time on blobs in main memory, Zen 5). The same order of operations per position
+       as _fwd_piece (the max in channel order, the sums by blocks of 16 channels in float32, then double). nxt (or
+       NULL): the next piece's x, prefetched row by row during the exp pass. */
     static inline void caffe_softmax_maxexp_f(const float* x, ptrdiff_t inner, ptrdiff_t C, ptrdiff_t P, float* e,
                                               ptrdiff_t es, float* m, double* s, float* f, const float* nxt) {
         ptrdiff_t c, c0, c1, j, b;
@@ -231,9 +229,11 @@ cdef extern from *:
         for (c = 1; c < C; c++) {
             const float* xc = x + c * inner;
             for (j = 0; j < PV; j += CAFFE_SW)
-                caffe_sv_store(m + j, caffe_sv_max(caffe_sv_load(xc + j, kt, 1), caffe_sv_load(m + j, kt, 1)), kt, 1, 0);
+                caffe_sv_store(m + j, caffe_sv_max(caffe_sv_load(xc + j, kt, 1), caffe_sv_load(m + j, kt, 1)),
+                               kt, 1);
             if (PV < P)
-                caffe_sv_store(m + PV, caffe_sv_max(caffe_sv_load(xc + PV, kt, 0), caffe_sv_load(m + PV, kt, 0)), kt, 0, 0);
+                caffe_sv_store(m + PV, caffe_sv_max(caffe_sv_load(xc + PV, kt, 0), caffe_sv_load(m + PV, kt, 0)),
+                               kt, 0);
         }
         for (c0 = 0; c0 < C; c0 += 16) {  /* SUM_BLOCK */
             c1 = c0 + 16 < C ? c0 + 16 : C;
@@ -245,13 +245,14 @@ cdef extern from *:
                         _mm_prefetch((const char*)(nxt + c * inner) + b, _MM_HINT_T0);
                 for (j = 0; j < PV; j += CAFFE_SW) {
                     caffe_sv v = caffe_sv_exp(caffe_sv_sub(caffe_sv_load(xc + j, kt, 1), caffe_sv_load(m + j, kt, 1)));
-                    caffe_sv_store(ec + j, v, kt, 1, 0);
-                    caffe_sv_store(f + j, c == c0 ? v : caffe_sv_add(caffe_sv_load(f + j, kt, 1), v), kt, 1, 0);
+                    caffe_sv_store(ec + j, v, kt, 1);
+                    caffe_sv_store(f + j, c == c0 ? v : caffe_sv_add(caffe_sv_load(f + j, kt, 1), v), kt, 1);
                 }
                 if (PV < P) {
-                    caffe_sv v = caffe_sv_exp(caffe_sv_sub(caffe_sv_load(xc + PV, kt, 0), caffe_sv_load(m + PV, kt, 0)));
-                    caffe_sv_store(ec + PV, v, kt, 0, 0);
-                    caffe_sv_store(f + PV, c == c0 ? v : caffe_sv_add(caffe_sv_load(f + PV, kt, 0), v), kt, 0, 0);
+                    caffe_sv v = caffe_sv_exp(caffe_sv_sub(caffe_sv_load(xc + PV, kt, 0),
+                                                           caffe_sv_load(m + PV, kt, 0)));
+                    caffe_sv_store(ec + PV, v, kt, 0);
+                    caffe_sv_store(f + PV, c == c0 ? v : caffe_sv_add(caffe_sv_load(f + PV, kt, 0), v), kt, 0);
                 }
             }
             /* (two plain loops, which GCC vectorizes; one with the choice inside stayed scalar) */
@@ -266,9 +267,9 @@ cdef extern from *:
         ptrdiff_t j;
         const caffe_sk k = caffe_sk_first((int)(n % CAFFE_SW));
         for (j = 0; j + CAFFE_SW <= n; j += CAFFE_SW)  /* (plain loads and stores: see caffe_softmax_maxexp_f) */
-            caffe_sv_store(y + j, caffe_sv_exp(caffe_sv_load(x + j, k, 1)), k, 1, 0);
+            caffe_sv_store(y + j, caffe_sv_exp(caffe_sv_load(x + j, k, 1)), k, 1);
         if (j < n)
-            caffe_sv_store(y + j, caffe_sv_exp(caffe_sv_load(x + j, k, 0)), k, 0, 0);
+            caffe_sv_store(y + j, caffe_sv_exp(caffe_sv_load(x + j, k, 0)), k, 0);
     }
     #else
     static inline void caffe_softmax_exp_block(const float* x, float* y, ptrdiff_t n) {}
@@ -465,7 +466,8 @@ cdef double _fwd_piece(const real* x, real* y, Py_ssize_t C, Py_ssize_t inner, P
 
 
 cdef inline double _fwd_piece_end(real* y, Py_ssize_t C, Py_ssize_t inner, Py_ssize_t P, real* e, Py_ssize_t es,
-                                  const real* d, bint stream, const int64_t* label, const uint8_t* valid) noexcept nogil:
+                                  const real* d, bint stream, const int64_t* label,
+                                  const uint8_t* valid) noexcept nogil:
     """_fwd_piece's last pass, y = e / d (and the piece's loss first, where label is not NULL)."""
     cdef Py_ssize_t c
     cdef double loss = 0
@@ -616,7 +618,8 @@ cdef inline void _bwd_sums(const real* y, const real* dy, Py_ssize_t C, Py_ssize
 
 
 cdef inline void _bwd_piece_end(const real* y, const real* dy, real* dx, Py_ssize_t C, Py_ssize_t inner, Py_ssize_t P,
-                                double* s, real* f, real* row, const real* ny, const real* ndy, bint stream) noexcept nogil:
+                                double* s, real* f, real* row, const real* ny, const real* ndy,
+                                bint stream) noexcept nogil:
     cdef Py_ssize_t c, j, o
     cdef real* sr
     cdef real* out
