@@ -5,10 +5,11 @@
 
 The same source (included below); caffe.layers._cpu imports this module instead of softmax_avx2 when the
 CPU has AVX-512 (F, DQ, VL, BW). 512-bit vectors are asked for explicitly (prefer-vector-width=512). FMA only
-where the source asks for it (softmax's float32 exp, fmaf), no contraction elsewhere: the float32 results are
-softmax_avx2's bit for bit, the float64 exp is libmvec's AVX-512 one (within its ulps). Elsewhere than x86-64
-GCC it is the baseline module again. Its pieces are half as large (CAFFE_SOFTMAX_PIECE below): the per-piece sums
-of SoftmaxWithLoss's loss then add up in another grouping (the same to ~1e-16 relative).
+where the source asks for it, no contraction elsewhere. The float32 exp applies 2^n by VSCALEFPS where softmax_avx2
+builds its bits (the same rounding: the float32 results are softmax_avx2's bit for bit); the float64 exp is
+libmvec's AVX-512 one (within its ulps). Elsewhere than x86-64 GCC it is the baseline
+module again. Its pieces are half as large (CAFFE_SOFTMAX_PIECE below): the per-piece sums of SoftmaxWithLoss's
+loss then add up in another grouping (the same to ~1e-16 relative).
 """
 cdef extern from *:
     """
