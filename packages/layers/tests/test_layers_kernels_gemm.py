@@ -123,6 +123,32 @@ def test_gemm_refuses_bad_arguments():
             gm.gemm(a, b, c)
 
 
+def _packed_floats(rng, shape):
+    """A float32 view whose elements are 5 bytes apart (the "x" field of a packed record array): strides that
+    are not whole floats."""
+    rec = np.zeros(shape, dtype=[("x", "<f4"), ("y", "u1")])
+    rec["x"] = rng.standard_normal(shape)
+    return rec["x"]
+
+
+def test_gemm_refuses_strides_that_are_not_whole_floats():
+    """The kernel addresses A, B and C in whole floats (stride // 4): a view stepping 5 bytes is refused, not
+    read (or written) at the wrong elements."""
+    rng = np.random.default_rng(0)
+    a, b, c = rng.standard_normal((6, 4)).astype(np.float32), np.ones((4, 5), np.float32), np.empty((6, 5), np.float32)
+    for args in ((_packed_floats(rng, (6, 4)), b, c), (a, _packed_floats(rng, (4, 5)), c),
+                 (a, b[:, :1], _packed_floats(rng, (6, 1)))):
+        assert any(s % 4 for x in args for s in x.strides)
+        with pytest.raises(ValueError, match="whole floats"):
+            gm.gemm(*args)
+    # a length-1 axis's stride is never used: any value is accepted
+    col = np.lib.stride_tricks.as_strided(a, shape=(6, 1), strides=(16, 5))
+    if gm.supported():
+        out = np.empty((6, 5), np.float32)
+        gm.gemm(col, b[:1], out)
+        np.testing.assert_array_equal(out, np.repeat(a[:, :1], 5, axis=1))
+
+
 # -- conv_cpu's 1x1 plan ------------------------------------------------------------------------------
 
 class _Counting:
