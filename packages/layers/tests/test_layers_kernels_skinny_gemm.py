@@ -114,8 +114,10 @@ def test_results_do_not_depend_on_threads(name):
     M, N, K = 5, 301, 517
     a = rng.standard_normal((M, K), dtype=np.float32)
     B = rng.standard_normal((N, K), dtype=np.float32)
-    whole = np.empty((M, N), np.float32)
+    whole = np.full((M, N), np.nan, np.float32)
     build.dots(a.ravel(), B.ravel(), whole.ravel(), None, M, N, K)
+    # every row of B computed once (a thread's share that slips by a row leaves a column unwritten)
+    _check(whole, a.astype(np.float64) @ B.T, np.abs(a).astype(np.float64) @ np.abs(B).T, K + 1)
     for n in (0, 17, 300):  # one row alone (one thread, a short row group)
         part = np.empty((M, 1), np.float32)
         build.dots(a.ravel(), np.ascontiguousarray(B[n]), part.ravel(), None, M, 1, K)
@@ -137,6 +139,11 @@ def test_combine_and_rank_update_split_among_threads(name):
     out = np.full((M, K), np.nan, np.float32)
     build.combine(a.ravel(), B.ravel(), out.ravel(), bias, M, N, K)
     _check(out, a.astype(np.float64) @ B + bias, np.abs(a).astype(np.float64) @ np.abs(B) + np.abs(bias), N + 1)
+    # and the same bits as one column alone (one thread, the scalar path: one FMA a step, as the vectors)
+    for k in (0, 255, 256, 259, 260, 516):
+        col = np.empty(M, np.float32)
+        build.combine(a.ravel(), np.ascontiguousarray(B[:, k]), col, bias[k:k + 1], M, N, 1)
+        np.testing.assert_array_equal(col, out[:, k])
     M, N, K = 3, 301, 130  # C (N, K) += a (M, N)^T @ b (M, K)
     a = rng.standard_normal((M, N), dtype=np.float32)
     b = rng.standard_normal((M, K), dtype=np.float32)
@@ -144,6 +151,10 @@ def test_combine_and_rank_update_split_among_threads(name):
     C0 = C.astype(np.float64)
     build.rank_update(a.ravel(), b.ravel(), C.ravel(), M, N, K)
     _check(C, C0 + a.T.astype(np.float64) @ b, np.abs(a.T).astype(np.float64) @ np.abs(b) + np.abs(C0), M + 1)
+    for n in (0, 149, 150, 151, 300):
+        row = C0[n].astype(np.float32)
+        build.rank_update(np.ascontiguousarray(a[:, n]), b.ravel(), row, M, 1, K)
+        np.testing.assert_array_equal(row, C[n])
 
 
 @BUILDS
