@@ -94,6 +94,26 @@ def test_gemm_two_threads_and_row_splits_give_the_one_thread_bits(M, N, K):
 
 
 @NEEDS_AVX512
+def test_gemm_every_layout_across_k_blocks():
+    """Each way A and B are read (A row-major or column-major in place, packed; B packed from rows or by 8 x 8
+    transposes, or by scalars), each over three K blocks (K = 800 > 2 GM_KC): N = 49 reads A in place, N = 100
+    packs it; M = 17 is two full row panels and a short one."""
+    rng = np.random.default_rng(11)
+    M, K = 17, 800
+    assert K > 2 * gm.BLOCKS[0] and 49 <= gm.TILE[1] * 2 < 100
+    for N in (49, 100):
+        for ta in "ctr":
+            for tb in "ctr":
+                a, b = layout(rng, (M, K), ta), layout(rng, (K, N), tb)
+                c = rng.standard_normal((M, N)).astype(np.float32)
+                c0 = c.astype(np.float64)
+                bs = rng.standard_normal(M).astype(np.float32)
+                gm.gemm(a, b, c, bs, 1, 1, 0.25, 0.0)
+                ref = act_ref(a.astype(np.float64) @ b.astype(np.float64) + c0 + bs[:, None], 1, 0.25, 0.0)
+                assert np.all(np.abs(c - ref) <= bound(a, b, c0, bs, 1, 1, 0.25)), (N, ta, tb)
+
+
+@NEEDS_AVX512
 def test_gemm_keeps_nan_through_relu_and_clip():
     a = np.ones((9, 3), np.float32)
     b = np.ones((3, 17), np.float32)
@@ -121,6 +141,32 @@ def test_gemm_refuses_bad_arguments():
     if not gm.supported():
         with pytest.raises(RuntimeError):
             gm.gemm(a, b, c)
+
+
+def _packed_floats(rng, shape):
+    """A float32 view whose elements are 5 bytes apart (the "x" field of a packed record array): strides that
+    are not whole floats."""
+    rec = np.zeros(shape, dtype=[("x", "<f4"), ("y", "u1")])
+    rec["x"] = rng.standard_normal(shape)
+    return rec["x"]
+
+
+def test_gemm_refuses_strides_that_are_not_whole_floats():
+    """The kernel addresses A, B and C in whole floats (stride // 4): a view stepping 5 bytes is refused, not
+    read (or written) at the wrong elements."""
+    rng = np.random.default_rng(0)
+    a, b, c = rng.standard_normal((6, 4)).astype(np.float32), np.ones((4, 5), np.float32), np.empty((6, 5), np.float32)
+    for args in ((_packed_floats(rng, (6, 4)), b, c), (a, _packed_floats(rng, (4, 5)), c),
+                 (a, b[:, :1], _packed_floats(rng, (6, 1)))):
+        assert any(s % 4 for x in args for s in x.strides)
+        with pytest.raises(ValueError, match="whole floats"):
+            gm.gemm(*args)
+    # a length-1 axis's stride is never used: any value is accepted
+    col = np.lib.stride_tricks.as_strided(a, shape=(6, 1), strides=(16, 5))
+    if gm.supported():
+        out = np.empty((6, 5), np.float32)
+        gm.gemm(col, b[:1], out)
+        np.testing.assert_array_equal(out, np.repeat(a[:, :1], 5, axis=1))
 
 
 # -- conv_cpu's 1x1 plan ------------------------------------------------------------------------------

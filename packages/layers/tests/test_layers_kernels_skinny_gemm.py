@@ -114,12 +114,73 @@ def test_results_do_not_depend_on_threads(name):
     M, N, K = 5, 301, 517
     a = rng.standard_normal((M, K), dtype=np.float32)
     B = rng.standard_normal((N, K), dtype=np.float32)
-    whole = np.empty((M, N), np.float32)
+    whole = np.full((M, N), np.nan, np.float32)
     build.dots(a.ravel(), B.ravel(), whole.ravel(), None, M, N, K)
+    # every row of B computed once (a thread's share that slips by a row leaves a column unwritten)
+    _check(whole, a.astype(np.float64) @ B.T, np.abs(a).astype(np.float64) @ np.abs(B).T, K + 1)
     for n in (0, 17, 300):  # one row alone (one thread, a short row group)
         part = np.empty((M, 1), np.float32)
         build.dots(a.ravel(), np.ascontiguousarray(B[n]), part.ravel(), None, M, 1, K)
         np.testing.assert_array_equal(part[:, 0], whole[:, n])
+
+
+@BUILDS
+def test_combine_and_rank_update_split_among_threads(name):
+    """Past PARALLEL_MIN_WORK (N K >= 32768) combine splits out's columns among the threads (at multiples of
+    4 vectors) and rank_update C's rows: every column and row is computed once, by one thread. K = 517 puts
+    the column split off a multiple of 4 (260 of 517) and of 4 vectors (256): a split whose two ends disagree
+    leaves a gap; the rows: one thread's first row is the other's last + 1 (a one-row slip misses it)."""
+    build = _module(name)
+    rng = np.random.default_rng(7)
+    M, N, K = 3, 70, 517
+    a = rng.standard_normal((M, N), dtype=np.float32)
+    B = rng.standard_normal((N, K), dtype=np.float32)
+    bias = rng.standard_normal(K, dtype=np.float32)
+    out = np.full((M, K), np.nan, np.float32)
+    build.combine(a.ravel(), B.ravel(), out.ravel(), bias, M, N, K)
+    _check(out, a.astype(np.float64) @ B + bias, np.abs(a).astype(np.float64) @ np.abs(B) + np.abs(bias), N + 1)
+    # and the same bits as one column alone (one thread, the scalar path: one FMA a step, as the vectors)
+    for k in (0, 255, 256, 259, 260, 516):
+        col = np.empty(M, np.float32)
+        build.combine(a.ravel(), np.ascontiguousarray(B[:, k]), col, bias[k:k + 1], M, N, 1)
+        np.testing.assert_array_equal(col, out[:, k])
+    M, N, K = 3, 301, 130  # C (N, K) += a (M, N)^T @ b (M, K)
+    a = rng.standard_normal((M, N), dtype=np.float32)
+    b = rng.standard_normal((M, K), dtype=np.float32)
+    C = rng.standard_normal((N, K), dtype=np.float32)
+    C0 = C.astype(np.float64)
+    build.rank_update(a.ravel(), b.ravel(), C.ravel(), M, N, K)
+    _check(C, C0 + a.T.astype(np.float64) @ b, np.abs(a.T).astype(np.float64) @ np.abs(b) + np.abs(C0), M + 1)
+    for n in (0, 149, 150, 151, 300):
+        row = C0[n].astype(np.float32)
+        build.rank_update(np.ascontiguousarray(a[:, n]), b.ravel(), row, M, 1, K)
+        np.testing.assert_array_equal(row, C[n])
+
+
+@BUILDS
+@pytest.mark.parametrize("bias", [False, True])
+def test_empty_sums(name, bias):
+    """A sum of no terms is 0: dots with K = 0 and combine with N = 0 write the bias (or zeros),
+    rank_update with M = 0 leaves C as it is; an empty output (M = 0) is not touched."""
+    build = _module(name)
+    rng = np.random.default_rng(3)
+    M, N = 5, 7
+    bs = rng.standard_normal(N, dtype=np.float32) if bias else None
+    want = np.broadcast_to(bs if bias else np.float32(0), (M, N))
+    out = np.full(M * N, np.nan, np.float32)
+    build.dots(np.zeros(0, np.float32), np.zeros(0, np.float32), out, bs, M, N, 0)
+    np.testing.assert_array_equal(out.reshape(M, N), want)
+    out = np.full(M * N, np.nan, np.float32)
+    build.combine(np.zeros(0, np.float32), np.zeros(0, np.float32), out, bs, M, 0, N)
+    np.testing.assert_array_equal(out.reshape(M, N), want)
+    C = rng.standard_normal(N * 3, dtype=np.float32)
+    C0 = C.copy()
+    build.rank_update(np.zeros(0, np.float32), np.zeros(0, np.float32), C, 0, N, 3)
+    np.testing.assert_array_equal(C, C0)
+    out = np.full(4, np.nan, np.float32)
+    build.dots(np.ones(6, np.float32), np.ones(6 * N, np.float32), out, bs, 0, N, 6)
+    build.combine(np.ones(6, np.float32), np.ones(6 * N, np.float32), out, bs, 0, 6, N)
+    assert np.isnan(out).all()
 
 
 @BUILDS

@@ -399,7 +399,8 @@ BLOCKS = (GM_KC, GM_NC)
 def gemm(const float[:, :] a, const float[:, :] b, float[:, :] c, const float[::1] bias=None, int beta=0,
          int act=0, double lo=0, double hi=0, int threads=0):
     """c = act(beta c + a @ b + bias[:, None]) in place (module doc). a (M, K) and b (K, N) any strided float32
-    views (a transposed array's view too); c (M, N) with contiguous rows, not overlapping a or b; threads 0:
+    views (a transposed array's view too; strides in whole floats); c (M, N) with contiguous rows, not overlapping
+    a or b; threads 0:
     _threads.pxi's count."""
     cdef gm_args g
     cdef int nt, rc
@@ -420,6 +421,11 @@ def gemm(const float[:, :] a, const float[:, :] b, float[:, :] c, const float[::
         raise ValueError("gemm: c's rows must be contiguous")
     if g.K == 0:
         raise ValueError("gemm: K must be positive")
+    # the kernel steps in whole floats (stride // 4): a view stepping 5 bytes (a float field of a packed
+    # record array) would be read, or written, at the wrong elements; a length-1 axis's stride is never used
+    if ((g.M > 1 and (a.strides[0] % f or c.strides[0] % f)) or (g.K > 1 and (a.strides[1] % f or b.strides[0] % f))
+            or (g.N > 1 and b.strides[1] % f)):
+        raise ValueError("gemm: strides must be whole floats")
     if not gm_supported():
         raise RuntimeError("gemm: this CPU has no AVX-512F (supported() is False)")
     g.a = &a[0, 0]
