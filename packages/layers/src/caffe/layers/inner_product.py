@@ -5,7 +5,7 @@ top (M, N) = bottom @ W^T + b with W (N, K), or bottom @ W with W (K, N) when
 inner_product_param.transpose is set. One GEMM each way, written into the blobs'
 memory; parameter gradients accumulate, as in Caffe.
 
-On the CPU, at a short batch (M up to SKINNY_MAX_M) and float32, the three products run in
+On the CPU, at a short batch (M in SKINNY_M: 1-16 or 2-8, by product) and float32, the three products run in
 caffe.layers.kernels.skinny_gemm, which reads the weights (and reads and writes the weight diff) once;
 NumPy's GEMM (OpenBLAS) packs the weight panel first and is shaped for a long M. The sums round
 differently from OpenBLAS's, within float32 summation error (the kernels' properties bound it).
@@ -25,14 +25,16 @@ from caffe.layers.registry import register_layer
 
 WGRAD_BLOCK = 1 << 20  # elements of the weight-gradient scratch block
 
-# The batch sizes M at which skinny_gemm's kernels run each product (measured against NumPy's OpenBLAS
-# sgemm on CaffeNet's fc6 / fc7 / fc8 and a 2048 -> 1000 classifier, one and two threads, script in
-# packages/layers/bench/ab_skinny_gemm.py): "dots" (the forward; a transposed layer's bottom diff) and
-# "rank" (the weight diff) from batch 1 or 2 to 16, "combine" (the bottom diff; a transposed layer's
-# forward) to 8. At batch 1 NumPy's GEMV already streams the weights at memory speed; its weight diff
-# (a GER through the scratch block) does not, so "rank" starts at 1.
+# The batch sizes M at which skinny_gemm's kernels run each product, measured against NumPy's OpenBLAS sgemm
+# (its Haswell kernels on the development VM) on CaffeNet's fc6 / fc7 / fc8 and a 2048 -> 1000 classifier,
+# quiet machine, medians of 9 interleaved (packages/layers/bench/ab_skinny_gemm.py; table in bench/README.md):
+# at batch 8, two threads, ours / NumPy's time forward 0.78-0.90, bottom diff 0.57-0.74, weight diff 0.38-0.50
+# (one thread 0.50-0.81, 0.60-0.89, 0.40-0.84); at batch 2 0.34-0.49 for all three; at batch 16 the forward
+# and bottom diff are mixed (0.70-1.22 and 0.72-1.25 on two threads, up to 1.41 on one), the weight diff
+# 0.56-0.86 (one fc6 case 1.25 on one thread). At batch 1 NumPy's GEMV already streams the weights at memory
+# speed (ours 0.90-1.48); its weight diff (a GER through the scratch block) does not (ours 0.08-0.13).
 SKINNY = True  # False: NumPy's GEMM for every product (A/B and tests)
-SKINNY_M = {"dots": (2, 16), "combine": (2, 8), "rank": (1, 16)}
+SKINNY_M = {"dots": (2, 8), "combine": (2, 8), "rank": (1, 16)}
 
 
 @register_layer("InnerProduct")
