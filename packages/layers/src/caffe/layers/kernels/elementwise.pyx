@@ -97,6 +97,9 @@ cdef extern from *:
     float caffe_log1p_unit(float) nogil
 
 
+include "_vexp.pxi"
+
+
 # The AVX-512 build's float32 Sigmoid, Swish and BNLL loops (libmvec's 16-wide expf / tanhf were most of their time;
 # these take 1.25-1.6x less CPU time, in cache): exp(x) = 2^n exp(r), x = n ln2 + r (n by rounding with 1.5 * 2^23,
 # ln2 in two parts, Cephes' expf polynomial in r), 2^n applied by VSCALEFPS, which overflows to inf and underflows
@@ -111,19 +114,8 @@ cdef extern from *:
     #include <immintrin.h>
     #define CAFFE_ELT_VEXP 1
     static inline __m512 caffe_v_exp(__m512 x) {
-        const __m512 big = _mm512_set1_ps(12582912.0f);
         __m512 xc = _mm512_min_ps(_mm512_set1_ps(89.0f), _mm512_max_ps(_mm512_set1_ps(-104.0f), x));  /* NaN kept */
-        __m512 fx = _mm512_sub_ps(_mm512_fmadd_ps(xc, _mm512_set1_ps(1.44269504088896341f), big), big);
-        __m512 r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), xc);
-        __m512 p;
-        r = _mm512_fmadd_ps(fx, _mm512_set1_ps(2.12194440e-4f), r);
-        p = _mm512_fmadd_ps(_mm512_set1_ps(1.9875691500e-4f), r, _mm512_set1_ps(1.3981999507e-3f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+        __m512 fx, p = caffe_exp512_poly(xc, &fx);
         return _mm512_scalef_ps(p, fx);
     }
     static inline __m512 caffe_v_sigmoid(__m512 v) {

@@ -109,6 +109,9 @@ cdef extern from *:
     void caffe_softmax_div_d(double* y, const double* e, const double* d, Py_ssize_t n, int stream) nogil
 
 
+include "_vexp.pxi"
+
+
 # The float32 max and exp passes with intrinsics where the build has AVX2 + FMA (8 lanes) or AVX-512 (16): see
 # caffe_softmax_maxexp_f below; both builds compute the same exp (the same bits, a test checks it). (Walking one vector
 # of positions down all C channels at a time instead, all three passes in registers and L1, measured 1.3-3x slower:
@@ -139,19 +142,8 @@ cdef extern from *:
        most of the forward's work. Within 1 ulp of exp (0.87 over 5M points of [-100, 0]; a test checks 3 against
        float64); 0 below ln(FLT_MIN) (no denormals downstream: slow on some CPUs), exp(0) = 1, NaN stays NaN. */
     static inline caffe_sv caffe_sv_exp(caffe_sv x) {
-        const __m512 big = _mm512_set1_ps(12582912.0f);  /* 1.5 * 2^23 */
         __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33654f), _CMP_NLT_UQ);  /* !(x < ln FLT_MIN) */
-        __m512 fx = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), big), big);
-        __m512 r = _mm512_fmadd_ps(fx, _mm512_set1_ps(-0.693359375f), x);
-        __m512 p;
-        r = _mm512_fmadd_ps(fx, _mm512_set1_ps(2.12194440e-4f), r);
-        p = _mm512_fmadd_ps(_mm512_set1_ps(1.9875691500e-4f), r, _mm512_set1_ps(1.3981999507e-3f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+        __m512 fx, p = caffe_exp512_poly(x, &fx);
         return _mm512_maskz_scalef_ps(keep, p, fx);
     }
     #elif defined(__AVX2__) && defined(__FMA__)
