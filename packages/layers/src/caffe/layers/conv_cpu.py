@@ -244,17 +244,11 @@ def _gemm_out(layer, b: Blocks, w3, col, out, bias, n0, n1, oh0, oh1, act=None):
     og = Co // g
     nb, p0, Pb = n1 - n0, oh0 * b.OW, (oh1 - oh0) * b.OW
     code, lo, hi = act if act is not None else _NO_ACT
-    if b.gemm512:  # kernels.gemm: the bias and activation in its store when it writes the blob
-        if nb == 1:
-            dst = out[n0][:, p0:p0 + Pb]
-            for gi in range(g):
-                _gm.gemm(w3[gi], col[gi * kd:(gi + 1) * kd], dst[gi * og:(gi + 1) * og],
-                         None if bias is None else bias[gi * og:(gi + 1) * og], 0, code, lo, hi)
-            return
-        res = layer.buffer(np, "gemm", (Co, nb * Pb), col.dtype)
+    if b.gemm512 and nb == 1:  # kernels.gemm writes the blob, the bias and activation in its store
+        dst = out[n0][:, p0:p0 + Pb]
         for gi in range(g):
-            _gm.gemm(w3[gi], col[gi * kd:(gi + 1) * kd], res[gi * og:(gi + 1) * og])
-        _k.rows_to_batch(res.reshape(-1), out[n0:n1].reshape(-1), bias, nb, Co, b.P, p0, Pb, code, lo, hi)
+            _gm.gemm(w3[gi], col[gi * kd:(gi + 1) * kd], dst[gi * og:(gi + 1) * og],
+                     None if bias is None else bias[gi * og:(gi + 1) * og], 0, code, lo, hi)
         return
     if nb == 1 and col.dtype == out.dtype:  # straight into the blob (NumPy's matmul takes its row stride)
         dst = out[n0][:, p0:p0 + Pb]
@@ -264,8 +258,9 @@ def _gemm_out(layer, b: Blocks, w3, col, out, bias, n0, n1, oh0, oh1, act=None):
             _k.bias_act(out[n0].reshape(-1), bias, 1, Co, b.P, p0, Pb, code, lo, hi)
         return
     res = layer.buffer(np, "gemm", (Co, nb * Pb), col.dtype)
+    mm = _gemm512_mm if b.gemm512 else np.matmul  # small images side by side: one wider GEMM
     for gi in range(g):
-        np.matmul(w3[gi], col[gi * kd:(gi + 1) * kd], out=res[gi * og:(gi + 1) * og])
+        mm(w3[gi], col[gi * kd:(gi + 1) * kd], out=res[gi * og:(gi + 1) * og])
     store = _k.rows_to_batch if res.dtype == out.dtype else _k.rows_to_batch_f32  # one rounding
     store(res.reshape(-1), out[n0:n1].reshape(-1), bias, nb, Co, b.P, p0, Pb, code, lo, hi)
 
