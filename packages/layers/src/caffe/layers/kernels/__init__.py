@@ -23,6 +23,7 @@
   _threads   (Cython include) how many OpenMP threads a kernel takes
   _vmath     (Cython include) libm functions declared SIMD-callable (glibc's libmvec)
   _vexp      (Cython include) the AVX-512 float32 exp's reduction and polynomial (elementwise, softmax)
+  _stream    (Cython include) non-temporal copies, the store fence, prefetching a range (normalization, softmax)
 
 Each kernel has a plain NumPy reference that the property tests compare it to (the
 layer's generic `forward_xp` path, or a reference function in the tests). The

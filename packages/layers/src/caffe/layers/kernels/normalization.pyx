@@ -35,6 +35,7 @@ ctypedef fused real:
     double
 
 include "_vmath.pxi"
+include "_stream.pxi"
 
 cdef enum:
     # LRN: at most this many spatial positions per work item. The window slides along the channels, so
@@ -198,49 +199,6 @@ cdef extern from *:
     #if defined(__SSE2__)
     #include <immintrin.h>
     #endif
-    /* dst = src (n bytes), non-temporal where the build can:
-       plain stores up to dst's first 64-byte line and after its last whole one */
-    static inline void caffe_norm_stream_copy(void* dst, const void* src, ptrdiff_t n) {
-        char* d = (char*)dst;
-        const char* s = (const char*)src;
-        ptrdiff_t j = 0;
-    #if defined(__SSE2__)
-        ptrdiff_t head = (ptrdiff_t)((64 - ((uintptr_t)d & 63)) & 63);
-        if (head > n) head = n;
-        if (head) memcpy(d, s, (size_t)head);
-        j = head;
-    #if defined(__AVX512F__)
-        for (; j + 64 <= n; j += 64)
-            _mm512_stream_si512((__m512i*)(d + j), _mm512_loadu_si512((const void*)(s + j)));
-    #elif defined(__AVX__)
-        for (; j + 64 <= n; j += 64) {
-            _mm256_stream_si256((__m256i*)(d + j), _mm256_loadu_si256((const __m256i*)(s + j)));
-            _mm256_stream_si256((__m256i*)(d + j + 32), _mm256_loadu_si256((const __m256i*)(s + j + 32)));
-        }
-    #else
-        for (; j + 64 <= n; j += 64) {
-            _mm_stream_si128((__m128i*)(d + j), _mm_loadu_si128((const __m128i*)(s + j)));
-            _mm_stream_si128((__m128i*)(d + j + 16), _mm_loadu_si128((const __m128i*)(s + j + 16)));
-            _mm_stream_si128((__m128i*)(d + j + 32), _mm_loadu_si128((const __m128i*)(s + j + 32)));
-            _mm_stream_si128((__m128i*)(d + j + 48), _mm_loadu_si128((const __m128i*)(s + j + 48)));
-        }
-    #endif
-    #endif
-        if (j < n) memcpy(d + j, s + j, (size_t)(n - j));
-    }
-    /* the streamed lines are visible to every thread (ordered before the later plain stores / the region's end) */
-    static inline void caffe_norm_prefetch(const void* p, ptrdiff_t nbytes) {
-    #if defined(__GNUC__)
-        const char* c = (const char*)p;
-        ptrdiff_t b;
-        for (b = 0; b < nbytes; b += 64) __builtin_prefetch(c + b, 0, 3);
-    #endif
-    }
-    static inline void caffe_norm_store_fence(void) {
-    #if defined(__SSE2__)
-        _mm_sfence();
-    #endif
-    }
     /* elements of a block that starts at dst + j0: up to want, ending on a 64-byte line of dst where it can */
     static inline ptrdiff_t caffe_norm_block(const void* dst, ptrdiff_t j0, ptrdiff_t want, ptrdiff_t n,
                                              ptrdiff_t e) {
@@ -250,9 +208,6 @@ cdef extern from *:
         return want - mis > 0 ? want - mis : want;
     }
     """
-    void caffe_norm_stream_copy(void* dst, const void* src, Py_ssize_t nbytes) nogil
-    void caffe_norm_store_fence() nogil
-    void caffe_norm_prefetch(const void* p, Py_ssize_t nbytes) nogil
     Py_ssize_t caffe_norm_block(const void* dst, Py_ssize_t j0, Py_ssize_t want, Py_ssize_t n,
                                 Py_ssize_t itemsize) nogil
 
@@ -445,7 +400,7 @@ cdef void _bn_normalize(const real* x, real* y, real* xn, Py_ssize_t N, Py_ssize
             caffe_bn_norm_d(x + n * C * S, y + n * C * S, xn + n * C * S if xn != NULL else NULL, S, mean, inv,
                             stream_y, stream_xn, nxt + n * C * S if nxt != NULL else NULL)
     if stream_y or stream_xn:
-        caffe_norm_store_fence()  # the streamed lines are visible to every thread before the kernel returns
+        caffe_store_fence()  # the streamed lines are visible to every thread before the kernel returns
 
 
 cdef enum:
@@ -541,7 +496,7 @@ cdef void _bn_backward(const real* dy, const real* xn, const real* x, real* dx, 
             caffe_bn_grad_d(dy + n * C * S, p + n * C * S, dx + n * C * S, S, md, mdy, mean, inv, xn == NULL, stream,
                             dy + S + n * C * S if nxt else NULL, p + S + n * C * S if nxt else NULL)
     if stream:
-        caffe_norm_store_fence()
+        caffe_store_fence()
 
 
 def batch_norm_train_backward(const real[::1] dy, const real[::1] x_norm, const real[::1] x,
@@ -664,18 +619,18 @@ cdef void _lrn_fwd_piece(const real* x, real* y, real* scale, Py_ssize_t C, Py_s
             else:
                 m = P
             if xn != NULL and blocked:
-                caffe_norm_prefetch(xn + j0, m * sizeof(real))
+                caffe_prefetch_t0(xn + j0, m * sizeof(real))
             if stream:
                 _lrn_fwd_span(acc + j0, xe + j0, xl + j0, xc + j0, sb if sc != NULL else NULL, yb, m, a, k, beta)
-                caffe_norm_stream_copy(yc + j0, yb, m * sizeof(real))
+                caffe_stream_copy(yc + j0, yb, m * sizeof(real))
                 if sc != NULL:
-                    caffe_norm_stream_copy(sc + j0, sb, m * sizeof(real))
+                    caffe_stream_copy(sc + j0, sb, m * sizeof(real))
             else:
                 _lrn_fwd_span(acc + j0, xe + j0, xl + j0, xc + j0, sc + j0 if sc != NULL else NULL, yc + j0, m, a,
                               k, beta)
             j0 += m
     if stream:
-        caffe_norm_store_fence()
+        caffe_store_fence()
     free(acc)
 
 
@@ -777,20 +732,20 @@ cdef void _lrn_bwd_piece(const real* x, const real* y, const real* scale, const 
             else:
                 m = P
             if on >= 0 and blocked:
-                caffe_norm_prefetch(dy + on + j0, m * sizeof(real))
-                caffe_norm_prefetch(y + on + j0, m * sizeof(real))
-                caffe_norm_prefetch(scale + on + j0, m * sizeof(real))
+                caffe_prefetch_t0(dy + on + j0, m * sizeof(real))
+                caffe_prefetch_t0(y + on + j0, m * sizeof(real))
+                caffe_prefetch_t0(scale + on + j0, m * sizeof(real))
             if c + 1 < C and blocked:
-                caffe_norm_prefetch(x + o + S + j0, m * sizeof(real))
+                caffe_prefetch_t0(x + o + S + j0, m * sizeof(real))
             if c + r < C:
                 _lrn_ratio_span(q + j0, dy + oe + j0, y + oe + j0, scale + oe + j0, m)
             _lrn_bwd_span(acc + j0, q + j0, ql + j0, dy + o + j0, scale + o + j0, x + o + j0,
                           gb if stream else dx + o + j0, m, cache, beta)
             if stream:
-                caffe_norm_stream_copy(dx + o + j0, gb, m * sizeof(real))
+                caffe_stream_copy(dx + o + j0, gb, m * sizeof(real))
             j0 += m
     if stream:
-        caffe_norm_store_fence()
+        caffe_store_fence()
     free(acc)
 
 

@@ -22,6 +22,7 @@ ctypedef fused real:
     double
 
 include "_vmath.pxi"
+include "_stream.pxi"
 
 # y = e / d over n values (one row of a piece), with non-temporal stores where `stream` and the build has
 # SSE2 / AVX (x86-64 always has SSE2); the division is IEEE's either way, so the same bits. A piece that
@@ -34,32 +35,6 @@ cdef extern from *:
     #if defined(__SSE2__)
     #include <immintrin.h>
     #endif
-    static inline void caffe_softmax_prefetch(const void* p, ptrdiff_t nbytes) {
-    #if defined(__GNUC__)
-        const char* c = (const char*)p;
-        ptrdiff_t b;
-        for (b = 0; b < nbytes; b += 64) __builtin_prefetch(c + b, 0, 2);
-    #endif
-    }
-    static inline void caffe_softmax_store_fence(void) {
-    #if defined(__SSE2__)
-        _mm_sfence();
-    #endif
-    }
-    /* dst = src (n bytes), non-temporal where SSE2 / AVX can (src in cache: a row just computed) */
-    static inline void caffe_softmax_stream_copy(void* dst, const void* src, ptrdiff_t n) {
-        char* d = (char*)dst;
-        const char* s = (const char*)src;
-        ptrdiff_t j = 0;
-    #if defined(__AVX__)
-        for (; j < n && ((uintptr_t)(d + j) & 31); j++) d[j] = s[j];
-        for (; j + 32 <= n; j += 32) _mm256_stream_si256((__m256i*)(d + j), _mm256_loadu_si256((const __m256i*)(s + j)));
-    #elif defined(__SSE2__)
-        for (; j < n && ((uintptr_t)(d + j) & 15); j++) d[j] = s[j];
-        for (; j + 16 <= n; j += 16) _mm_stream_si128((__m128i*)(d + j), _mm_loadu_si128((const __m128i*)(s + j)));
-    #endif
-        if (j < n) memcpy(d + j, s + j, (size_t)(n - j));
-    }
     static inline void caffe_softmax_div_f(float* y, const float* e, const float* d, ptrdiff_t n, int stream) {
         ptrdiff_t j = 0;
     #if defined(__AVX512F__)
@@ -102,9 +77,6 @@ cdef extern from *:
         for (; j < n; j++) y[j] = e[j] / d[j];
     }
     """
-    void caffe_softmax_prefetch(const void* p, Py_ssize_t nbytes) nogil
-    void caffe_softmax_store_fence() nogil
-    void caffe_softmax_stream_copy(void* dst, const void* src, Py_ssize_t nbytes) nogil
     void caffe_softmax_div_f(float* y, const float* e, const float* d, Py_ssize_t n, int stream) nogil
     void caffe_softmax_div_d(double* y, const double* e, const double* d, Py_ssize_t n, int stream) nogil
 
@@ -445,7 +417,7 @@ cdef double _fwd_piece(const real* x, real* y, Py_ssize_t C, Py_ssize_t inner, P
             xc = x + c * inner
             ec = e + c * es
             if nxt != NULL:
-                caffe_softmax_prefetch(nxt + c * inner, P * sizeof(real))
+                caffe_prefetch_t1(nxt + c * inner, P * sizeof(real))
             for j in range(P):
                 v = _sexp(xc[j] - m[j])
                 ec[j] = v
@@ -471,7 +443,7 @@ cdef inline double _fwd_piece_end(real* y, Py_ssize_t C, Py_ssize_t inner, Py_ss
         else:
             caffe_softmax_div_d(y + c * inner, e + c * es, d, P, stream)
     if stream:
-        caffe_softmax_store_fence()
+        caffe_store_fence()
     return loss
 
 
@@ -627,15 +599,15 @@ cdef inline void _bwd_piece_end(const real* y, const real* dy, real* dx, Py_ssiz
     for c in range(C):
         o = c * inner
         if ny != NULL:
-            caffe_softmax_prefetch(ny + o, P * sizeof(real))
-            caffe_softmax_prefetch(ndy + o, P * sizeof(real))
+            caffe_prefetch_t1(ny + o, P * sizeof(real))
+            caffe_prefetch_t1(ndy + o, P * sizeof(real))
         out = row if stream else dx + o
         for j in range(P):
             out[j] = (dy[o + j] - sr[j]) * y[o + j]
         if stream:
-            caffe_softmax_stream_copy(dx + o, row, P * sizeof(real))
+            caffe_stream_copy(dx + o, row, P * sizeof(real))
     if stream:
-        caffe_softmax_store_fence()
+        caffe_store_fence()
 
 
 cdef void _bwd_row(const real* y, const real* dy, real* dx, Py_ssize_t C) noexcept nogil:
