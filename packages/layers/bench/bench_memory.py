@@ -79,7 +79,9 @@ CASES = [
     Case("Sigmoid", "Sigmoid", reads=("y",)),
     Case("TanH", "TanH", reads=("y",)),
     Case("ELU", "ELU", reads=("x", "y")),
-    Case("Swish", "Swish", reads=("x",)),
+    # Swish backward reads y and sigmoid(beta x): out of place in float32 (AVX-512 build) the sigmoid recomputed from
+    # x, else the kept sigmoid_output_ (the size of x); y as Caffe reads it (a later in-place layer may change it)
+    Case("Swish", "Swish", reads=("x", "y")),
     Case("BNLL", "BNLL", reads=("x",)),
     Case("AbsVal", "AbsVal", reads=("x",)),
     Case("Clip", "Clip", "clip_param { min: -0.5 max: 0.5 }", reads=("x",)),
