@@ -66,7 +66,9 @@ CASES = [
     Case("BatchNorm global in-place", "BatchNorm", "batch_norm_param { use_global_stats: true }",
          in_place=True, phase=TEST),
     Case("BatchNorm train", "BatchNorm", reads=("x",)),
-    Case("BatchNorm train in-place", "BatchNorm", in_place=True, reads=("x",)),
+    # in place the forward keeps x_norm_ (Caffe's: a later in-place layer overwrites the top), a float per element;
+    # the backward reads it in x's place
+    Case("BatchNorm train in-place", "BatchNorm", in_place=True, reads=("x",), state=(("bottom", 4),)),
     Case("Scale+bias", "Scale", "scale_param { bias_term: true }", reads=("x",)),
     Case("Scale+bias in-place", "Scale", "scale_param { bias_term: true }", in_place=True, reads=("x",)),
     Case("Bias", "Bias"),
