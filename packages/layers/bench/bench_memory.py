@@ -66,7 +66,9 @@ CASES = [
     Case("BatchNorm global in-place", "BatchNorm", "batch_norm_param { use_global_stats: true }",
          in_place=True, phase=TEST),
     Case("BatchNorm train", "BatchNorm", reads=("x",)),
-    Case("BatchNorm train in-place", "BatchNorm", in_place=True, reads=("x",)),
+    # in place the forward keeps x_norm_ (Caffe's: a later in-place layer overwrites the top), a float per element;
+    # the backward reads it in x's place
+    Case("BatchNorm train in-place", "BatchNorm", in_place=True, reads=("x",), state=(("bottom", 4),)),
     Case("Scale+bias", "Scale", "scale_param { bias_term: true }", reads=("x",)),
     Case("Scale+bias in-place", "Scale", "scale_param { bias_term: true }", in_place=True, reads=("x",)),
     Case("Bias", "Bias"),
@@ -79,7 +81,9 @@ CASES = [
     Case("Sigmoid", "Sigmoid", reads=("y",)),
     Case("TanH", "TanH", reads=("y",)),
     Case("ELU", "ELU", reads=("x", "y")),
-    Case("Swish", "Swish", reads=("x",)),
+    # Swish backward reads y and sigmoid(beta x): out of place in float32 (AVX-512 build) the sigmoid recomputed from
+    # x, else the kept sigmoid_output_ (the size of x); y as Caffe reads it (a later in-place layer may change it)
+    Case("Swish", "Swish", reads=("x", "y")),
     Case("BNLL", "BNLL", reads=("x",)),
     Case("AbsVal", "AbsVal", reads=("x",)),
     Case("Clip", "Clip", "clip_param { min: -0.5 max: 0.5 }", reads=("x",)),

@@ -312,3 +312,46 @@ def test_avx512_own_exp_loops_within_ulps_of_float64(name, op, a, n, seed, scale
         xi, ai = x.copy(), np.empty_like(x)
         mod.neuron_forward(op, xi, xi, ai if op == _cpu.SWISH else e, e, a, 0, 0)
         np.testing.assert_array_equal(xi, y)
+
+
+@pytest.mark.parametrize("build", BUILDS)
+@given(shape=shapes(), dtype=DTYPES, seed=st.integers(0, 2**31 - 1), beta=st.sampled_from([1.0, 1.3, 0.25]),
+       in_place=st.booleans())
+def test_swish_recomputed_sigmoid_gives_the_kept_state_bits(build, shape, dtype, seed, beta, in_place):
+    """The kernel's Swish without the sigmoid state (forward: the top only; backward: sigmoid(beta x) recomputed from
+    the bottom) gives the top and bottom diff of its kept-state path (forward writing aux, backward reading it) bit
+    for bit, in every build and precision, at any size (libmvec's vector body and scalar tail fall on the same
+    elements in both loops). The layer takes that path out of place in float32 where the build says the sigmoid is
+    cheap (AVX-512), leaving sigmoid_output_ alone, and keeps the state otherwise; the same bits either way. Both
+    paths against the NumPy reference: test_neuron_kernels_match_numpy."""
+    mod = build_module("elementwise", build)
+    beta = float(np.float32(beta))  # (swish_param.beta is a float: what the layer passes)
+    x = arrays(seed, shape, -6, 6).astype(dtype)
+    dy = arrays(seed + 1, shape).astype(dtype)
+    xf, dyf, e = x.reshape(-1), dy.reshape(-1), np.empty(0, dtype)
+    y_ref, s_ref, dx_ref = np.empty_like(xf), np.empty_like(xf), np.empty_like(xf)
+    mod.neuron_forward(_cpu.SWISH, xf, y_ref, s_ref, e, beta)
+    mod.neuron_backward(_cpu.SWISH, e, y_ref, s_ref, dyf, dx_ref, beta)
+    # the kernel's recomputing path in this build (the layer takes it where SWISH_RECOMPUTES_FLOAT32 says)
+    y1, dx1 = np.full_like(xf, 7), np.full_like(xf, 7)
+    mod.neuron_forward(_cpu.SWISH, xf, y1, e, e, beta)
+    mod.neuron_backward(_cpu.SWISH, xf, y1, e, dyf, dx1, beta)
+    np.testing.assert_array_equal(y1, y_ref)
+    np.testing.assert_array_equal(dx1, dx_ref)
+    recomputes = not in_place and dtype == np.float32 and mod.SWISH_RECOMPUTES_FLOAT32
+    layer = make_layer("Swish", f"swish_param {{ beta: {beta} }}")
+    bottom = blobs_from_arrays([x], dtype)
+    top = bottom if in_place else empty_tops(1, dtype)
+    with layers_use("elementwise", mod):
+        layer.SetUp(bottom, top)
+        layer.sigmoid_output_.data[...] = 7
+        layer.Forward(bottom, top)
+        np.testing.assert_array_equal(top[0].data.reshape(-1), y_ref)
+        assert layer._sigmoid_kept == (not recomputes)
+        if not recomputes:
+            np.testing.assert_array_equal(layer.sigmoid_output_.data.reshape(-1), s_ref)
+        else:
+            assert np.all(layer.sigmoid_output_.data == 7)
+        top[0].diff[...] = dy
+        layer.Backward(top, [True], bottom)
+    np.testing.assert_array_equal(bottom[0].diff.reshape(-1), dx_ref)

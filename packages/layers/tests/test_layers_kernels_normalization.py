@@ -208,3 +208,70 @@ def test_stream_and_prefetch_switches_round_trip():
     finally:
         normalization._set_stream_min_bytes(*old)
         normalization._set_prefetch_min_bytes(old_p)
+
+
+def _bn_stats_reference(x3):
+    """BatchNorm's statistics of (N, C, S) in the kernel's order of operations, in NumPy (so exactly its bits): per
+    channel, K its first value; per image, the first S - S % 8 positions in blocks of 128 (the last one shorter),
+    each block summed in x's precision over 8 lanes (lane j: positions = j mod 8, one vector step after another) of
+    d = x - K and d * d, the blocks' lanes added into double totals in block order; the last S % 8 positions in
+    double into lane 0; mean = K + s / m, var = q / m - (s / m)^2 (0 if below)."""
+    N, C, S = x3.shape
+    dt = x3.dtype.type
+    S8 = S - S % 8
+    means, variances = np.zeros(C), np.zeros(C)
+    for c in range(C):
+        k = x3[0, c, 0]
+        sd, qd = [0.0] * 8, [0.0] * 8
+        for n in range(N):
+            p = x3[n, c]
+            for b0 in range(0, S8, 128):
+                blk = p[b0:min(b0 + 128, S8)].reshape(-1, 8)
+                vs, vq = np.zeros(8, dt), np.zeros(8, dt)
+                for row in blk:
+                    v = row - k
+                    vs = vs + v
+                    vq = vq + v * v
+                for j in range(8):
+                    sd[j] += float(vs[j])
+                    qd[j] += float(vq[j])
+            for i in range(S8, S):
+                d = float(p[i]) - float(k)
+                sd[0] += d
+                qd[0] += d * d
+        s = q = 0.0
+        for j in range(8):
+            s += sd[j]
+            q += qd[j]
+        m = float(N * S)
+        means[c] = float(k) + s / m
+        variances[c] = max(q / m - (s / m) * (s / m), 0.0)
+    return means, variances
+
+
+@pytest.mark.parametrize("build", BUILDS)
+@given(n=st.integers(1, 2), c=st.integers(1, 3), blocks=st.integers(0, 9), rest=st.integers(0, 127),
+       dtype=DTYPES, seed=SEEDS, in_place=st.booleans(), offset=st.sampled_from([0.0, 50.0]))
+def test_batch_norm_statistics_are_the_block_order_bits(build, n, c, blocks, rest, dtype, seed, in_place, offset):
+    """The forward's statistics (the kernel sums four blocks of 128 side by side, then the rest block by block) are
+    bit for bit those of the blocks taken one after another in NumPy (_bn_stats_reference), at every count of whole
+    blocks (0-9: runs of four and what remains) and any remainder (shorter last block, S % 8 tail), in every build,
+    float32 and float64, in place (with x_norm) or not; the top is (x - mean) * inv_std from them, bit for bit."""
+    mod = build_module("normalization", build)
+    S = 128 * blocks + rest
+    if S == 0:
+        S = 1
+    x = (arrays(seed, (n, c, S)) * 3 + offset).astype(dtype)
+    y, xn, m, v = np.empty_like(x), np.empty_like(x), np.zeros(c), np.zeros(c)
+    if in_place:
+        y[...] = x
+        mod.batch_norm_train_forward(y.reshape(-1), y.reshape(-1), xn.reshape(-1), m, v, n, c, S, 1e-5)
+    else:
+        mod.batch_norm_train_forward(x.reshape(-1), y.reshape(-1), np.empty(0, dtype), m, v, n, c, S, 1e-5)
+    mean, var = _bn_stats_reference(x)
+    np.testing.assert_array_equal(m, mean)
+    np.testing.assert_array_equal(v, var)
+    mt, inv = mean.astype(dtype), (1 / np.sqrt(var + 1e-5)).astype(dtype)
+    np.testing.assert_array_equal(y, (x - mt[None, :, None]) * inv[None, :, None])
+    if in_place:
+        np.testing.assert_array_equal(xn, y)

@@ -138,20 +138,68 @@ cdef extern from *:
         if (full) _mm512_storeu_ps(p, v);
         else _mm512_mask_storeu_ps(p, k, v);
     }
-    /* y = sigmoid(x) (swish: aux = sigmoid(a x), y = x aux) */
+    /* y = sigmoid(x) (swish 1: aux = sigmoid(a x), y = x aux, aux NULL: y only; swish 2: y = sigmoid(a x)) */
     static inline void caffe_sigmoid_f(const float* x, float* y, float* aux, ptrdiff_t n, float a, int swish) {
-        if (swish) {
+        if (swish == 2) {
+            CAFFE_V_LOOP(n, i, k, full, {
+                caffe_v_store(y + i, caffe_v_sigmoid(_mm512_mul_ps(caffe_v_load(x + i, k, full), _mm512_set1_ps(a))),
+                              k, full);
+            })
+        } else if (swish && aux) {
             CAFFE_V_LOOP(n, i, k, full, {
                 __m512 v = caffe_v_load(x + i, k, full);
                 __m512 s = caffe_v_sigmoid(_mm512_mul_ps(v, _mm512_set1_ps(a)));
                 caffe_v_store(aux + i, s, k, full);
                 caffe_v_store(y + i, _mm512_mul_ps(v, s), k, full);
             })
+        } else if (swish) {
+            CAFFE_V_LOOP(n, i, k, full, {
+                __m512 v = caffe_v_load(x + i, k, full);
+                caffe_v_store(y + i, _mm512_mul_ps(v, caffe_v_sigmoid(_mm512_mul_ps(v, _mm512_set1_ps(a)))), k, full);
+            })
         } else {
             CAFFE_V_LOOP(n, i, k, full, {
                 caffe_v_store(y + i, caffe_v_sigmoid(caffe_v_load(x + i, k, full)), k, full);
             })
         }
+    }
+    /* Swish backward with the sigmoid recomputed from x (caffe_v_sigmoid of a x: the forward's bits), in one pass
+       (a sigmoid pass over a piece and then the gradient's pass left the exp's work and the memory reads in turn,
+       not overlapped: 1.9x the kept-state backward's time). The gradient as the scalar loop computes it, C's
+       promotion included (Cython writes 1 - g as 1.0 - g): g = a y in float, dy (g + s (1 - g)) in double, rounded
+       to float once. */
+    static inline void caffe_swish_bwd_f(const float* x, const float* y, const float* dy, float* dx, ptrdiff_t n,
+                                         float a) {
+        const __m512 va = _mm512_set1_ps(a);
+        const __m512d one = _mm512_set1_pd(1.0);
+        const __m256 va8 = _mm256_set1_ps(a);
+        CAFFE_V_LOOP(n, i, k, full, {
+            __m512 s = caffe_v_sigmoid(_mm512_mul_ps(caffe_v_load(x + i, k, full), va));
+            __m512d g0, g1, d0, d1;
+            __m512d s0 = _mm512_cvtps_pd(_mm512_castps512_ps256(s)), s1 = _mm512_cvtps_pd(_mm512_extractf32x8_ps(s, 1));
+            if (full) {  /* the halves of y and dy loaded and widened directly: extracting them took 1.7x the time */
+                g0 = _mm512_cvtps_pd(_mm256_mul_ps(va8, _mm256_loadu_ps(y + i)));
+                g1 = _mm512_cvtps_pd(_mm256_mul_ps(va8, _mm256_loadu_ps(y + i + 8)));
+                d0 = _mm512_cvtps_pd(_mm256_loadu_ps(dy + i));
+                d1 = _mm512_cvtps_pd(_mm256_loadu_ps(dy + i + 8));
+            } else {
+                __m512 g = _mm512_mul_ps(va, caffe_v_load(y + i, k, full));
+                __m512 d = caffe_v_load(dy + i, k, full);
+                g0 = _mm512_cvtps_pd(_mm512_castps512_ps256(g));
+                g1 = _mm512_cvtps_pd(_mm512_extractf32x8_ps(g, 1));
+                d0 = _mm512_cvtps_pd(_mm512_castps512_ps256(d));
+                d1 = _mm512_cvtps_pd(_mm512_extractf32x8_ps(d, 1));
+            }
+            d0 = _mm512_mul_pd(d0, _mm512_add_pd(g0, _mm512_mul_pd(s0, _mm512_sub_pd(one, g0))));
+            d1 = _mm512_mul_pd(d1, _mm512_add_pd(g1, _mm512_mul_pd(s1, _mm512_sub_pd(one, g1))));
+            if (full) {
+                _mm256_storeu_ps(dx + i, _mm512_cvtpd_ps(d0));
+                _mm256_storeu_ps(dx + i + 8, _mm512_cvtpd_ps(d1));
+            } else {
+                caffe_v_store(dx + i, _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(d0)),
+                                                         _mm512_cvtpd_ps(d1), 1), k, full);
+            }
+        })
     }
     /* BNLL: y = max(x, 0) + log1p(exp(-|x|)) (log1p by caffe_log1p_unit's series, 16 lanes) */
     static inline void caffe_bnll_fwd_f(const float* x, float* y, ptrdiff_t n) {
@@ -185,12 +233,15 @@ cdef extern from *:
     #else
     #define CAFFE_ELT_VEXP 0
     static inline void caffe_sigmoid_f(const float* x, float* y, float* aux, ptrdiff_t n, float a, int swish) {}
+    static inline void caffe_swish_bwd_f(const float* x, const float* y, const float* dy, float* dx, ptrdiff_t n,
+                                         float a) {}
     static inline void caffe_bnll_fwd_f(const float* x, float* y, ptrdiff_t n) {}
     static inline void caffe_bnll_bwd_f(const float* x, const float* dy, float* dx, ptrdiff_t n) {}
     #endif
     """
     bint CAFFE_ELT_VEXP
     void caffe_sigmoid_f(const float* x, float* y, float* aux, Py_ssize_t n, float a, int swish) nogil
+    void caffe_swish_bwd_f(const float* x, const float* y, const float* dy, float* dx, Py_ssize_t n, float a) nogil
     void caffe_bnll_fwd_f(const float* x, float* y, Py_ssize_t n) nogil
     void caffe_bnll_bwd_f(const float* x, const float* dy, float* dx, Py_ssize_t n) nogil
 
@@ -199,6 +250,50 @@ cdef inline real _log1p_unit(real u) noexcept nogil:
     if real is float:
         return caffe_log1p_unit(u)
     return _log1p(u)
+
+
+# Swish out of place keeps no sigmoid output: its backward recomputes sigmoid(a x) from the bottom (reading x
+# instead of the state: the forward writes one output, not two). Both passes take the sigmoid from this one loop
+# into a local piece, so that libmvec's vector and scalar calls (a loop's vector body and its tail) fall on the
+# same elements in both, and the recomputed values are the forward's bits; the gradient's loop is the kept-state
+# loop's own source, so the compiler rounds it the same way (the AVX-512 build contracts it into FMAs there
+# too): the bottom diff is the same bits either way. (The in-place forward keeps the state and its fused loop.)
+cdef inline void _swish_sigmoid(const real* x, real* s, Py_ssize_t n, real a) noexcept nogil:
+    cdef Py_ssize_t i
+    if real is float and CAFFE_ELT_VEXP:  # (every lane the same operations: no vector/tail split to match)
+        caffe_sigmoid_f(x, s, NULL, n, a, 2)
+        return
+    for i in range(n):
+        s[i] = _sigmoid(x[i] * a)
+
+
+cdef void _swish_fwd_top(const real* x, real* y, Py_ssize_t n, real a) noexcept nogil:
+    cdef real s[CHUNK]
+    cdef Py_ssize_t i
+    _swish_sigmoid(x, s, n, a)
+    for i in range(n):
+        y[i] = x[i] * s[i]
+
+
+cdef void _swish_bwd_recompute(const real* x, const real* y, const real* dy, real* dx, Py_ssize_t n,
+                               real a) noexcept nogil:
+    cdef real s[CHUNK]
+    cdef Py_ssize_t i
+    cdef real g
+    if real is float and CAFFE_ELT_VEXP:
+        caffe_swish_bwd_f(x, y, dy, dx, n, a)
+        return
+    _swish_sigmoid(x, s, n, a)
+    for i in range(n):
+        g = a * y[i]
+        dx[i] = dy[i] * (g + s[i] * (1 - g))
+
+
+# Whether a Swish layer out of place should leave the sigmoid output out (float32): only where the sigmoid is cheap
+# against the traffic saved, the AVX-512 build's own exp (1 unit of 3 forward, 0.5 ns an element on one Zen 5 core;
+# ab_swish.py). libmvec's tanh (the other builds, and float64) took longer to recompute than the write it saved
+# (AVX2: 0.9 ns an element, backward 2.9x slower for a forward 1.1x faster): there the layer keeps the state.
+SWISH_RECOMPUTES_FLOAT32 = bool(CAFFE_ELT_VEXP)
 
 
 cdef void _neuron_fwd(int op, const real* x, real* y, real* aux, Py_ssize_t n,
@@ -267,6 +362,9 @@ cdef void _neuron_fwd(int op, const real* x, real* y, real* aux, Py_ssize_t n,
         if real is float and CAFFE_ELT_VEXP:
             caffe_sigmoid_f(x, y, aux, n, a, 1)
             return
+        if aux == NULL:
+            _swish_fwd_top(x, y, n, a)
+            return
         for i in range(n):
             v = x[i]
             s = _sigmoid(v * a)
@@ -326,6 +424,9 @@ cdef void _neuron_bwd(int op, const real* x, const real* y, const real* aux, con
             v = x[i]
             dx[i] = dy[i] * (1 if (v >= a and v <= b) else 0)
     elif op == SWISH:
+        if aux == NULL:  # out of place: the sigmoid from x, as the forward computed it
+            _swish_bwd_recompute(x, y, dy, dx, n, a)
+            return
         for i in range(n):
             g = a * y[i]
             dx[i] = dy[i] * (g + aux[i] * (1 - g))
@@ -336,13 +437,14 @@ cdef void _neuron_bwd(int op, const real* x, const real* y, const real* aux, con
 
 def neuron_forward(int op, const real[::1] x, real[::1] y, real[::1] aux, real[::1] save,
                    double a=0, double b=0, double c=0):
-    """y = op(x). aux: a second output (Swish's sigmoid); save: a copy of x is written there first
-    (an in-place layer keeps its input for backward). Unused buffers are passed empty."""
+    """y = op(x). aux: a second output (Swish's sigmoid; empty: not kept, backward recomputes it from x);
+    save: a copy of x is written there first (an in-place layer keeps its input for backward). Unused buffers
+    are passed empty."""
     cdef Py_ssize_t n = x.shape[0], ch, lo, m
     if n == 0:
         return
     _need(y.shape[0], n, "top")
-    if op == SWISH:
+    if op == SWISH and aux.shape[0]:
         _need(aux.shape[0], n, "aux")
     cdef const real* xp = &x[0]
     cdef real* yp = &y[0]
@@ -362,7 +464,8 @@ def neuron_forward(int op, const real[::1] x, real[::1] y, real[::1] aux, real[:
 
 def neuron_backward(int op, const real[::1] x, const real[::1] y, const real[::1] aux,
                     const real[::1] dy, real[::1] dx, double a=0, double b=0, double c=0, double d=0):
-    """dx = dy * op'(x, y). x / y / aux are passed empty where the operation does not read them."""
+    """dx = dy * op'(x, y). x / y / aux are passed empty where the operation does not read them (Swish reads
+    y and either aux, its sigmoid kept by the forward, or x, to recompute it)."""
     cdef Py_ssize_t n = dy.shape[0], ch, lo, m
     if n == 0:
         return
@@ -377,7 +480,7 @@ def neuron_backward(int op, const real[::1] x, const real[::1] y, const real[::1
     if ap != NULL:
         _need(aux.shape[0], n, "aux")
     if (op in (RELU, ELU, POWER, LOG, ABSVAL, BNLL, CLIP) and xp == NULL) or \
-            (op in (SIGMOID, TANH, ELU, EXP, SWISH) and yp == NULL) or (op == SWISH and ap == NULL):
+            (op in (SIGMOID, TANH, ELU, EXP, SWISH) and yp == NULL) or (op == SWISH and ap == NULL and xp == NULL):
         raise ValueError(f"elementwise kernel: neuron {op} backward is missing an input")
     cdef const real* dyp = &dy[0]
     cdef real* dxp = &dx[0]
