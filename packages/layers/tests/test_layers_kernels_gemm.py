@@ -310,3 +310,94 @@ def test_1x1_plan_backward_with_and_without_the_kernel(N, cg, og, HW, group, use
     got_dw = layer.blobs[0].diff.astype(np.float64).reshape(Co, cg)
     assert np.all(np.abs(got_dw - dw) <= (N * (P + 2) + 1) * U * dw_mag + 1e-30)
     np.testing.assert_allclose(layer.blobs[1].diff, dy.astype(np.float64).sum(axis=(0, 2, 3)), rtol=1e-5, atol=1e-4)
+
+
+# -- conv_cpu's blocked plan (lowered column blocks) ----------------------------------------------------
+
+def _conv64(text, w, b, x, dy=None):
+    """The same convolution in float64 (np.matmul, not the kernel): the reference, and with |w|, |x|, |dy|
+    the magnitudes the bounds scale."""
+    layer = make_layer("Convolution", text)
+    bottom, top = blobs_from_arrays([x.astype(np.float64)], np.float64), empty_tops(1, np.float64)
+    layer.SetUp(bottom, top)
+    layer.blobs[0].data[...] = w
+    if b is not None:
+        layer.blobs[1].data[...] = b
+    layer.Forward(bottom, top)
+    if dy is None:
+        return top[0].data.copy(), None, None
+    top[0].diff[...] = dy
+    layer.blobs[0].diff[...] = 0
+    layer.Backward(top, [True], bottom)
+    return top[0].data.copy(), bottom[0].diff.copy(), layer.blobs[0].diff.copy()
+
+
+@NEEDS_AVX512
+@settings(max_examples=12, deadline=None)
+@given(N=st.integers(1, 3), cg=st.integers(1, 12), og=st.integers(1, 20), k=st.sampled_from([1, 3, 5]),
+       stride=st.sampled_from([1, 2]), pad=st.integers(0, 2), HW=st.sampled_from([(5, 7), (9, 9), (30, 17)]),
+       group=st.sampled_from([1, 2]), bias=st.booleans(), lowered=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_blocked_plan_with_the_kernel_within_the_float32_bounds(N, cg, og, k, stride, pad, HW, group, bias, lowered,
+                                                                 seed):
+    """The blocked plan's float32 forward and backward with kernels.gemm (GEMM512_LOWERED on; a padded layer or a
+    1 x 1 kernel) and with np.matmul (off, and every valid layer with a larger kernel), each within the float32
+    sum bounds of the float64 convolution: forward (K + 2) u (sum|w x| + |b|), K = kernel_dim; bottom diff
+    (og + k^2 + 2) u sum|w dy| (the GEMM's og terms, then col2im's up to k^2 adds); weight diff
+    (N P + 2 blocks + 2) u sum|dy x| (P positions an image, each block's sum added to the diff)."""
+    if k == 1 and stride == 1 and pad == 0:
+        stride = 2  # not the 1x1 plan
+    C, Co = cg * group, og * group
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((N, C, *HW)).astype(np.float32)
+    text = (f"convolution_param {{ num_output: {Co} kernel_size: {k} stride: {stride} pad: {pad} group: {group} "
+            f"bias_term: {'true' if bias else 'false'} weight_filler {{ type: 'gaussian' std: 0.3 }} "
+            "bias_filler { type: 'gaussian' std: 0.5 } }")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(conv_cpu, "GEMM512", True)
+        mp.setattr(conv_cpu, "GEMM512_LOWERED", lowered)
+        mp.setattr(conv_cpu, "dense_fits", lambda layer, dtype: False)  # the blocked plan for every shape
+        mp.setattr(conv_cpu, "direct_fits", lambda layer: False)
+        counting = _Counting()
+        mp.setattr(conv_cpu, "_gm", counting)
+        layer = make_layer("Convolution", text)
+        bottom, top = blobs_from_arrays([x], np.float32), empty_tops(1, np.float32)
+        layer.SetUp(bottom, top)
+        layer.Forward(bottom, top)
+        dy = rng.standard_normal(top[0].shape).astype(np.float32)
+        top[0].diff[...] = dy
+        layer.blobs[0].diff[...] = 0
+        layer.Backward(top, [True], bottom)
+        assert layer.plan(np, np.float32) == "blocked"
+        blocks = len(layer.cpu_blocks(N, np.float32, exact=False).blocks)
+    takes = lowered and (pad > 0 or k == 1)
+    assert (counting.calls > 0) == takes
+    w = layer.blobs[0].data.astype(np.float64)
+    b = layer.blobs[1].data.astype(np.float64) if bias else None
+    y, dx, dw = _conv64(text, w, b, x, dy)
+    ym, dxm, dwm = _conv64(text, np.abs(w), None if b is None else np.abs(b), np.abs(x), np.abs(dy))
+    K, P = layer.kernel_dim, int(np.prod(top[0].shape[2:]))
+    assert np.all(np.abs(top[0].data - y) <= (K + 2) * U * ym + 1e-30)
+    assert np.all(np.abs(bottom[0].diff - dx) <= (og + k * k + 2) * U * dxm + 1e-30)
+    assert np.all(np.abs(layer.blobs[0].diff - dw) <= (N * P + 2 * blocks + 2) * U * dwm + 1e-30)
+
+
+@NEEDS_AVX512
+def test_blocked_plan_keeps_sgemm_for_valid_layers(monkeypatch):
+    """A valid (unpadded) convolution with a kernel past 1 x 1, LeNet's, keeps np.matmul with GEMM512 on: the LeNet
+    trace follows sgemm's sums there; a padded one, and a strided 1 x 1, take kernels.gemm."""
+    monkeypatch.setattr(conv_cpu, "GEMM512", True)
+    monkeypatch.setattr(conv_cpu, "GEMM512_LOWERED", True)
+    monkeypatch.setattr(conv_cpu, "dense_fits", lambda layer, dtype: False)
+    for text, calls in (("kernel_size: 5", False), ("kernel_size: 5 pad: 2", True),
+                        ("kernel_size: 1 stride: 2", True)):
+        counting = _Counting()
+        monkeypatch.setattr(conv_cpu, "_gm", counting)
+        layer = make_layer("Convolution", f"convolution_param {{ num_output: 50 {text} "
+                           "weight_filler { type: 'gaussian' std: 0.1 } }")
+        x = np.random.default_rng(0).standard_normal((2, 20, 12, 12)).astype(np.float32)
+        bottom, top = blobs_from_arrays([x], np.float32), empty_tops(1, np.float32)
+        layer.SetUp(bottom, top)
+        layer.Forward(bottom, top)
+        top[0].diff[...] = 1
+        layer.Backward(top, [True], bottom)
+        assert layer.plan(np, np.float32) == "blocked" and (counting.calls > 0) == calls, text

@@ -33,7 +33,8 @@ images, or a band of output rows of one image) whose column buffer is about
 COL_BLOCK_BYTES, so im2col writes it into the (L3) cache and the GEMMs read it from
 there instead of main memory (a whole-batch column buffer, CIFAR10-quick's conv2, is
 82 MB; VGG's first layers need 115 MB per image). Each block runs one GEMM per group on
-all cores (OpenBLAS); the lowering and layout changes between them are OpenMP kernels.
+all cores (OpenBLAS; kernels.gemm where GEMM512 is set, GEMM512_LOWERED, except in a valid layer whose
+kernel is past 1 x 1, LeNet's, which keeps sgemm's sums); the lowering and layout changes between them are OpenMP kernels.
 The two pools run one after the other, never nested, so the cores are never
 oversubscribed; each hand-over between them costs, which is why blocks are not smaller.
 
@@ -148,6 +149,10 @@ def _gemm512_default() -> bool:
 # and activation in its store): _gemm512_default(); CAFFE_CONV_GEMM512=0 or CAFFE_KERNELS_AVX512=0 in the
 # environment turn it off (benchmarks and tests set it False / True; True needs gemm512_supported()).
 GEMM512 = _gemm512_default()
+# The blocked plan's float32 GEMMs by kernels.gemm too (where GEMM512 is set), except a "valid" layer's
+# (no pad, kernel past 1 x 1: LeNet's): those keep sgemm's numerics, which the LeNet trace follows, as
+# dense_rule keeps them on this plan (kernels.gemm's sums there moved the trace 5% by iteration 100).
+GEMM512_LOWERED = True
 
 
 def gemm512_supported() -> bool:
@@ -161,7 +166,7 @@ _NO_ACT = (0, 0.0, 0.0)  # kernels.lowering.ACT_NONE
 def tunables():
     """The block-size settings and the exact forward's path (a cache key: tests and benchmarks change them)."""
     return (COL_BLOCK_BYTES, MIN_BLOCK_COLS, ONE_BY_ONE_VIEW_COLS, ONE_BY_ONE_COLS, ONE_BY_ONE_BYTES, EXACT_GEMM,
-            GEMM512)
+            GEMM512, GEMM512_LOWERED)
 
 
 def available() -> bool:
@@ -211,7 +216,8 @@ class Blocks:
         self.kernel = exact and EXACT_GEMM and np.dtype(dtype) == np.float32
         self.cdtype = np.dtype(np.float64) if exact and not self.kernel else np.dtype(dtype)
         # a 1x1 layer's float32 GEMMs by kernels.gemm (GEMM512)
-        self.gemm512 = self.one_by_one and GEMM512 and not exact and self.cdtype == np.float32
+        self.gemm512 = GEMM512 and not exact and self.cdtype == np.float32 and (
+            self.one_by_one or (GEMM512_LOWERED and (any(g.pad) or all(k == 1 for k in g.kernel))))
         self.blocks = plan_blocks(num, self.OH, self.OW, self.rows, self.cdtype.itemsize,
                                   not self.one_by_one)
 

@@ -7,8 +7,8 @@
   conv_direct_avx2  the direct dense convolution (stride 1): forward, and weight diff vectorized over
              output channels (AVX2 + FMA, AVX-512 variants chosen at run time; conv_cpu's "dense" plan)
   gemm       an AVX-512 packed float32 GEMM (bias and activation in its store; any strided A and B),
-             chosen at run time for the 1x1 convolutions' GEMMs where NumPy's OpenBLAS runs AVX2 kernels
-             (conv_cpu.GEMM512)
+             chosen at run time for the convolutions' GEMMs (the 1x1 plan's, and the blocked plan's but
+             a valid layer's) where NumPy's OpenBLAS runs AVX2 kernels (conv_cpu.GEMM512)
   exact_gemm the exact short-K convolution forward: float64 sums of float32 products, rounded
              once, from float32 data (AVX2 + FMA; conv_cpu.EXACT_GEMM)
   pooling    2-D MAX / AVE pooling forward and backward
