@@ -352,9 +352,9 @@ def test_max_pooling_backward_drops_an_argmax_outside_the_plane():
 def _caffe_global_ave(x):
     """(planes, HW) -> Caffe's AVE over each plane: 0 + x[0] + x[1] + ... in x's precision, then / HW."""
     acc = np.zeros(x.shape[0], x.dtype)
-    for k in range(x.shape[1]):
-        acc = acc + x[:, k]
-    with np.errstate(invalid="ignore", over="ignore"):
+    with np.errstate(invalid="ignore", over="ignore"):  # inf + -inf: NaN, as the kernel's
+        for k in range(x.shape[1]):
+            acc = acc + x[:, k]
         return acc / x.dtype.type(x.shape[1])
 
 

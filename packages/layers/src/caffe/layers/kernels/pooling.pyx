@@ -443,7 +443,14 @@ cdef extern from *:
 # miss the cache were slow here (Zen 5: the full-size forward took 1.5x longer with them). The values alone (TEST)
 # keep _max_plane_sep, already at memory speed. (A gathered backward, each dx pixel summing the dy of the windows
 # whose argmax it is, was tried and dropped: faster in cache, not at full size, where main's scatter after a memset
-# overlaps with memory better.)
+# overlaps with memory better. Session 12 tried again, bit-exact each: (1) the top and argmax, and the bottom diff, made
+# per plane in a thread-local scratch and written out by non-temporal stores (no read of the output lines first); (2) a
+# vectorized gather backward (16 pixels a vector, each window row's argmaxes permuted into the lanes of windows A / B,
+# masked adds in Caffe's order, an argmax outside its window counted and scattered instead); (3) the scatter with the
+# pixel being added to kept in a register while consecutive windows hit it. One thread, 8x256x56x56 and 8x64x112x112:
+# (1) 1.0-1.14x main's time forward and backward (one and two threads), (2) 1.1-1.8x at full size (in cache 0.5-1.8x
+# from run to run), (3) 0.8x in cache, 1.9-2.1x at full size (its loop-carried chain stalls on each top diff read from
+# memory). Patches and figures: the session 12 report.)
 cdef extern from *:
     """
     #include <math.h>
