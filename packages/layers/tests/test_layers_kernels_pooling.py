@@ -345,3 +345,50 @@ def test_max_pooling_backward_drops_an_argmax_outside_the_plane():
     dx = np.full(18, np.nan, np.float32)
     pooling._k.max_pool_backward(dy, mask, dx, 2, 9, 4)
     np.testing.assert_array_equal(dx, [5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 10, 20, 70, 0, 0, 0, 0, 0])
+
+
+# -- global AVE forward: Caffe's sum order, bit for bit (the AVX-512 / AVX2 builds transpose 16 / 8 planes into lanes) --
+
+def _caffe_global_ave(x):
+    """(planes, HW) -> Caffe's AVE over each plane: 0 + x[0] + x[1] + ... in x's precision, then / HW."""
+    acc = np.zeros(x.shape[0], x.dtype)
+    with np.errstate(invalid="ignore", over="ignore"):  # inf + -inf: NaN, as the kernel's
+        for k in range(x.shape[1]):
+            acc = acc + x[:, k]
+        return acc / x.dtype.type(x.shape[1])
+
+
+@pytest.mark.parametrize("build", BUILDS)
+@given(planes=st.integers(1, 40), hw=st.tuples(st.integers(1, 9), st.integers(1, 9)), dtype=DTYPES, seed=SEEDS,
+       specials=st.booleans())
+def test_global_ave_pooling_forward_is_caffes_sum_order(build, planes, hw, dtype, seed, specials):
+    # planes 1-40: whole groups of 16 / 8 lanes and every remainder (those planes one at a time); H x W 1-81 values:
+    # blocks of 16 / 8 and partial last blocks. Magnitudes spread over 1e-3..1e5 so that another order of the
+    # additions changes bits; signed zeros (0 + -0 = +0, as from Caffe's 0 start), inf and NaN.
+    mod = build_module("pooling", build)
+    H, W = hw
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((planes, H * W)) * rng.choice([1e-3, 1.0, 1e5], (planes, H * W))).astype(dtype)
+    if specials:
+        x.reshape(-1)[rng.integers(0, x.size, 3)] = rng.choice([-0.0, np.inf, -np.inf, np.nan], 3)
+    x[0] = -0.0  # a plane of negative zeros: +0
+    y = np.full(planes, 7, dtype)
+    mod.ave_pool_forward(x.reshape(-1), y, planes, H, W, 1, 1, H, W, 1, 1, 0, 0)
+    np.testing.assert_array_equal(_bits(y), _bits(_caffe_global_ave(x)))
+
+
+def test_global_ave_pooling_forward_is_caffes_sum_order_at_the_resnet_shape():
+    # 8 x 2048 planes of 7 x 7 (ResNet-50's pool5), both threads: every build this CPU runs against the reference
+    x = (np.random.default_rng(3).standard_normal((8 * 2048, 49)) * 10).astype(np.float32)
+    want = _bits(_caffe_global_ave(x))
+    ran = 0
+    for build in BUILDS:
+        try:
+            mod = build_module("pooling", build)
+        except pytest.skip.Exception:
+            continue
+        y = np.empty(8 * 2048, np.float32)
+        mod.ave_pool_forward(x.reshape(-1), y, 8 * 2048, 7, 7, 1, 1, 7, 7, 1, 1, 0, 0)
+        np.testing.assert_array_equal(_bits(y), want, err_msg=build)
+        ran += 1
+    assert ran >= 1

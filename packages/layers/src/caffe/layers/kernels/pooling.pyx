@@ -443,7 +443,14 @@ cdef extern from *:
 # miss the cache were slow here (Zen 5: the full-size forward took 1.5x longer with them). The values alone (TEST)
 # keep _max_plane_sep, already at memory speed. (A gathered backward, each dx pixel summing the dy of the windows
 # whose argmax it is, was tried and dropped: faster in cache, not at full size, where main's scatter after a memset
-# overlaps with memory better.)
+# overlaps with memory better. Session 12 tried again, bit-exact each: (1) the top and argmax, and the bottom diff, made
+# per plane in a thread-local scratch and written out by non-temporal stores (no read of the output lines first); (2) a
+# vectorized gather backward (16 pixels a vector, each window row's argmaxes permuted into the lanes of windows A / B,
+# masked adds in Caffe's order, an argmax outside its window counted and scattered instead); (3) the scatter with the
+# pixel being added to kept in a register while consecutive windows hit it. One thread, 8x256x56x56 and 8x64x112x112:
+# (1) 1.0-1.14x main's time forward and backward (one and two threads), (2) 1.1-1.8x at full size (in cache 0.5-1.8x
+# from run to run), (3) 0.8x in cache, 1.9-2.1x at full size (its loop-carried chain stalls on each top diff read from
+# memory). Patches and figures: the session 12 report.)
 cdef extern from *:
     """
     #include <math.h>
@@ -1070,6 +1077,114 @@ cdef inline void _ave_back_plane(const real* dy, real* dx, Py_ssize_t H, Py_ssiz
                     row[pw * sw - pad_w + j] += q[pw]
 
 
+# Global AVE pooling of float32 planes, AVX-512 / AVX2 builds: sixteen / eight planes at once, one per lane, each
+# still summed in Caffe's order (row-major, from 0) and divided by (float)(H * W), so the bits of _ave_plane_global.
+# Blocks of 16 (8) consecutive values of each of the 16 (8) planes are loaded and transposed in registers (lane i then
+# holds plane i's values), so the planes' serial chains of additions become one chain of vector additions. The
+# scalar _ave_global_8 did one addition per value, bounded by the adds and loads, not by memory: at 8x2048x7x7 (3.2 MB,
+# in L3 in a net) it took 2x the time of a read of the blob.
+cdef extern from *:
+    """
+    #if defined(__AVX512F__)
+    #define CAFFE_POOL_AVE_GLOBAL16 1
+    /* r[i] (row i) becomes column i: r[j] lane i = old r[i] lane j */
+    static inline void caffe_pool_transpose16(__m512* r) {
+        __m512 t[16];
+        int i;
+        for (i = 0; i < 16; i += 2) {
+            t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+            t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+        }
+        for (i = 0; i < 16; i += 4) {
+            r[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
+            r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xEE);
+            r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+            r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+        }
+        for (i = 0; i < 4; i++) {
+            t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+            t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xDD);
+            t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+            t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xDD);
+        }
+        for (i = 0; i < 8; i++) {
+            r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+            r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xDD);
+        }
+    }
+    /* y[i] = (0 + x[i HW] + x[i HW + 1] + ... ) / HW, i < 16, the sums in that order */
+    static inline void caffe_pool_ave_global16(const float* x, float* y, Py_ssize_t HW) {
+        __m512 acc = _mm512_setzero_ps(), r[16];
+        Py_ssize_t c, n, i, j;
+        for (c = 0; c < HW; c += 16) {
+            n = HW - c < 16 ? HW - c : 16;
+            __mmask16 l = n == 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u);
+            for (i = 0; i < 16; i++)
+                r[i] = n == 16 ? _mm512_loadu_ps(x + i * HW + c) : _mm512_maskz_loadu_ps(l, x + i * HW + c);
+            caffe_pool_transpose16(r);
+            for (j = 0; j < n; j++)
+                acc = _mm512_add_ps(acc, r[j]);
+        }
+        _mm512_storeu_ps(y, _mm512_div_ps(acc, _mm512_set1_ps((float)HW)));
+    }
+    #else
+    #define CAFFE_POOL_AVE_GLOBAL16 0
+    static inline void caffe_pool_ave_global16(const float* x, float* y, Py_ssize_t HW) {}
+    #endif
+    #if defined(__AVX2__)
+    #define CAFFE_POOL_AVE_GLOBAL8 1
+    /* caffe_pool_transpose16 for eight rows of eight */
+    static inline void caffe_pool_transpose8(__m256* r) {
+        __m256 t[8];
+        int i;
+        for (i = 0; i < 8; i += 2) {
+            t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+            t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+        }
+        for (i = 0; i < 8; i += 4) {
+            r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+            r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+            r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+            r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+        }
+        for (i = 0; i < 4; i++) {
+            t[i] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x20);
+            t[i + 4] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x31);
+        }
+        for (i = 0; i < 8; i++)
+            r[i] = t[i];
+    }
+    /* caffe_pool_ave_global16 eight planes wide (the AVX2 build) */
+    static inline void caffe_pool_ave_global8(const float* x, float* y, Py_ssize_t HW) {
+        __m256 acc = _mm256_setzero_ps(), r[8];
+        Py_ssize_t c, n, i, j;
+        for (c = 0; c < HW; c += 8) {
+            n = HW - c < 8 ? HW - c : 8;
+            if (n == 8) {
+                for (i = 0; i < 8; i++)
+                    r[i] = _mm256_loadu_ps(x + i * HW + c);
+            } else {
+                __m256i l = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+                for (i = 0; i < 8; i++)
+                    r[i] = _mm256_maskload_ps(x + i * HW + c, l);
+            }
+            caffe_pool_transpose8(r);
+            for (j = 0; j < n; j++)
+                acc = _mm256_add_ps(acc, r[j]);
+        }
+        _mm256_storeu_ps(y, _mm256_div_ps(acc, _mm256_set1_ps((float)HW)));
+    }
+    #else
+    #define CAFFE_POOL_AVE_GLOBAL8 0
+    static inline void caffe_pool_ave_global8(const float* x, float* y, Py_ssize_t HW) {}
+    #endif
+    """
+    bint CAFFE_POOL_AVE_GLOBAL16
+    bint CAFFE_POOL_AVE_GLOBAL8
+    void caffe_pool_ave_global16(const float* x, float* y, Py_ssize_t HW) nogil
+    void caffe_pool_ave_global8(const float* x, float* y, Py_ssize_t HW) nogil
+
+
 cdef inline void _ave_plane_global(const real* x, real* y, Py_ssize_t HW) noexcept nogil:
     """A window covering the whole (unpadded) plane: the sum in Caffe's row-major order / H * W."""
     cdef Py_ssize_t k
@@ -1297,10 +1412,21 @@ def ave_pool_forward(const real[::1] x, real[::1] y, Py_ssize_t planes,
     cdef bint whole = PH == 1 and PW == 1 and kh == H and kw == W and pad_h == 0 and pad_w == 0
     with nogil:
         if whole:  # global pooling: blocks of eight planes, then the rest one by one
-            for p in prange(planes // 8, schedule="dynamic", chunksize=(g + 7) // 8, num_threads=nt):
-                _ave_global_8(xp + 8 * p * H * W, yp + 8 * p, H * W)
-            for p in range(planes - planes % 8, planes):
-                _ave_plane_global(xp + p * H * W, yp + p, H * W)
+            if real is float and CAFFE_POOL_AVE_GLOBAL16:
+                for p in prange(planes // 16, schedule="dynamic", chunksize=(g + 15) // 16, num_threads=nt):
+                    caffe_pool_ave_global16(<const float*>xp + 16 * p * H * W, <float*>yp + 16 * p, H * W)
+                for p in range(planes - planes % 16, planes):
+                    _ave_plane_global(xp + p * H * W, yp + p, H * W)
+            elif real is float and CAFFE_POOL_AVE_GLOBAL8:
+                for p in prange(planes // 8, schedule="dynamic", chunksize=(g + 7) // 8, num_threads=nt):
+                    caffe_pool_ave_global8(<const float*>xp + 8 * p * H * W, <float*>yp + 8 * p, H * W)
+                for p in range(planes - planes % 8, planes):
+                    _ave_plane_global(xp + p * H * W, yp + p, H * W)
+            else:
+                for p in prange(planes // 8, schedule="dynamic", chunksize=(g + 7) // 8, num_threads=nt):
+                    _ave_global_8(xp + 8 * p * H * W, yp + 8 * p, H * W)
+                for p in range(planes - planes % 8, planes):
+                    _ave_plane_global(xp + p * H * W, yp + p, H * W)
         else:
             for p in prange(planes, schedule="dynamic", chunksize=g, num_threads=nt):
                 _ave_plane(xp + p * H * W, yp + p * PH * PW, H, W, PH, PW, kh, kw, sh, sw,
