@@ -226,21 +226,30 @@ def test_streaming_softmax_loss_matches_numpy(build, shape, dtype, seed, data, n
 
 # -- the labels: kernels.softmax.loss_labels against read_labels (the NumPy path's conversion) ----------------
 
+@pytest.mark.parametrize("build", BUILDS)
 @given(n=st.integers(0, 300), c=st.integers(1, 9), dtype=DTYPES, seed=SEEDS,
-       ignore=st.sampled_from([None, 0, 3, -1, 255]), bad=st.booleans())
-def test_loss_labels_match_read_labels(n, c, dtype, seed, ignore, bad):
+       ignore=st.sampled_from([None, 0, 3, -1, -4, 255]), bad=st.booleans(), edges=st.booleans())
+def test_loss_labels_match_read_labels(build, n, c, dtype, seed, ignore, bad, edges):
     """Caffe's static_cast<int> (truncation: 2.7 -> 2, -0.5 -> 0), the ignore_label compared after it, the count
-    of valid labels and the first bad one (out of [0, C), NaN, huge) in flat order, as read_labels finds it."""
+    of valid labels and the first bad one (out of [0, C), NaN, huge) in flat order, as read_labels finds it; in
+    every build (the vector builds compare the value against the intervals that truncate to a class or to the
+    ignore_label: `edges` puts values at and next to those intervals' ends, in the label's precision)."""
     from caffe.layers.softmax_loss import read_labels
+    mod = build_module("softmax", build)
     rng = np.random.default_rng(seed)
     raw = rng.integers(0, c, n) + rng.choice([0.0, 0.0, 0.4, 0.99, -0.6], n)
     if ignore is not None and n:
         raw[rng.integers(0, n, max(1, n // 5))] = ignore
+    raw = raw.astype(dtype)
+    if edges and n:
+        ends = np.array([-1, 0, 1, c - 1, c] + ([ignore - 1, ignore, ignore + 1] if ignore is not None else []), dtype)
+        near = np.concatenate([ends, np.nextafter(ends, dtype(np.inf)), np.nextafter(ends, dtype(-np.inf)),
+                               ends + dtype(0.5), ends - dtype(0.5)])
+        raw[rng.integers(0, n, max(1, n // 3))] = rng.choice(near, max(1, n // 3))
     if bad and n:
         raw[rng.integers(0, n, 3)] = rng.choice([c, c + 0.5, -1.0, -7.0, np.nan, 1e30, -np.inf], 3)
-    raw = raw.astype(dtype)
     label, valid = np.full(n, 99, np.int64), np.full(n, 7, np.uint8)
-    count, first = softmax.loss_labels(raw, c, ignore is not None, ignore if ignore is not None else 0, label, valid)
+    count, first = mod.loss_labels(raw, c, ignore is not None, ignore if ignore is not None else 0, label, valid)
 
     class Blob1:  # what read_labels reads: data_xp
         def data_xp(self, xp):

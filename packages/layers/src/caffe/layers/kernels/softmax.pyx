@@ -789,34 +789,69 @@ def softmax_backward(const real[::1] y, const real[::1] dy, real[::1] dx, Py_ssi
         raise MemoryError("softmax kernel: no memory for a thread's scratch block")
 
 
+# loss_labels' loop without branches or a conversion to int64 of every value, so that GCC vectorizes it (with the
+# first bad label tracked inside it stayed scalar: 0.09-0.14 ms for 100K labels, 5-9% of SoftmaxWithLoss's forward
+# at 8x64x112x112); the first bad label is looked for afterwards, only where there is one. In terms of the value v
+# (in double: exact for float32 and float64 labels): trunc(v) is in [0, C) iff -1 < v < C, and trunc(v) == k iff
+# v lies in (lo, hi) below (k > 0: [k, k + 1), k < 0: (k - 1, k], 0: (-1, 1)); NaN is in no interval.
+cdef extern from *:
+    """
+    #include <math.h>
+    #include <stdint.h>
+    #define CAFFE_LOSS_LABELS(T, NAME) \\
+    static inline ptrdiff_t NAME(const T* raw, ptrdiff_t n, int64_t C, int has_ignore, int64_t ignore, \\
+                                 int64_t* label, uint8_t* valid, ptrdiff_t* bad) { \\
+        ptrdiff_t i, count = 0, nbad = 0; \\
+        const double k = (double)ignore, c = (double)C; \\
+        const double lo = !has_ignore ? 1.0 : k > 0 ? nextafter(k, -INFINITY) : k - 1.0; \\
+        const double hi = !has_ignore ? -1.0 : k < 0 ? nextafter(k, INFINITY) : k + 1.0; \\
+        for (i = 0; i < n; i++) { \\
+            const double v = (double)raw[i]; \\
+            const int ok = !(v > lo && v < hi); \\
+            const int in = v > -1.0 && v < c; \\
+            label[i] = ok & in ? (int64_t)(int32_t)(in ? v : 0.0) : 0;  /* (C < 2^31) */ \\
+            valid[i] = (uint8_t)ok; \\
+            count += ok; \\
+            nbad += ok & !in; \\
+        } \\
+        *bad = nbad; \\
+        return count; \\
+    }
+    CAFFE_LOSS_LABELS(float, caffe_loss_labels_f)
+    CAFFE_LOSS_LABELS(double, caffe_loss_labels_d)
+    """
+    Py_ssize_t caffe_loss_labels_f(const float* raw, Py_ssize_t n, int64_t C, int has_ignore, int64_t ignore,
+                                   int64_t* label, uint8_t* valid, Py_ssize_t* bad) nogil
+    Py_ssize_t caffe_loss_labels_d(const double* raw, Py_ssize_t n, int64_t C, int has_ignore, int64_t ignore,
+                                   int64_t* label, uint8_t* valid, Py_ssize_t* bad) nogil
+
+
 def loss_labels(const real[::1] raw, Py_ssize_t C, bint has_ignore, int64_t ignore, int64_t[::1] label,
                 uint8_t[::1] valid):
     """SoftmaxWithLoss's labels from the label blob's values, in one pass: label = static_cast<int>(raw) (C's
     truncation, as NumPy's astype), valid = label != ignore (all when not has_ignore), label 0 where not valid.
     Returns (the count of valid labels, the flat index of the first valid label outside [0, C), or -1);
-    labels past the first bad one are still converted. NaN and values past int64 count as bad (never equal
-    to ignore, an int32)."""
-    cdef Py_ssize_t n = raw.shape[0], i, first = -1, count = 0
+    labels past the first bad one are still converted (a bad one to 0, valid). NaN and values past int64
+    count as bad (never equal to ignore, an int32)."""
+    cdef Py_ssize_t n = raw.shape[0], i, first = -1, count = 0, bad = 0
     cdef real v
-    cdef int64_t lab
-    cdef uint8_t ok
     _need(label.shape[0], n, "label")
     _need(valid.shape[0], n, "valid")
+    if n == 0:
+        return 0, -1
+    if C > 2147483647 or ignore > 2147483647 or ignore < -2147483647:
+        raise ValueError(f"softmax kernel: {C} classes or ignore_label {ignore} past int32")
     with nogil:
-        for i in range(n):
-            v = raw[i]
-            if v > -9.2e18 and v < 9.2e18:  # (false for NaN)
-                lab = <int64_t>v
-            else:
-                lab = INT64_MIN
-            ok = not (has_ignore and lab == ignore)
-            if ok and (lab < 0 or lab >= C):
-                if first < 0:
+        if real is float:
+            count = caffe_loss_labels_f(&raw[0], n, C, has_ignore, ignore, &label[0], &valid[0], &bad)
+        else:
+            count = caffe_loss_labels_d(&raw[0], n, C, has_ignore, ignore, &label[0], &valid[0], &bad)
+        if bad:
+            for i in range(n):
+                v = raw[i]
+                if valid[i] and not (v > -1 and v < C):
                     first = i
-                lab = 0
-            label[i] = lab if ok else 0
-            valid[i] = ok
-            count += ok
+                    break
     return count, first
 
 
