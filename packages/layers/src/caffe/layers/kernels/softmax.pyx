@@ -324,19 +324,41 @@ cdef extern from *:
         }
     }
     /* _piece_loss (below) in the vector builds: the piece's probabilities at the labels gathered into t (P floats),
-       then their logs by a loop GCC vectorizes with libmvec's logf (8 or 16 lanes, within 4 ulp of logf: not its
-       bits; a scalar logf a position was a seventh of SoftmaxWithLoss's forward at 8x64x112x112), then added in
+       then their logs by libmvec's logf (within 4 ulp of libm's logf: not its bits; a scalar logf a position was a
+       seventh of SoftmaxWithLoss's forward at 8x64x112x112) by blocks of 16, the tail padded, then added in
        double in 8 interleaved partial sums (vectorized; _piece_loss adds in position order: the sums differ by
        roundings of double, ~1e-16 relative, besides the logs' ulps). A position not valid adds log(1) = 0. */
+    /* logf of 16 floats by libmvec's AVX2 logf (twice 8 lanes) in both vector builds, called by name: left to
+       GCC's vectorizer, the builds took the SSE, AVX2 or AVX-512 variant, or libm's logf in an epilogue, by the
+       loop's shape (not the same bits) */
+    #if defined(__GLIBC__) && defined(__x86_64__) && defined(__AVX2__)
+    __m256 _ZGVdN8v_logf(__m256);
+    static inline void caffe_softmax_logf16(float* t) {
+        _mm256_storeu_ps(t, _ZGVdN8v_logf(_mm256_loadu_ps(t)));
+        _mm256_storeu_ps(t + 8, _ZGVdN8v_logf(_mm256_loadu_ps(t + 8)));
+    }
+    #else
+    static inline void caffe_softmax_logf16(float* t) {
+        int k;
+        for (k = 0; k < 16; k++) t[k] = logf(t[k]);
+    }
+    #endif
     static inline double caffe_softmax_piece_loss_f(const float* e, ptrdiff_t es, const float* d, ptrdiff_t P,
                                                     const int64_t* label, const uint8_t* valid, float* t) {
         ptrdiff_t j, k;
         double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, total = 0;
+        const ptrdiff_t PV = P - P % 16;
         for (j = 0; j < P; j++) t[j] = valid[j] ? e[label[j] * es + j] : 1.0f;  /* (a label only read where valid) */
         for (j = 0; j < P; j++) {
             float p = valid[j] ? t[j] / d[j] : 1.0f;
-            p = p < FLT_MIN ? FLT_MIN : p;  /* (Caffe's std::max: NaN stays NaN) */
-            t[j] = logf(p);
+            t[j] = p < FLT_MIN ? FLT_MIN : p;  /* (Caffe's std::max: NaN stays NaN) */
+        }
+        for (j = 0; j < PV; j += 16) caffe_softmax_logf16(t + j);
+        if (PV < P) {  /* the tail padded with 1 (log 0) */
+            float r[16];
+            for (k = 0; k < 16; k++) r[k] = PV + k < P ? t[PV + k] : 1.0f;
+            caffe_softmax_logf16(r);
+            for (k = 0; PV + k < P; k++) t[PV + k] = r[k];
         }
         for (j = 0; j + 8 <= P; j += 8)
             for (k = 0; k < 8; k++) acc[k] += (double)t[j + k];
