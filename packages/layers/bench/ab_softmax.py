@@ -11,7 +11,8 @@ ResNet res2 (8x256x56x56), MobileNet conv2 (8x64x112x112) and a segmentation sha
 streaming threshold), ImageNet classes (64x1000, inner 1) and float64 at the MobileNet shape. Each case first
 checks that both builds give the same bits, then runs old and new alternately (order flipped every repetition)
 and prints the medians of the wall clock and of the process CPU time (all threads: the work done, less
-disturbed by other processes than the wall clock). The floors, timed the same way on the 8x256x56x56 data:
+disturbed by other processes than the wall clock), and the 10th percentile of the wall clock (the runs no other
+process interrupted, on a shared machine). The floors, timed the same way on the 8x256x56x56 data:
 np.copyto (one read + one write: the memory-bound ideal of bench_layers.py --memory), the elementwise kernel's
 Exp (libmvec's AVX2 expf on 2 threads, reading x and writing y in main memory), and the softmax kernels' own
 float32 exp (FMA polynomial) on one thread over a 32 KB block that stays in L1 (pure compute, per element).
@@ -121,6 +122,25 @@ def layer_runs(old):
     return out
 
 
+def compare(run, old, new, outs) -> str:
+    """same_bits, and where only the returned value (SoftmaxWithLoss's loss) differs, by how much: the vector
+    builds' loss takes its logs by libmvec's logf since session 12 (the probabilities keep their bits)."""
+    if same_bits(run, old, new, outs):
+        return "same bits"
+    ret_old = run(old)
+    want = [np.array(o, copy=True) for o in outs]
+    ret_new = run(new)
+    if not all(np.array_equal(a, b, equal_nan=True) for a, b in zip(want, outs)):
+        return "OUTPUTS DIFFER"
+    return f"same outputs, returned value rel {abs(ret_new - ret_old) / max(abs(ret_old), 1e-300):.1e}"
+
+
+def low(times):
+    """The 10th percentile in ms: on a machine that other work shares, the runs that were not interrupted."""
+    t = sorted(times)
+    return t[(len(t) - 1) // 10] * 1e3
+
+
 def timed(fn, clocks):
     t = [c() for c in clocks]
     fn()
@@ -173,7 +193,7 @@ def main(argv=None):
             new.softmax_forward(xx, fill, N, C, S)
         if want and not all(w in name.lower() for w in want):
             continue
-        same = same_bits(run, old, new, outs)
+        same = compare(run, old, new, outs)
         got = {0: [], 1: []}
         for i in range(args.repeats + 2):
             for k in ((0, 1) if i % 2 else (1, 0)):
@@ -181,8 +201,10 @@ def main(argv=None):
                 if i >= 2:
                     got[k].append(t)
         (ow, oc), (nw, nc) = [[statistics.median(g[i] for g in got[k]) * 1e3 for i in (0, 1)] for k in (0, 1)]
+        ol, nl = [low(g[0] for g in got[k]) for k in (0, 1)]
         print(f"  {name:44s} old {ow:7.2f} / {oc:6.2f}   new {nw:7.2f} / {nc:6.2f}   old/new wall {ow / nw:5.2f} "
-              f"cpu {oc / nc:5.2f}  {'same bits' if same else 'OUTPUTS DIFFER'}", flush=True)
+              f"cpu {oc / nc:5.2f}  p10 wall {ol:6.2f} / {nl:6.2f}  "
+              f"{same}", flush=True)
     if not args.layers:
         return
     for name, run in layer_runs(old):
@@ -195,8 +217,9 @@ def main(argv=None):
                 if i >= 2:
                     got[k].append(t)
         (ow, oc), (nw, nc) = [[statistics.median(g[i] for g in got[k]) * 1e3 for i in (0, 1)] for k in (0, 1)]
+        ol, nl = [low(g[0] for g in got[k]) for k in (0, 1)]
         print(f"  {name:52s} old {ow:7.2f} / {oc:6.2f}   new {nw:7.2f} / {nc:6.2f}   old/new wall {ow / nw:5.2f} "
-              f"cpu {oc / nc:5.2f}", flush=True)
+              f"cpu {oc / nc:5.2f}  p10 wall {ol:6.2f} / {nl:6.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -140,8 +140,8 @@ def test_pooling_builds_agree_bit_for_bit(build, hw, k, s, pad, dtype, seed):
 def test_softmax_avx512_float32_is_the_avx2_bits(shape, seed, stream):
     """float32 softmax: the AVX-512 build is the AVX2 one 16 lanes wide (the same FMA exp, IEEE divisions, sums
     over channels per position in the same order), so the probabilities and gradients are the same bits; the
-    loss (libm's logf per position) is summed per piece, and the AVX-512 build's pieces are half as large: the
-    same up to the grouping of a double sum."""
+    loss (libmvec's AVX2 logf per position in both builds, or libm's logf where inner is 1) is summed per piece,
+    and the AVX-512 build's pieces are half as large: the same up to the grouping of a double sum."""
     avx2, avx512 = _pair("softmax", "avx2")[1], _pair("softmax", "avx512")[1]
     rng = np.random.default_rng(seed)
     outer, c, inner = shape

@@ -61,11 +61,15 @@ def test_several_pieces_per_row(shape):
                 np.float32, mixed=False, propagate_down=[True, False])
 
 
+@pytest.mark.parametrize("build", BUILDS)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("inner", [1, 3])
-def test_softmax_loss_forward_kernel_clamps_and_keeps_nan(dtype, inner):
+@pytest.mark.parametrize("inner", [1, 3, 37])
+def test_softmax_loss_forward_kernel_clamps_and_keeps_nan(build, dtype, inner):
     """Caffe's -log(std::max(p, FLT_MIN)): a probability that underflows to 0 costs -log(FLT_MIN), NaN stays
-    NaN; only valid positions count, and an out-of-range label is refused (not read out of bounds)."""
+    NaN; only valid positions count, and an out-of-range label is refused (not read out of bounds). Every build
+    (the vector builds' float32 loss takes its logs by libmvec's logf, 16 or 8 positions at a time: 37 positions
+    leave a tail)."""
+    softmax = build_module("softmax", build)
     # (outer 2, C 2, inner): at every position class 0 has all the probability, class 1 none (exp(-200) = 0)
     x = np.zeros((2, 2, inner), dtype)
     x[:, 1] = -200
@@ -226,21 +230,30 @@ def test_streaming_softmax_loss_matches_numpy(build, shape, dtype, seed, data, n
 
 # -- the labels: kernels.softmax.loss_labels against read_labels (the NumPy path's conversion) ----------------
 
+@pytest.mark.parametrize("build", BUILDS)
 @given(n=st.integers(0, 300), c=st.integers(1, 9), dtype=DTYPES, seed=SEEDS,
-       ignore=st.sampled_from([None, 0, 3, -1, 255]), bad=st.booleans())
-def test_loss_labels_match_read_labels(n, c, dtype, seed, ignore, bad):
+       ignore=st.sampled_from([None, 0, 3, -1, -4, 255]), bad=st.booleans(), edges=st.booleans())
+def test_loss_labels_match_read_labels(build, n, c, dtype, seed, ignore, bad, edges):
     """Caffe's static_cast<int> (truncation: 2.7 -> 2, -0.5 -> 0), the ignore_label compared after it, the count
-    of valid labels and the first bad one (out of [0, C), NaN, huge) in flat order, as read_labels finds it."""
+    of valid labels and the first bad one (out of [0, C), NaN, huge) in flat order, as read_labels finds it; in
+    every build (the vector builds compare the value against the intervals that truncate to a class or to the
+    ignore_label: `edges` puts values at and next to those intervals' ends, in the label's precision)."""
     from caffe.layers.softmax_loss import read_labels
+    mod = build_module("softmax", build)
     rng = np.random.default_rng(seed)
     raw = rng.integers(0, c, n) + rng.choice([0.0, 0.0, 0.4, 0.99, -0.6], n)
     if ignore is not None and n:
         raw[rng.integers(0, n, max(1, n // 5))] = ignore
+    raw = raw.astype(dtype)
+    if edges and n:
+        ends = np.array([-1, 0, 1, c - 1, c] + ([ignore - 1, ignore, ignore + 1] if ignore is not None else []), dtype)
+        near = np.concatenate([ends, np.nextafter(ends, dtype(np.inf)), np.nextafter(ends, dtype(-np.inf)),
+                               ends + dtype(0.5), ends - dtype(0.5)])
+        raw[rng.integers(0, n, max(1, n // 3))] = rng.choice(near, max(1, n // 3))
     if bad and n:
         raw[rng.integers(0, n, 3)] = rng.choice([c, c + 0.5, -1.0, -7.0, np.nan, 1e30, -np.inf], 3)
-    raw = raw.astype(dtype)
     label, valid = np.full(n, 99, np.int64), np.full(n, 7, np.uint8)
-    count, first = softmax.loss_labels(raw, c, ignore is not None, ignore if ignore is not None else 0, label, valid)
+    count, first = mod.loss_labels(raw, c, ignore is not None, ignore if ignore is not None else 0, label, valid)
 
     class Blob1:  # what read_labels reads: data_xp
         def data_xp(self, xp):
@@ -293,9 +306,12 @@ def test_softmax_float32_within_a_few_ulp_of_float64(build, outer, c, inner, see
     ref = (e / e.sum(axis=1, keepdims=True)).ravel()
     np.testing.assert_allclose(y, ref, rtol=1.5e-6, atol=np.finfo(np.float32).tiny)
     label = rng.integers(0, c, outer * inner).astype(np.int64)
-    valid = np.ones(outer * inner, np.uint8)
+    valid = (rng.random(outer * inner) < 0.8).astype(np.uint8)
     prob = np.empty_like(x)
-    loss = mod.softmax_loss_forward(x, prob, label, valid, outer, c, inner)
+    with stream_from(0 if stream else 1 << 62, mods=[mod]):
+        loss = mod.softmax_loss_forward(x, prob, label, valid, outer, c, inner)
     np.testing.assert_array_equal(prob, y)
+    # the loss: the vector builds' logs by libmvec's logf (within 4 ulp), the sums in double
     p = prob.reshape(outer, c, inner)[np.arange(outer)[:, None], label.reshape(outer, inner), np.arange(inner)]
-    assert loss == pytest.approx(-np.log(np.maximum(p, np.finfo(np.float32).tiny).astype(np.float64)).sum(), rel=1e-6)
+    terms = -np.log(np.maximum(p, np.finfo(np.float32).tiny).astype(np.float64)).ravel()
+    assert loss == pytest.approx(terms[valid == 1].sum(), rel=1e-6, abs=1e-6)

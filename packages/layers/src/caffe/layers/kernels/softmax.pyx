@@ -8,10 +8,11 @@ For each position: the max over c is subtracted before exp (never overflows), th
 is taken in double (over blocks of SUM_BLOCK channels summed in x's precision), y = e / sum.
 Backward: dx = (dy - sum_c dy * y) * y with the sum taken the same way.
 A piece holds at most PIECE / C positions' C values (in cache, L2 or L3, between the kernel's passes), so
-main memory is read and written once.
+main memory is read and written once. The forward hands out pieces one at a time; each thread prefetches
+the next piece it will take through the current one's passes.
 """
 from cython.parallel cimport parallel, prange
-from libc.stdint cimport INT64_MIN, int64_t, uint8_t
+from libc.stdint cimport int64_t, uint8_t
 from libc.stdlib cimport free, malloc
 from libc.float cimport FLT_MIN
 
@@ -24,6 +25,72 @@ ctypedef fused real:
 include "_vmath.pxi"
 include "_stream.pxi"
 
+# The forward's prefetch of the next piece's x, spread over all three passes of the current piece: a cursor over
+# the next piece's lines, row by row, one line asked for per vector of the passes (the whole piece is asked for
+# about two thirds through). Where only the exp pass prefetched, row by row, the next max pass still waited on
+# memory (a fifth to a third of the forward's samples at 8x256x56x56 were its loads). On one thread (Zen 5) the
+# hardware prefetchers do most of it: no software prefetch at all measured within 0-5 % of this.
+cdef extern from *:
+    """
+    #include <stddef.h>
+    #include <stdint.h>
+    typedef struct {
+        const char* p;  /* the next line to ask for; NULL: none left */
+        const char* row;  /* the start of the row p is in, and one past its end */
+        const char* end;
+        ptrdiff_t stride, rows;  /* bytes between rows; rows left after this one */
+        int l2;  /* into L2 only (the generic loops, float64: a piece of 512 KB) */
+    } caffe_softmax_pf;
+    static inline void caffe_softmax_pf_init(caffe_softmax_pf* q, const void* base, ptrdiff_t stride, ptrdiff_t rows,
+                                             ptrdiff_t bytes) {
+        q->row = (const char*)base;
+        q->p = base != NULL && rows > 0 && bytes > 0 ? (const char*)((uintptr_t)base & ~(uintptr_t)63) : NULL;
+        q->end = q->row + bytes;
+        q->stride = stride;
+        q->rows = rows - 1;
+        q->l2 = 0;
+    }
+    static inline void caffe_softmax_pf_one(caffe_softmax_pf* q) {
+        if (q->p == NULL) return;
+    #if defined(__GNUC__)
+        if (q->l2)
+            __builtin_prefetch(q->p, 0, 2);
+        else
+            __builtin_prefetch(q->p, 0, 3);  /* (into L1 and L2: into L2 only measured 2-15 % slower, Zen 5) */
+    #endif
+        q->p += 64;
+        if (q->p >= q->end) {
+            if (q->rows == 0) {
+                q->p = NULL;
+                return;
+            }
+            q->rows--;
+            q->row += q->stride;
+            q->end += q->stride;
+            q->p = (const char*)((uintptr_t)q->row & ~(uintptr_t)63);
+        }
+    }
+    static inline void caffe_softmax_pf_l2(caffe_softmax_pf* q) { q->l2 = 1; }
+    static inline void caffe_softmax_pf_n(caffe_softmax_pf* q, ptrdiff_t n) {
+        for (; n > 0; n--) caffe_softmax_pf_one(q);
+    }
+    /* the next work item from a counter shared by the threads */
+    static inline ptrdiff_t caffe_softmax_grab(ptrdiff_t* counter) {
+        ptrdiff_t t;
+        #pragma omp atomic capture
+        t = (*counter)++;
+        return t;
+    }
+    """
+    ctypedef struct caffe_softmax_pf:
+        pass
+    void caffe_softmax_pf_init(caffe_softmax_pf* q, const void* base, Py_ssize_t stride, Py_ssize_t rows,
+                               Py_ssize_t nbytes) nogil
+    void caffe_softmax_pf_n(caffe_softmax_pf* q, Py_ssize_t n) nogil
+    void caffe_softmax_pf_l2(caffe_softmax_pf* q) nogil
+    Py_ssize_t caffe_softmax_grab(Py_ssize_t* counter) nogil
+
+
 # y = e / d over n values (one row of a piece), with non-temporal stores where `stream` and the build has
 # SSE2 / AVX (x86-64 always has SSE2); the division is IEEE's either way, so the same bits. A piece that
 # streamed ends with a store fence, so that its rows are visible to the other threads after the region.
@@ -35,20 +102,25 @@ cdef extern from *:
     #if defined(__SSE2__)
     #include <immintrin.h>
     #endif
-    static inline void caffe_softmax_div_f(float* y, const float* e, const float* d, ptrdiff_t n, int stream) {
+    static inline void caffe_softmax_div_f(float* y, const float* e, const float* d, ptrdiff_t n, int stream,
+                                           caffe_softmax_pf* q) {
         ptrdiff_t j = 0;
     #if defined(__AVX512F__)
         /* (16 lanes where the build has them: half the division and store instructions of the loop below) */
         if (stream) {
             for (; j < n && ((uintptr_t)(y + j) & 63); j++) y[j] = e[j] / d[j];
-            for (; j + 16 <= n; j += 16)
+            for (; j + 16 <= n; j += 16) {
                 _mm512_stream_ps(y + j, _mm512_div_ps(_mm512_loadu_ps(e + j), _mm512_loadu_ps(d + j)));
+                caffe_softmax_pf_one(q);
+            }
         }
     #elif defined(__AVX__)
         if (stream) {
             for (; j < n && ((uintptr_t)(y + j) & 31); j++) y[j] = e[j] / d[j];
-            for (; j + 8 <= n; j += 8)
+            for (; j + 8 <= n; j += 8) {
                 _mm256_stream_ps(y + j, _mm256_div_ps(_mm256_loadu_ps(e + j), _mm256_loadu_ps(d + j)));
+                if (j & 8) caffe_softmax_pf_one(q);  /* (a line a 16 floats) */
+            }
         }
     #elif defined(__SSE2__)
         if (stream) {
@@ -59,7 +131,8 @@ cdef extern from *:
     #endif
         for (; j < n; j++) y[j] = e[j] / d[j];
     }
-    static inline void caffe_softmax_div_d(double* y, const double* e, const double* d, ptrdiff_t n, int stream) {
+    static inline void caffe_softmax_div_d(double* y, const double* e, const double* d, ptrdiff_t n, int stream,
+                                           caffe_softmax_pf* q) {
         ptrdiff_t j = 0;
     #if defined(__AVX__)
         if (stream) {
@@ -77,8 +150,12 @@ cdef extern from *:
         for (; j < n; j++) y[j] = e[j] / d[j];
     }
     """
-    void caffe_softmax_div_f(float* y, const float* e, const float* d, Py_ssize_t n, int stream) nogil
-    void caffe_softmax_div_d(double* y, const double* e, const double* d, Py_ssize_t n, int stream) nogil
+    void caffe_softmax_div_f(float* y, const float* e, const float* d, Py_ssize_t n, int stream,
+                             caffe_softmax_pf* q) nogil
+    void caffe_softmax_div_d(double* y, const double* e, const double* d, Py_ssize_t n, int stream,
+                             caffe_softmax_pf* q) nogil
+
+
 
 
 include "_vexp.pxi"
@@ -177,47 +254,76 @@ cdef extern from *:
     #endif
     }
     /* The max and exp passes of _fwd_piece over P positions (x at channel 0, rows `inner` apart; e rows es apart; m:
-       P floats, s: P doubles; f: P floats of scratch) with the vector exp above: row by row as _fwd_piece (walking a
-       vector of positions down 16 channels instead, with the running max and sums in registers, measured 1.2-1.8x
-       slower: rows a multiple of 4 KB apart fall in one L1 set, and a vector that straddles two lines loses the
-       second before its use). Whole vectors by plain loads and stores, the tail by masked ones (masked stores with
-       every lane on took twice the time on blobs in main memory, Zen 5). The same order of operations per position
-       as _fwd_piece (the max in channel order, the sums by blocks of 16 channels in float32, then double). nxt (or
-       NULL): the next piece's x, prefetched row by row during the exp pass. */
+       P floats, s: P doubles; f: P floats of scratch) with the vector exp above, by whole vectors of positions and
+       the tail by masked loads and stores (masked stores with every lane on took twice the time on blobs in main
+       memory, Zen 5). Rows in groups of up to four: a vector of positions walks down a group's rows with the running
+       max (max pass) or the block's partial sum (exp pass) in a register, loading and storing m and f once a group,
+       not once a row (walking down a whole block of 16 rows instead, rows a multiple of 4 KB apart fall in one L1
+       set: 1.2-1.8x slower). The same order of operations per position as _fwd_piece: the max in channel order
+       (x > m ? x : m, so NaN as the scalar loop), exp(x - max), the sums by blocks of 16 channels in float32 in
+       channel order, then double. q: the prefetch of the next piece (rows 0 .. 2 C of the three passes here). */
+    static inline caffe_sv caffe_softmax_maxrows(const float* x, ptrdiff_t inner, int g, caffe_sv v, caffe_sk k,
+                                                 int full) {
+        int r;
+        for (r = 0; r < g; r++) v = caffe_sv_max(caffe_sv_load(x + r * inner, k, full), v);
+        return v;
+    }
+    static inline void caffe_softmax_exprows(const float* x, ptrdiff_t inner, float* e, ptrdiff_t es, int g,
+                                             const float* m, float* f, int first, caffe_sk k, int full) {
+        const caffe_sv mv = caffe_sv_load(m, k, full);
+        caffe_sv acc = first ? mv : caffe_sv_load(f, k, full);  /* (first: replaced by the first row's exp) */
+        int r;
+        for (r = 0; r < g; r++) {
+            caffe_sv v = caffe_sv_exp(caffe_sv_sub(caffe_sv_load(x + r * inner, k, full), mv));
+            caffe_sv_store(e + r * es, v, k, full);
+            acc = (first && r == 0) ? v : caffe_sv_add(acc, v);
+        }
+        caffe_sv_store(f, acc, k, full);
+    }
     static inline void caffe_softmax_maxexp_f(const float* x, ptrdiff_t inner, ptrdiff_t C, ptrdiff_t P, float* e,
-                                              ptrdiff_t es, float* m, double* s, float* f, const float* nxt) {
-        ptrdiff_t c, c0, c1, j, b;
+                                              ptrdiff_t es, float* m, double* s, float* f, caffe_softmax_pf* q) {
+        ptrdiff_t c, c0, c1, j;
+        int g;
         const ptrdiff_t PV = P - P % CAFFE_SW;
         const caffe_sk kt = caffe_sk_first((int)(P % CAFFE_SW));
         for (j = 0; j < P; j++) m[j] = x[j];
-        for (c = 1; c < C; c++) {
+        for (c = 1; c < C; c += g) {
             const float* xc = x + c * inner;
-            for (j = 0; j < PV; j += CAFFE_SW)
-                caffe_sv_store(m + j, caffe_sv_max(caffe_sv_load(xc + j, kt, 1), caffe_sv_load(m + j, kt, 1)),
-                               kt, 1);
+            g = C - c < 4 ? (int)(C - c) : 4;
+            if (g == 4)  /* (the constant count: the group's loop unrolled) */
+                for (j = 0; j < PV; j += CAFFE_SW) {
+                    caffe_sv_store(m + j, caffe_softmax_maxrows(xc + j, inner, 4, caffe_sv_load(m + j, kt, 1), kt, 1),
+                                   kt, 1);
+                    caffe_softmax_pf_one(q);
+                }
+            else
+                for (j = 0; j < PV; j += CAFFE_SW) {
+                    caffe_sv_store(m + j, caffe_softmax_maxrows(xc + j, inner, g, caffe_sv_load(m + j, kt, 1), kt, 1),
+                                   kt, 1);
+                    caffe_softmax_pf_one(q);
+                }
             if (PV < P)
-                caffe_sv_store(m + PV, caffe_sv_max(caffe_sv_load(xc + PV, kt, 0), caffe_sv_load(m + PV, kt, 0)),
+                caffe_sv_store(m + PV, caffe_softmax_maxrows(xc + PV, inner, g, caffe_sv_load(m + PV, kt, 0), kt, 0),
                                kt, 0);
         }
         for (c0 = 0; c0 < C; c0 += 16) {  /* SUM_BLOCK */
             c1 = c0 + 16 < C ? c0 + 16 : C;
-            for (c = c0; c < c1; c++) {
+            for (c = c0; c < c1; c += g) {
                 const float* xc = x + c * inner;
                 float* ec = e + c * es;
-                if (nxt != NULL)
-                    for (b = 0; b < P * (ptrdiff_t)sizeof(float); b += 64)
-                        _mm_prefetch((const char*)(nxt + c * inner) + b, _MM_HINT_T0);
-                for (j = 0; j < PV; j += CAFFE_SW) {
-                    caffe_sv v = caffe_sv_exp(caffe_sv_sub(caffe_sv_load(xc + j, kt, 1), caffe_sv_load(m + j, kt, 1)));
-                    caffe_sv_store(ec + j, v, kt, 1);
-                    caffe_sv_store(f + j, c == c0 ? v : caffe_sv_add(caffe_sv_load(f + j, kt, 1), v), kt, 1);
-                }
-                if (PV < P) {
-                    caffe_sv v = caffe_sv_exp(caffe_sv_sub(caffe_sv_load(xc + PV, kt, 0),
-                                                           caffe_sv_load(m + PV, kt, 0)));
-                    caffe_sv_store(ec + PV, v, kt, 0);
-                    caffe_sv_store(f + PV, c == c0 ? v : caffe_sv_add(caffe_sv_load(f + PV, kt, 0), v), kt, 0);
-                }
+                g = c1 - c < 4 ? (int)(c1 - c) : 4;
+                if (g == 4)
+                    for (j = 0; j < PV; j += CAFFE_SW) {
+                        caffe_softmax_exprows(xc + j, inner, ec + j, es, 4, m + j, f + j, c == c0, kt, 1);
+                        caffe_softmax_pf_one(q);
+                    }
+                else
+                    for (j = 0; j < PV; j += CAFFE_SW) {
+                        caffe_softmax_exprows(xc + j, inner, ec + j, es, g, m + j, f + j, c == c0, kt, 1);
+                        caffe_softmax_pf_one(q);
+                    }
+                if (PV < P)
+                    caffe_softmax_exprows(xc + PV, inner, ec + PV, es, g, m + PV, f + PV, c == c0, kt, 0);
             }
             /* (two plain loops, which GCC vectorizes; one with the choice inside stayed scalar) */
             if (c0 == 0)
@@ -225,6 +331,48 @@ cdef extern from *:
             else
                 for (j = 0; j < P; j++) s[j] += (double)f[j];
         }
+    }
+    /* _piece_loss (below) in the vector builds: the piece's probabilities at the labels gathered into t (P floats),
+       then their logs by libmvec's logf (within 4 ulp of libm's logf: not its bits; a scalar logf a position was a
+       seventh of SoftmaxWithLoss's forward at 8x64x112x112) by blocks of 16, the tail padded, then added in
+       double in 8 interleaved partial sums (vectorized; _piece_loss adds in position order: the sums differ by
+       roundings of double, ~1e-16 relative, besides the logs' ulps). A position not valid adds log(1) = 0. */
+    /* logf of 16 floats by libmvec's AVX2 logf (twice 8 lanes) in both vector builds, called by name: left to
+       GCC's vectorizer, the builds took the SSE, AVX2 or AVX-512 variant, or libm's logf in an epilogue, by the
+       loop's shape (not the same bits) */
+    #if defined(__GLIBC__) && defined(__x86_64__) && defined(__AVX2__)
+    __m256 _ZGVdN8v_logf(__m256);
+    static inline void caffe_softmax_logf16(float* t) {
+        _mm256_storeu_ps(t, _ZGVdN8v_logf(_mm256_loadu_ps(t)));
+        _mm256_storeu_ps(t + 8, _ZGVdN8v_logf(_mm256_loadu_ps(t + 8)));
+    }
+    #else
+    static inline void caffe_softmax_logf16(float* t) {
+        int k;
+        for (k = 0; k < 16; k++) t[k] = logf(t[k]);
+    }
+    #endif
+    static inline double caffe_softmax_piece_loss_f(const float* e, ptrdiff_t es, const float* d, ptrdiff_t P,
+                                                    const int64_t* label, const uint8_t* valid, float* t) {
+        ptrdiff_t j, k;
+        double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, total = 0;
+        const ptrdiff_t PV = P - P % 16;
+        for (j = 0; j < P; j++) t[j] = valid[j] ? e[label[j] * es + j] : 1.0f;  /* (a label only read where valid) */
+        for (j = 0; j < P; j++) {
+            float p = valid[j] ? t[j] / d[j] : 1.0f;
+            t[j] = p < FLT_MIN ? FLT_MIN : p;  /* (Caffe's std::max: NaN stays NaN) */
+        }
+        for (j = 0; j < PV; j += 16) caffe_softmax_logf16(t + j);
+        if (PV < P) {  /* the tail padded with 1 (log 0) */
+            float r[16];
+            for (k = 0; k < 16; k++) r[k] = PV + k < P ? t[PV + k] : 1.0f;
+            caffe_softmax_logf16(r);
+            for (k = 0; PV + k < P; k++) t[PV + k] = r[k];
+        }
+        for (j = 0; j + 8 <= P; j += 8)
+            for (k = 0; k < 8; k++) acc[k] += (double)t[j + k];
+        for (; j < P; j++) total += (double)t[j];
+        return -((((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))) + total);
     }
     /* y = the exp above of x (n values; y may be x) */
     static inline void caffe_softmax_exp_block(const float* x, float* y, ptrdiff_t n) {
@@ -237,14 +385,20 @@ cdef extern from *:
     }
     #else
     static inline void caffe_softmax_exp_block(const float* x, float* y, ptrdiff_t n) {}
+    static inline double caffe_softmax_piece_loss_f(const float* e, ptrdiff_t es, const float* d, ptrdiff_t P,
+                                                    const int64_t* label, const uint8_t* valid, float* t) {
+        return 0;
+    }
     static inline void caffe_softmax_maxexp_f(const float* x, ptrdiff_t inner, ptrdiff_t C, ptrdiff_t P, float* e,
-                                              ptrdiff_t es, float* m, double* s, float* f, const float* nxt) {}
+                                              ptrdiff_t es, float* m, double* s, float* f, caffe_softmax_pf* q) {}
     #endif
     """
     const int LANES "CAFFE_SOFTMAX_LANES"
     void caffe_softmax_exp_block(const float* x, float* y, Py_ssize_t n) nogil
+    double caffe_softmax_piece_loss_f(const float* e, Py_ssize_t es, const float* d, Py_ssize_t P,
+                                      const int64_t* label, const uint8_t* valid, float* t) nogil
     void caffe_softmax_maxexp_f(const float* x, Py_ssize_t inner, Py_ssize_t C, Py_ssize_t P, float* e, Py_ssize_t es,
-                                float* m, double* s, float* f, const float* nxt) nogil
+                                float* m, double* s, float* f, caffe_softmax_pf* q) nogil
 
 
 cdef inline real _sexp(real v) noexcept nogil:
@@ -278,8 +432,8 @@ cdef extern from *:
     const Py_ssize_t PIECE "CAFFE_SOFTMAX_PIECE"
 
 cdef enum:
-    # Pieces per work item: a thread takes RUN consecutive pieces and prefetches each next piece's x while the
-    # current one's exp runs (the max pass then reads from cache, not main memory)
+    # Backward: pieces per work item; a thread takes RUN consecutive pieces and prefetches each next piece's y and
+    # dy during its second pass
     RUN = 4
     # Outputs of at least this many bytes are stored past the caches (non-temporal stores from the scratch
     # block): they do not fit beside the input in the 32 MB L3 anyway, and a normal store first reads each
@@ -383,12 +537,12 @@ cdef inline double _row_loss(const real* y, int64_t label, uint8_t valid) noexce
 
 
 cdef double _fwd_piece(const real* x, real* y, Py_ssize_t C, Py_ssize_t inner, Py_ssize_t P, real* e,
-                       Py_ssize_t es, real* m, real* f, double* s, const real* nxt, bint stream,
+                       Py_ssize_t es, real* m, real* f, double* s, caffe_softmax_pf* q, bint stream,
                        const int64_t* label, const uint8_t* valid) noexcept nogil:
     """Softmax of P positions (x / y point at channel 0; channel stride inner). exp(x - max) goes to e (row
     stride es: a scratch block of C x P in cache, or y itself with es = inner), then y = e / sum (streamed
-    past the caches where `stream`). nxt: the next piece's x, prefetched row by row while this piece's exp
-    runs (compute-bound), so that its max pass reads from cache. m, f: P of x's type, s: P doubles.
+    past the caches where `stream`). q: the next piece's x, prefetched row by row through the three passes
+    (caffe_softmax_pf), so that its max pass reads from cache. m, f: P of x's type, s: P doubles.
     Returns the piece's loss when label is not NULL (else 0)."""
     cdef Py_ssize_t c, c0, c1, j
     cdef const real* xc
@@ -397,13 +551,16 @@ cdef double _fwd_piece(const real* x, real* y, Py_ssize_t C, Py_ssize_t inner, P
     cdef double loss = 0
     if real is float:
         if LANES:
-            caffe_softmax_maxexp_f(x, inner, C, P, e, es, m, s, f, nxt)
+            caffe_softmax_maxexp_f(x, inner, C, P, e, es, m, s, f, q)
             for j in range(P):
                 m[j] = <real>s[j]  # the divisor, in x's precision
-            return _fwd_piece_end(y, C, inner, P, e, es, m, stream, label, valid)
+            return _fwd_piece_end(y, C, inner, P, e, es, m, f, q, stream, label, valid)
     for j in range(P):
         m[j] = x[j]
         s[j] = 0
+    # (the generic loops: the next piece's x asked for row by row during the exp pass, into L2, as before the
+    # cursor: spread over the three passes and into L1 as well, float64 took 2-8 % longer)
+    caffe_softmax_pf_l2(q)
     for c in range(1, C):
         xc = x + c * inner
         for j in range(P):
@@ -416,8 +573,7 @@ cdef double _fwd_piece(const real* x, real* y, Py_ssize_t C, Py_ssize_t inner, P
         for c in range(c0, c1):
             xc = x + c * inner
             ec = e + c * es
-            if nxt != NULL:
-                caffe_prefetch_t1(nxt + c * inner, P * sizeof(real))
+            caffe_softmax_pf_n(q, P * sizeof(real) // 64 + 1)
             for j in range(P):
                 v = _sexp(xc[j] - m[j])
                 ec[j] = v
@@ -426,22 +582,27 @@ cdef double _fwd_piece(const real* x, real* y, Py_ssize_t C, Py_ssize_t inner, P
             s[j] += f[j]
     for j in range(P):
         m[j] = <real>s[j]  # the divisor, in x's precision
-    return _fwd_piece_end(y, C, inner, P, e, es, m, stream, label, valid)
+    return _fwd_piece_end(y, C, inner, P, e, es, m, f, q, stream, label, valid)
 
 
 cdef inline double _fwd_piece_end(real* y, Py_ssize_t C, Py_ssize_t inner, Py_ssize_t P, real* e, Py_ssize_t es,
-                                  const real* d, bint stream, const int64_t* label,
+                                  const real* d, real* f, caffe_softmax_pf* q, bint stream, const int64_t* label,
                                   const uint8_t* valid) noexcept nogil:
-    """_fwd_piece's last pass, y = e / d (and the piece's loss first, where label is not NULL)."""
+    """_fwd_piece's last pass, y = e / d (and the piece's loss first, where label is not NULL; f: P of scratch)."""
     cdef Py_ssize_t c
     cdef double loss = 0
     if label != NULL:
-        loss = _piece_loss(e, es, d, P, label, valid)
+        if real is float and LANES:
+            loss = caffe_softmax_piece_loss_f(e, es, d, P, label, valid, f)
+        else:
+            loss = _piece_loss(e, es, d, P, label, valid)
     for c in range(C):
         if real is float:
-            caffe_softmax_div_f(y + c * inner, e + c * es, d, P, stream)
+            if not (stream and LANES):  # (else the division's vector loop asks for the lines)
+                caffe_softmax_pf_n(q, P * sizeof(real) // 128 + 1)
+            caffe_softmax_div_f(y + c * inner, e + c * es, d, P, stream, q)
         else:
-            caffe_softmax_div_d(y + c * inner, e + c * es, d, P, stream)
+            caffe_softmax_div_d(y + c * inner, e + c * es, d, P, stream, q)
     if stream:
         caffe_store_fence()
     return loss
@@ -451,14 +612,16 @@ cdef int _forward(const real* xp, real* yp, Py_ssize_t outer, Py_ssize_t C, Py_s
                   const int64_t* label, const uint8_t* valid, double* part) noexcept nogil:
     """label / valid (outer, inner) and part (one slot per piece) NULL: the softmax alone. Returns -1 when
     a thread's scratch could not be allocated (nothing is then computed by it), else 0."""
-    cdef Py_ssize_t n = outer * C * inner, t, k, o, lo, cnt, P, pieces, run, runs, es, q
+    cdef Py_ssize_t n = outer * C * inner, t, o, lo, cnt, P, pieces, total, es, q
+    cdef Py_ssize_t next_piece = 0
+    cdef Py_ssize_t* counter = &next_piece
     cdef int nt = _threads(n)
     cdef bint stream = _streams(n, sizeof(real), _stream_min_bytes)
     cdef bint scratch
     cdef real* buf
     cdef real* e
     cdef real* ybase
-    cdef const real* nxt
+    cdef caffe_softmax_pf* pf
     cdef double part_loss
     cdef int failed = 0
     cdef int* failed_p = &failed
@@ -470,39 +633,46 @@ cdef int _forward(const real* xp, real* yp, Py_ssize_t outer, Py_ssize_t C, Py_s
         return 0
     P = _piece(C, inner)
     pieces = (inner + P - 1) // P
+    total = outer * pieces
     # Past SCRATCH_MIN_BYTES: the exp into a per-thread scratch block of C x P (in cache), then y = e / sum in
-    # one pass (stored past the caches where `stream`), in runs of pieces that prefetch the next piece's x;
-    # unless a piece is far larger than PIECE (P is at least 64 positions). Smaller: the exp into y itself,
-    # divided in place, each piece its own work item (all in cache; no scratch to allocate and fault in)
+    # one pass (stored past the caches where `stream`), each piece prefetching the x of the next piece its thread
+    # will take; unless a piece is far larger than PIECE (P is at least 64 positions). Smaller: the exp into y
+    # itself, divided in place, no prefetch (all in cache; no scratch to allocate and fault in).
     scratch = _streams(n, sizeof(real), _scratch_min_bytes) and C * P <= 2 * PIECE
     stream = stream and scratch
-    run = RUN if scratch else 1
-    runs = (outer * pieces + run - 1) // run
     with parallel(num_threads=nt):
         buf = <real*> malloc(((C * P if scratch else 0) + 2 * P) * sizeof(real) + P * sizeof(double))
-        if buf != NULL:
-            for k in prange(runs, schedule="dynamic", chunksize=_grab(C * P * run)):
-                # a run of consecutive pieces: each prefetches the next one's x during its exp
-                for t in range(k * run, (k + 1) * run if (k + 1) * run < outer * pieces else outer * pieces):
-                    o = t // pieces
-                    lo = (t % pieces) * P
-                    cnt = inner - lo if inner - lo < P else P
-                    q = t + 1
-                    nxt = NULL
-                    if scratch and q < (k + 1) * run and q < outer * pieces:
-                        nxt = xp + (q // pieces) * C * inner + (q % pieces) * P
-                    ybase = yp + o * C * inner + lo
-                    e = buf + 2 * P if scratch else ybase
-                    es = cnt if scratch else inner
-                    part_loss = _fwd_piece(xp + o * C * inner + lo, ybase, C, inner, cnt, e, es, buf, buf + P,
-                                           <double*>(buf + 2 * P + (C * P if scratch else 0)), nxt,
-                                           stream, label + o * inner + lo if label != NULL else NULL,
-                                           valid + o * inner + lo if label != NULL else NULL)
-                    if label != NULL:
-                        part[t] = part_loss
-            free(buf)
+        pf = <caffe_softmax_pf*> malloc(sizeof(caffe_softmax_pf))
+        if buf != NULL and pf != NULL:
+            # Pieces handed out one at a time from a shared counter (dynamic scheduling: on a busy machine a
+            # descheduled thread holds back two pieces, not half the work), each thread taking its next piece
+            # before it starts the current one, so that it knows what to prefetch (the prefetch then runs through
+            # all of a thread's pieces, not only within runs of consecutive ones: RUN = 4 left the first piece of
+            # every run, a quarter of them, to wait on main memory). Each piece's output and loss are fixed:
+            # the same bits on any number of threads.
+            t = caffe_softmax_grab(counter)
+            while t < total:
+                q = caffe_softmax_grab(counter)
+                caffe_softmax_pf_init(pf, xp + (q // pieces) * C * inner + (q % pieces) * P
+                                      if scratch and q < total else NULL, inner * sizeof(real), C,
+                                      (inner - (q % pieces) * P if inner - (q % pieces) * P < P else P) * sizeof(real))
+                o = t // pieces
+                lo = (t % pieces) * P
+                cnt = inner - lo if inner - lo < P else P
+                ybase = yp + o * C * inner + lo
+                e = buf + 2 * P if scratch else ybase
+                es = cnt if scratch else inner
+                part_loss = _fwd_piece(xp + o * C * inner + lo, ybase, C, inner, cnt, e, es, buf, buf + P,
+                                       <double*>(buf + 2 * P + (C * P if scratch else 0)), pf,
+                                       stream, label + o * inner + lo if label != NULL else NULL,
+                                       valid + o * inner + lo if label != NULL else NULL)
+                if label != NULL:
+                    part[t] = part_loss
+                t = q
         else:
             failed_p[0] = 1
+        free(buf)
+        free(pf)
     return -1 if failed else 0
 
 
@@ -680,34 +850,69 @@ def softmax_backward(const real[::1] y, const real[::1] dy, real[::1] dx, Py_ssi
         raise MemoryError("softmax kernel: no memory for a thread's scratch block")
 
 
+# loss_labels' loop without branches or a conversion to int64 of every value, so that GCC vectorizes it (with the
+# first bad label tracked inside it stayed scalar: 0.09-0.14 ms for 100K labels, 5-9% of SoftmaxWithLoss's forward
+# at 8x64x112x112); the first bad label is looked for afterwards, only where there is one. In terms of the value v
+# (in double: exact for float32 and float64 labels): trunc(v) is in [0, C) iff -1 < v < C, and trunc(v) == k iff
+# v lies in (lo, hi) below (k > 0: [k, k + 1), k < 0: (k - 1, k], 0: (-1, 1)); NaN is in no interval.
+cdef extern from *:
+    """
+    #include <math.h>
+    #include <stdint.h>
+    #define CAFFE_LOSS_LABELS(T, NAME) \\
+    static inline ptrdiff_t NAME(const T* raw, ptrdiff_t n, int64_t C, int has_ignore, int64_t ignore, \\
+                                 int64_t* label, uint8_t* valid, ptrdiff_t* bad) { \\
+        ptrdiff_t i, count = 0, nbad = 0; \\
+        const double k = (double)ignore, c = (double)C; \\
+        const double lo = !has_ignore ? 1.0 : k > 0 ? nextafter(k, -INFINITY) : k - 1.0; \\
+        const double hi = !has_ignore ? -1.0 : k < 0 ? nextafter(k, INFINITY) : k + 1.0; \\
+        for (i = 0; i < n; i++) { \\
+            const double v = (double)raw[i]; \\
+            const int ok = !(v > lo && v < hi); \\
+            const int in = v > -1.0 && v < c; \\
+            label[i] = ok & in ? (int64_t)(int32_t)(in ? v : 0.0) : 0;  /* (C < 2^31) */ \\
+            valid[i] = (uint8_t)ok; \\
+            count += ok; \\
+            nbad += ok & !in; \\
+        } \\
+        *bad = nbad; \\
+        return count; \\
+    }
+    CAFFE_LOSS_LABELS(float, caffe_loss_labels_f)
+    CAFFE_LOSS_LABELS(double, caffe_loss_labels_d)
+    """
+    Py_ssize_t caffe_loss_labels_f(const float* raw, Py_ssize_t n, int64_t C, int has_ignore, int64_t ignore,
+                                   int64_t* label, uint8_t* valid, Py_ssize_t* bad) nogil
+    Py_ssize_t caffe_loss_labels_d(const double* raw, Py_ssize_t n, int64_t C, int has_ignore, int64_t ignore,
+                                   int64_t* label, uint8_t* valid, Py_ssize_t* bad) nogil
+
+
 def loss_labels(const real[::1] raw, Py_ssize_t C, bint has_ignore, int64_t ignore, int64_t[::1] label,
                 uint8_t[::1] valid):
     """SoftmaxWithLoss's labels from the label blob's values, in one pass: label = static_cast<int>(raw) (C's
     truncation, as NumPy's astype), valid = label != ignore (all when not has_ignore), label 0 where not valid.
     Returns (the count of valid labels, the flat index of the first valid label outside [0, C), or -1);
-    labels past the first bad one are still converted. NaN and values past int64 count as bad (never equal
-    to ignore, an int32)."""
-    cdef Py_ssize_t n = raw.shape[0], i, first = -1, count = 0
+    labels past the first bad one are still converted (a bad one to 0, valid). NaN and values past int64
+    count as bad (never equal to ignore, an int32)."""
+    cdef Py_ssize_t n = raw.shape[0], i, first = -1, count = 0, bad = 0
     cdef real v
-    cdef int64_t lab
-    cdef uint8_t ok
     _need(label.shape[0], n, "label")
     _need(valid.shape[0], n, "valid")
+    if n == 0:
+        return 0, -1
+    if C > 2147483647 or ignore > 2147483647 or ignore < -2147483647:
+        raise ValueError(f"softmax kernel: {C} classes or ignore_label {ignore} past int32")
     with nogil:
-        for i in range(n):
-            v = raw[i]
-            if v > -9.2e18 and v < 9.2e18:  # (false for NaN)
-                lab = <int64_t>v
-            else:
-                lab = INT64_MIN
-            ok = not (has_ignore and lab == ignore)
-            if ok and (lab < 0 or lab >= C):
-                if first < 0:
+        if real is float:
+            count = caffe_loss_labels_f(&raw[0], n, C, has_ignore, ignore, &label[0], &valid[0], &bad)
+        else:
+            count = caffe_loss_labels_d(&raw[0], n, C, has_ignore, ignore, &label[0], &valid[0], &bad)
+        if bad:
+            for i in range(n):
+                v = raw[i]
+                if valid[i] and not (v > -1 and v < C):
                     first = i
-                lab = 0
-            label[i] = lab if ok else 0
-            valid[i] = ok
-            count += ok
+                    break
     return count, first
 
 
