@@ -355,6 +355,7 @@ def test_blocked_plan_with_the_kernel_within_the_float32_bounds(N, cg, og, k, st
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(conv_cpu, "GEMM512", True)
         mp.setattr(conv_cpu, "GEMM512_LOWERED", lowered)
+        mp.setattr(conv_cpu, "GEMM512_LOWERED_MIN_MACS", 0)
         mp.setattr(conv_cpu, "dense_fits", lambda layer, dtype: False)  # the blocked plan for every shape
         mp.setattr(conv_cpu, "direct_fits", lambda layer: False)
         counting = _Counting()
@@ -384,12 +385,15 @@ def test_blocked_plan_with_the_kernel_within_the_float32_bounds(N, cg, og, k, st
 @NEEDS_AVX512
 def test_blocked_plan_keeps_sgemm_for_valid_layers(monkeypatch):
     """A valid (unpadded) convolution with a kernel past 1 x 1, LeNet's, keeps np.matmul with GEMM512 on: the LeNet
-    trace follows sgemm's sums there; a padded one, and a strided 1 x 1, take kernels.gemm."""
+    trace follows sgemm's sums there; a padded one takes kernels.gemm, and so would a strided 1 x 1 but for its
+    GEMMs' size (under GEMM512_LOWERED_MIN_MACS)."""
     monkeypatch.setattr(conv_cpu, "GEMM512", True)
     monkeypatch.setattr(conv_cpu, "GEMM512_LOWERED", True)
     monkeypatch.setattr(conv_cpu, "dense_fits", lambda layer, dtype: False)
+    # the GEMMs here: 50 x 500 x 128 (valid), 50 x 500 x 288 (padded), 50 x 20 x 72 (1 x 1, stride 2) multiply-adds
+    monkeypatch.setattr(conv_cpu, "GEMM512_LOWERED_MIN_MACS", 50 * 500 * 128)
     for text, calls in (("kernel_size: 5", False), ("kernel_size: 5 pad: 2", True),
-                        ("kernel_size: 1 stride: 2", True)):
+                        ("kernel_size: 1 stride: 2", False)):
         counting = _Counting()
         monkeypatch.setattr(conv_cpu, "_gm", counting)
         layer = make_layer("Convolution", f"convolution_param {{ num_output: 50 {text} "

@@ -33,8 +33,8 @@ images, or a band of output rows of one image) whose column buffer is about
 COL_BLOCK_BYTES, so im2col writes it into the (L3) cache and the GEMMs read it from
 there instead of main memory (a whole-batch column buffer, CIFAR10-quick's conv2, is
 82 MB; VGG's first layers need 115 MB per image). Each block runs one GEMM per group on
-all cores (OpenBLAS; kernels.gemm where GEMM512 is set, GEMM512_LOWERED, except in a valid layer whose
-kernel is past 1 x 1, LeNet's, which keeps sgemm's sums); the lowering and layout changes between them are OpenMP kernels.
+all cores (OpenBLAS; kernels.gemm where GEMM512 is set, GEMM512_LOWERED, for GEMMs of at least
+GEMM512_LOWERED_MIN_MACS, except in a valid layer whose kernel is past 1 x 1, LeNet's, which keeps sgemm's sums); the lowering and layout changes between them are OpenMP kernels.
 The two pools run one after the other, never nested, so the cores are never
 oversubscribed; each hand-over between them costs, which is why blocks are not smaller.
 
@@ -153,6 +153,11 @@ GEMM512 = _gemm512_default()
 # (no pad, kernel past 1 x 1: LeNet's): those keep sgemm's numerics, which the LeNet trace follows, as
 # dense_rule keeps them on this plan (kernels.gemm's sums there moved the trace 5% by iteration 100).
 GEMM512_LOWERED = True
+# ... for GEMMs of at least this many multiply-adds (a group's, a block's): below it OpenBLAS's were as fast or
+# faster (bench/ab_gemm512_lowered.py, two threads, speed-up OpenBLAS time / kernels.gemm time: GoogLeNet's
+# 7 x 7 inception_5 layers at batch 1, 5-23 M, 0.81-0.96x; ResNet-50's stride-2 1x1 layers at batch 1, 25.7 M,
+# 0.99-1.17x; its res5 3x3, 115 M, 1.45x)
+GEMM512_LOWERED_MIN_MACS = 24_000_000
 
 
 def gemm512_supported() -> bool:
@@ -166,7 +171,7 @@ _NO_ACT = (0, 0.0, 0.0)  # kernels.lowering.ACT_NONE
 def tunables():
     """The block-size settings and the exact forward's path (a cache key: tests and benchmarks change them)."""
     return (COL_BLOCK_BYTES, MIN_BLOCK_COLS, ONE_BY_ONE_VIEW_COLS, ONE_BY_ONE_COLS, ONE_BY_ONE_BYTES, EXACT_GEMM,
-            GEMM512, GEMM512_LOWERED)
+            GEMM512, GEMM512_LOWERED, GEMM512_LOWERED_MIN_MACS)
 
 
 def available() -> bool:
@@ -215,11 +220,14 @@ class Blocks:
         # the exact forward by kernels.exact_gemm: float32 column blocks (the kernel widens them itself)
         self.kernel = exact and EXACT_GEMM and np.dtype(dtype) == np.float32
         self.cdtype = np.dtype(np.float64) if exact and not self.kernel else np.dtype(dtype)
-        # a 1x1 layer's float32 GEMMs by kernels.gemm (GEMM512)
-        self.gemm512 = GEMM512 and not exact and self.cdtype == np.float32 and (
-            self.one_by_one or (GEMM512_LOWERED and (any(g.pad) or all(k == 1 for k in g.kernel))))
         self.blocks = plan_blocks(num, self.OH, self.OW, self.rows, self.cdtype.itemsize,
                                   not self.one_by_one)
+        # float32 GEMMs by kernels.gemm (GEMM512): a 1x1 layer's; a lowered one's past GEMM512_LOWERED_MIN_MACS
+        # unless it is valid with a kernel past 1 x 1 (module doc)
+        macs = layer.conv_out_channels // layer.group * layer.kernel_dim * num * self.P // max(1, len(self.blocks))
+        self.gemm512 = GEMM512 and not exact and self.cdtype == np.float32 and (
+            self.one_by_one or (GEMM512_LOWERED and (any(g.pad) or all(k == 1 for k in g.kernel))
+                                and macs >= GEMM512_LOWERED_MIN_MACS))
 
 
 def _lowered(layer, b: Blocks, im, n0, n1, oh0, oh1, dtype, name="col"):
