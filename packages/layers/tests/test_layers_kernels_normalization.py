@@ -135,7 +135,11 @@ def _lrn_all(mod, x, dy, N, C, S, size, alpha, k, beta):
     mod.lrn_across_forward(x, yv, None, N, C, S, size, alpha, k, beta)
     mod.lrn_across_backward(x, y, sc, dy, dx, N, C, S, size, alpha, beta)
     mod.lrn_across_backward(x, y, sc, dy2, dy2, N, C, S, size, alpha, beta)  # dx over dy: each row read first
-    return dict(y=y, scale=sc, y_alone=yv, dx=dx, dx_in_place=dy2)
+    # the scale recomputed from x in the backward's pass (what the layer's CPU path runs), out of and in place
+    dxr, dy3 = np.empty_like(x), dy.copy()
+    mod.lrn_across_backward(x, y, None, dy, dxr, N, C, S, size, alpha, beta, k=k)
+    mod.lrn_across_backward(x, y, None, dy3, dy3, N, C, S, size, alpha, beta, k=k)
+    return dict(y=y, scale=sc, y_alone=yv, dx=dx, dx_in_place=dy2, dx_recomputed=dxr, dx_recomputed_in_place=dy3)
 
 
 @pytest.mark.parametrize("build", BUILDS)
@@ -167,10 +171,13 @@ def test_lrn_streaming_is_the_cached_bits_and_matches_numpy(build, ncs, dtype, s
     np.testing.assert_array_equal(blocks["scale"], want["scale"])
     same(got["y_alone"], got["y"], "y alone")
     same(got["dx_in_place"], got["dx"], "dx in place")
+    # recomputing the scale gives the kept scale's bits, so the same dx (beta 0.75: the same bits)
+    same(got["dx_recomputed"], got["dx"], "dx, scale recomputed")
+    same(got["dx_recomputed_in_place"], got["dx"], "dx in place, scale recomputed")
     sc, y, dx = lrn_reference(x.reshape(N, C, S).astype(np.float64), dy.reshape(N, C, S).astype(np.float64),
                               size, alpha, beta, k)
     rtol = 2e-5 if dtype == np.float32 else 1e-11
-    for key, ref in (("scale", sc), ("y", y), ("dx", dx)):
+    for key, ref in (("scale", sc), ("y", y), ("dx", dx), ("dx_recomputed", dx)):
         np.testing.assert_allclose(got[key], ref.ravel(), rtol=rtol, atol=rtol * max(1.0, float(np.abs(ref).max())),
                                    err_msg=key)
 

@@ -671,6 +671,21 @@ cdef inline void _lrn_ratio_span(real* q, const real* dy, const real* y, const r
         q[j] = dy[j] * y[j] / scale[j]
 
 
+cdef inline void _lrn_enter_span(double* acc, const real* xe, const real* xl, const real* dy, const real* y,
+                                 real* sc, real* q, Py_ssize_t m, real a, real k) noexcept nogil:
+    # The forward's channel step for the channel entering the backward's window (the same operations in the same
+    # order: the same scale bits as the forward kept), and that channel's dy * y / scale.
+    cdef Py_ssize_t j
+    cdef real s
+    cdef double t
+    for j in range(m):
+        t = acc[j] + <double>xe[j] * xe[j]
+        s = k + a * <real>t
+        sc[j] = s
+        q[j] = dy[j] * y[j] / s
+        acc[j] = t - <double>xl[j] * xl[j]
+
+
 cdef inline void _lrn_bwd_span(double* acc, const real* qe, const real* ql, const real* dy, const real* scale,
                                const real* x, real* g, Py_ssize_t m, real cache, real beta) noexcept nogil:
     # One channel step over m positions: the entering row of dy * y / scale in (qe), dx, the leaving row out.
@@ -684,38 +699,63 @@ cdef inline void _lrn_bwd_span(double* acc, const real* qe, const real* ql, cons
 
 
 cdef void _lrn_bwd_piece(const real* x, const real* y, const real* scale, const real* dy, real* dx,
-                         Py_ssize_t C, Py_ssize_t S, Py_ssize_t P, int r, real cache, real beta,
+                         Py_ssize_t C, Py_ssize_t S, Py_ssize_t P, int r, real a, real k, real cache, real beta,
                          bint stream, bint blocked) noexcept nogil:
     # The window's rows of dy * y / scale are kept in a ring of 2r + 1 rows (L1/L2): each is computed once,
     # when its channel enters the window, and subtracted from that same row when it leaves (the same
     # values as computing it twice, without the second division). One pass over the positions per
     # channel, as the forward: enter, compute, leave, in the order three passes took (the same bits);
     # a row of zeros enters or leaves where no channel does (acc + 0.0 is acc: the sums are never -0.0).
+    # scale NULL: the scale is recomputed from x instead of read (a fifth array less from memory): the forward's
+    # own window sum of x^2 runs r channels ahead (the channel whose ratio enters), and its scale rows wait in a
+    # ring of r + 1 rows until their channel's dx; x's rows are read from memory once, as the sum's entering row
+    # (2r channels before their dx).
     # Each step goes by blocks of positions, prefetching the same block of the rows the next step reads
-    # first (dy, y, scale of the channel entering next, x of the next channel), where `blocked`; stream: dx goes
-    # out by non-temporal stores from a scratch block.
+    # first (dy, y and scale or x of the channel entering next, x of the next channel where it was not read
+    # already), where `blocked`; stream: dx goes out by non-temporal stores from a scratch block.
     cdef Py_ssize_t ring = 2 * r + 1
-    cdef double* acc = <double*> malloc(P * sizeof(double) + ((ring + 1) * P + BWD_BLOCK) * sizeof(real))
+    cdef bint recompute = scale == NULL
+    cdef Py_ssize_t sring = r + 1 if recompute else 0
+    cdef double* acc = <double*> malloc((2 if recompute else 1) * P * sizeof(double)
+                                        + ((ring + sring + 1) * P + BWD_BLOCK) * sizeof(real))
+    cdef double* accs
     cdef real* rows
+    cdef real* srows
     cdef real* q
     cdef real* ql
     cdef real* zero
     cdef real* gb
-    cdef Py_ssize_t c, j, j0, m, o, oe, on
-    cdef double t
+    cdef const real* xe
+    cdef const real* xl
+    cdef const real* sc
+    cdef Py_ssize_t c, e, j, j0, m, o, oe, on
     if acc == NULL:
         return
-    rows = <real*>(acc + P)
-    zero = rows + ring * P
+    accs = acc + P if recompute else NULL
+    rows = <real*>(acc + (2 if recompute else 1) * P)
+    srows = rows + ring * P
+    zero = srows + sring * P
     gb = zero + P
     for j in range(P):
         acc[j] = 0
         zero[j] = 0
+    if recompute:
+        for j in range(P):
+            accs[j] = 0
+        for c in range(r if r < C else C):
+            xe = x + c * S
+            for j in range(P):
+                accs[j] += <double>xe[j] * xe[j]
     for c in range(r if r < C else C):
         o = c * S
         q = rows + (c % ring) * P
+        if recompute:
+            _lrn_enter_span(accs, x + (c + r) * S if c + r < C else zero, x + (c - r) * S if c - r >= 0 else zero,
+                            dy + o, y + o, srows + (c % sring) * P, q, P, a, k)
+        else:
+            for j in range(P):
+                q[j] = dy[o + j] * y[o + j] / scale[o + j]
         for j in range(P):
-            q[j] = dy[o + j] * y[o + j] / scale[o + j]
             acc[j] += q[j]
     for c in range(C):
         o = c * S
@@ -723,6 +763,14 @@ cdef void _lrn_bwd_piece(const real* x, const real* y, const real* scale, const 
         q = rows + ((c + r) % ring) * P if c + r < C else zero
         oe = (c + r) * S
         on = (c + r + 1) * S if c + r + 1 < C else -1
+        xe = xl = zero
+        if recompute:
+            e = c + r
+            xe = x + (e + r) * S if e + r < C else zero
+            xl = x + (e - r) * S if e - r >= 0 else zero
+            sc = srows + (c % sring) * P
+        else:
+            sc = scale + o
         j0 = 0
         while j0 < P:
             if stream:
@@ -734,12 +782,20 @@ cdef void _lrn_bwd_piece(const real* x, const real* y, const real* scale, const 
             if on >= 0 and blocked:
                 caffe_prefetch_t0(dy + on + j0, m * sizeof(real))
                 caffe_prefetch_t0(y + on + j0, m * sizeof(real))
-                caffe_prefetch_t0(scale + on + j0, m * sizeof(real))
-            if c + 1 < C and blocked:
+                if recompute:
+                    if c + 2 * r + 1 < C:
+                        caffe_prefetch_t0(x + (c + 2 * r + 1) * S + j0, m * sizeof(real))
+                else:
+                    caffe_prefetch_t0(scale + on + j0, m * sizeof(real))
+            if c + 1 < C and blocked and not recompute:
                 caffe_prefetch_t0(x + o + S + j0, m * sizeof(real))
             if c + r < C:
-                _lrn_ratio_span(q + j0, dy + oe + j0, y + oe + j0, scale + oe + j0, m)
-            _lrn_bwd_span(acc + j0, q + j0, ql + j0, dy + o + j0, scale + o + j0, x + o + j0,
+                if recompute:
+                    _lrn_enter_span(accs + j0, xe + j0, xl + j0, dy + oe + j0, y + oe + j0,
+                                    srows + ((c + r) % sring) * P + j0, q + j0, m, a, k)
+                else:
+                    _lrn_ratio_span(q + j0, dy + oe + j0, y + oe + j0, scale + oe + j0, m)
+            _lrn_bwd_span(acc + j0, q + j0, ql + j0, dy + o + j0, sc + j0, x + o + j0,
                           gb if stream else dx + o + j0, m, cache, beta)
             if stream:
                 caffe_stream_copy(dx + o + j0, gb, m * sizeof(real))
@@ -751,18 +807,26 @@ cdef void _lrn_bwd_piece(const real* x, const real* y, const real* scale, const 
 
 def lrn_across_backward(const real[::1] x, const real[::1] y, const real[::1] scale, const real[::1] dy,
                         real[::1] dx, Py_ssize_t N, Py_ssize_t C, Py_ssize_t S, int size, double alpha,
-                        double beta):
-    """dx = dy * scale^-beta - 2 alpha beta / size * x * (window sum over channels of dy * y / scale)."""
+                        double beta, k=None):
+    """dx = dy * scale^-beta - 2 alpha beta / size * x * (window sum over channels of dy * y / scale).
+    scale None: recomputed from x (and k, then required) as lrn_across_forward computes it (the same bits, so the
+    same dx as from the scale that forward kept), not read."""
     cdef Py_ssize_t n = N * C * S, t, img, lo, m, off
     cdef int r = (size - 1) // 2
     if n == 0:
         return
-    for buf, what in ((x, "bottom"), (y, "top"), (scale, "scale"), (dy, "top diff"), (dx, "bottom diff")):
+    for buf, what in ((x, "bottom"), (y, "top"), (dy, "top diff"), (dx, "bottom diff")):
         _need(len(buf), n, what)
+    if scale is not None:
+        _need(len(scale), n, "scale")
+    elif k is None:
+        raise ValueError("normalization kernel: LRN backward without the scale needs k to recompute it")
+    cdef double shift = k if k is not None else 0.0
     cdef int nt = _threads(n * size)
     cdef Py_ssize_t P = _lrn_piece(N, S, nt)
     cdef Py_ssize_t pieces = (S + P - 1) // P
     cdef real cache = <real>(2.0 * alpha * beta / size)
+    cdef const real* sp = &scale[0] if scale is not None else NULL
     cdef bint stream = n * <Py_ssize_t>sizeof(real) >= _stream_min_bytes and &dx[0] != &dy[0]
     cdef bint blocked = stream or n * <Py_ssize_t>sizeof(real) >= _prefetch_min_bytes
     with nogil:
@@ -771,5 +835,6 @@ def lrn_across_backward(const real[::1] x, const real[::1] y, const real[::1] sc
             lo = (t % pieces) * P
             m = S - lo if S - lo < P else P
             off = img * C * S + lo
-            _lrn_bwd_piece(&x[0] + off, &y[0] + off, &scale[0] + off, &dy[0] + off, &dx[0] + off, C, S, m, r,
-                           cache, <real>beta, stream, blocked)
+            _lrn_bwd_piece(&x[0] + off, &y[0] + off, sp + off if sp != NULL else NULL, &dy[0] + off,
+                           &dx[0] + off, C, S, m, r, <real>(alpha / size), <real>shift, cache, <real>beta, stream,
+                           blocked)
