@@ -1,16 +1,17 @@
 """LRN across channels (local_size 5, alpha 1e-4, beta 0.75): another build's kernels ("old") against this
 checkout's ("new"), interleaved in one process, as the layer calls them in the TRAIN phase.
 
-Usage:  python packages/layers/bench/ab_lrn.py OLD_KERNELS_DIR [--build avx512] [--repeats 25]
+Usage:  python packages/layers/bench/ab_lrn.py OLD_KERNELS_DIR [--build avx512] [--repeats 25] [--cached]
         OMP_NUM_THREADS=1 python packages/layers/bench/ab_lrn.py OLD_KERNELS_DIR   # per-thread CPU time
 
 OLD_KERNELS_DIR holds the compiled kernels of another checkout (its caffe/layers/kernels folder). The old
 layer's TRAIN forward wrote the scale (x in, y and scale out) and its backward read it (x, y, scale, dy in, dx
 out); this checkout's forward leaves the scale out and its backward recomputes it from x (scale None): those
-are the "TRAIN forward" and "backward" rows. "backward, scale read" is this checkout's backward given the scale
-(what the layer runs after a forward kept it), to tell the recomputation's cost from the read it saves. Each row
-first checks that both give the same bits. The memory ideal beside them: forward one np.copyto of the blob (one
-read, one write), backward two (three reads, one write).
+are the "TRAIN forward" and "backward" rows, and the two in a row "TRAIN step". "backward, scale read" is this
+checkout's backward given the scale (what the layer runs after a forward kept it), to tell the recomputation's
+cost from the read it saves. Each row first checks that both give the same bits (the step: dx). The memory
+ideal beside them: forward one np.copyto of the blob (one read, one write), backward two (three reads, one
+write), the step three. --cached: the compute alone (see the option's help).
 """
 from __future__ import annotations
 
@@ -66,6 +67,11 @@ def main(argv=None):
             "backward": (lambda: old.lrn_across_backward(x, y_old, sc, dy, dx_old, *a, 0.75),
                          lambda: new.lrn_across_backward(x, y_old, None, dy, dx_new, *a, 0.75, k=1.0),
                          (dx_old, dx_new), 2),
+            "TRAIN step (fwd + bwd)": (lambda: (old.lrn_across_forward(x, y_old, sc, *a, 1.0, 0.75),
+                                                old.lrn_across_backward(x, y_old, sc, dy, dx_old, *a, 0.75)),
+                                       lambda: (new.lrn_across_forward(x, y_new, None, *a, 1.0, 0.75),
+                                                new.lrn_across_backward(x, y_new, None, dy, dx_new, *a, 0.75, k=1.0)),
+                                       (dx_old, dx_new), 3),
             "backward, scale read": (lambda: old.lrn_across_backward(x, y_old, sc, dy, dx_old, *a, 0.75),
                                      lambda: new.lrn_across_backward(x, y_old, sc, dy, dx_read, *a, 0.75),
                                      (dx_old, dx_read), 2),
@@ -86,7 +92,7 @@ def main(argv=None):
                         got[k].append(clk() - t0)
             o, n, c = (statistics.median(got[k]) * 1e3 * scale for k in ("old", "new", "copy"))
             ideal = copies * c
-            print(f"  {what:22s} old {o:7.2f}  new {n:7.2f}  old / new {o / n:5.2f}   ideal {ideal:6.2f}  "
+            print(f"  {what:24s} old {o:7.2f}  new {n:7.2f}  old / new {o / n:5.2f}   ideal {ideal:6.2f}  "
                   f"x old {o / ideal:4.2f} new {n / ideal:4.2f}  {'same bits' if same else 'OUTPUTS DIFFER'}",
                   flush=True)
 

@@ -17,8 +17,9 @@ from kernels_harness import BUILDS, DTYPES, arrays, build_module, check_paths, l
 
 SEEDS = st.integers(0, 2**31 - 1)
 # (N, C, S): tiny and odd (scalar heads and tails around the 16 / 32 / 64-byte vector stores), channel groups
-# with and without a remainder (C past 8 and 4 per thread), LRN's blocks of 256 (forward) and 64 (backward)
-# positions with remainders, pieces of a plane cut for the threads (past 32768 elements of work: both threads)
+# with and without a remainder (C past 8 and 4 per thread), LRN's blocks of 256 (forward) and 64 or 128 (backward:
+# scale read or recomputed) positions with remainders, pieces of a plane cut for the threads (past 32768 elements of
+# work: both threads)
 NCS = [(1, 1, 1), (2, 3, 5), (1, 9, 17), (3, 13, 67), (2, 33, 65), (1, 4, 300), (2, 5, 257), (1, 6, 3001),
        (3, 17, 130), (2, 3, 4099)]
 

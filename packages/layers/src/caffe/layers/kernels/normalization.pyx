@@ -219,9 +219,12 @@ cdef enum:
     # LRN: positions per block of a channel step (a scratch block where the outputs stream; the next step's
     # rows prefetched a block at a time). Single-thread A/B at 8x256x56x56 and 8x64x112x112: forward 256 as
     # good as 128 and 1.3x faster than 1024; backward (four rows to prefetch) 64 1.12x faster than 128 and
-    # 1.15x faster than 32.
+    # 1.15x faster than 32. The backward that recomputes the scale (three rows to prefetch, more arithmetic a
+    # position): 128, 1.1-1.2x faster than 64 (single thread, thread CPU time, at 8x256x56x56, 8x64x112x112 and
+    # in cache; two threads' medians the same way), 256 slower than 128 at the full shapes.
     FWD_BLOCK = 256
     BWD_BLOCK = 64
+    BWD_BLOCK_RECOMPUTE = 128
     # Blobs of at least this many bytes prefetch (LRN: by blocks); smaller ones are in cache, where the
     # prefetches find nothing to fetch (LRN's blocks cost 5-20% at 2x32x28x28 and 32x16x14x14)
     PREFETCH_MIN_BYTES = 1 << 20
@@ -716,8 +719,9 @@ cdef void _lrn_bwd_piece(const real* x, const real* y, const real* scale, const 
     cdef Py_ssize_t ring = 2 * r + 1
     cdef bint recompute = scale == NULL
     cdef Py_ssize_t sring = r + 1 if recompute else 0
+    cdef Py_ssize_t blk = BWD_BLOCK_RECOMPUTE if recompute else BWD_BLOCK
     cdef double* acc = <double*> malloc((2 if recompute else 1) * P * sizeof(double)
-                                        + ((ring + sring + 1) * P + BWD_BLOCK) * sizeof(real))
+                                        + ((ring + sring + 1) * P + blk) * sizeof(real))
     cdef double* accs
     cdef real* rows
     cdef real* srows
@@ -774,9 +778,9 @@ cdef void _lrn_bwd_piece(const real* x, const real* y, const real* scale, const 
         j0 = 0
         while j0 < P:
             if stream:
-                m = caffe_norm_block(dx + o, j0, BWD_BLOCK, P, sizeof(real))
+                m = caffe_norm_block(dx + o, j0, blk, P, sizeof(real))
             elif blocked:
-                m = P - j0 if P - j0 < BWD_BLOCK else BWD_BLOCK
+                m = P - j0 if P - j0 < blk else blk
             else:
                 m = P
             if on >= 0 and blocked:
