@@ -20,7 +20,7 @@ next channel (where two fit L2), so that its read overlaps the current channel's
 LRN ACROSS_CHANNELS works on (N, C, S): per image and piece of S, the window sum of x^2 over
 channels [c - r, c + r] slides along c in double (add the channel entering, subtract the one
 leaving), as Caffe's CrossChannelForward_cpu does in Dtype. The backward slides dy * y / scale
-the same way. Work items are equal pieces of up to 4096 positions of one image (cut shorter for the
+the same way, reading the scale or recomputing it (the forward's sum, r channels ahead: the same bits). Work items are equal pieces of up to 4096 positions of one image (cut shorter for the
 threads at small batches): the window's rows stay in cache while each channel row is read as one long
 run; each channel step prefetches the rows the next step reads from memory, and large outputs (y, scale,
 dx) stream past the caches.
