@@ -3,6 +3,7 @@ checkout's ("new"), interleaved in one process, as the layer calls them in the T
 
 Usage:  python packages/layers/bench/ab_lrn.py OLD_KERNELS_DIR [--build avx512] [--repeats 25] [--cached]
         OMP_NUM_THREADS=1 python packages/layers/bench/ab_lrn.py OLD_KERNELS_DIR   # per-thread CPU time
+        python packages/layers/bench/ab_lrn.py OLD_BUILD_OF_THIS_BRANCH --old-recomputes   # a change of this branch
 
 OLD_KERNELS_DIR holds the compiled kernels of another checkout (its caffe/layers/kernels folder). The old
 layer's TRAIN forward wrote the scale (x in, y and scale out) and its backward read it (x, y, scale, dy in, dx
@@ -27,7 +28,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ab_kernels import pair  # noqa: E402
 
 SHAPES = {"resnet": (8, 256, 56 * 56), "mobilenet": (8, 64, 112 * 112), "caffenet": (8, 96, 55 * 55),
-          "googlenet": (8, 64, 56 * 56)}
+          "googlenet": (8, 64, 56 * 56),
+          # CaffeNet's norm1 / norm2 (after pooling): 2.2 and 1.4 MB blobs, read from L3
+          "caffenet_norm1": (8, 96, 27 * 27), "caffenet_norm2": (8, 256, 13 * 13)}
 
 
 def main(argv=None):
@@ -39,6 +42,9 @@ def main(argv=None):
     ap.add_argument("--cached", action="store_true",
                     help="each shape cut to one image of about 256K values (1 MB a blob, cache-resident): the "
                          "compute alone, times scaled to the full shape's count (bench_layers --floor's idea)")
+    ap.add_argument("--old-recomputes", action="store_true",
+                    help="OLD is a build of this branch (its forward leaves the scale out, its backward recomputes it): "
+                         "old and new called alike, to time a change of the recomputing kernels")
     args = ap.parse_args(argv)
     one = os.environ.get("OMP_NUM_THREADS") == "1"
     clk = time.thread_time if one else time.perf_counter
@@ -61,14 +67,15 @@ def main(argv=None):
         def copy():
             np.copyto(cp, x)
 
+        osc, okw = (None, {"k": 1.0}) if args.old_recomputes else (sc, {})
         runs = {
-            "TRAIN forward": (lambda: old.lrn_across_forward(x, y_old, sc, *a, 1.0, 0.75),
+            "TRAIN forward": (lambda: old.lrn_across_forward(x, y_old, osc, *a, 1.0, 0.75),
                               lambda: new.lrn_across_forward(x, y_new, None, *a, 1.0, 0.75), (y_old, y_new), 1),
-            "backward": (lambda: old.lrn_across_backward(x, y_old, sc, dy, dx_old, *a, 0.75),
+            "backward": (lambda: old.lrn_across_backward(x, y_old, osc, dy, dx_old, *a, 0.75, **okw),
                          lambda: new.lrn_across_backward(x, y_old, None, dy, dx_new, *a, 0.75, k=1.0),
                          (dx_old, dx_new), 2),
-            "TRAIN step (fwd + bwd)": (lambda: (old.lrn_across_forward(x, y_old, sc, *a, 1.0, 0.75),
-                                                old.lrn_across_backward(x, y_old, sc, dy, dx_old, *a, 0.75)),
+            "TRAIN step (fwd + bwd)": (lambda: (old.lrn_across_forward(x, y_old, osc, *a, 1.0, 0.75),
+                                                old.lrn_across_backward(x, y_old, osc, dy, dx_old, *a, 0.75, **okw)),
                                        lambda: (new.lrn_across_forward(x, y_new, None, *a, 1.0, 0.75),
                                                 new.lrn_across_backward(x, y_new, None, dy, dx_new, *a, 0.75, k=1.0)),
                                        (dx_old, dx_new), 3),

@@ -209,10 +209,13 @@ def test_stream_and_prefetch_switches_round_trip():
     from caffe.layers.kernels import normalization
     old, old_p = normalization._set_stream_min_bytes(0), normalization._set_prefetch_min_bytes(5)
     try:
+        assert normalization._lrn_prefetch_min_bytes_for_tests() == (5, 5)  # LRN's sizes follow the switch
         assert normalization._set_stream_min_bytes(1 << 20, 1 << 19) == (0, 0)
         assert normalization._set_stream_min_bytes(12 << 20) == (1 << 20, 1 << 19)
         assert normalization._set_stream_min_bytes(*old) == (12 << 20, 4 << 20)  # the defaults
         assert normalization._set_prefetch_min_bytes(old_p) == 5 and old_p == 1 << 20
+        # ... and the default restores LRN's own (larger: blobs read from L3 go unblocked)
+        assert normalization._lrn_prefetch_min_bytes_for_tests() == (9 << 19, 3 << 20)
     finally:
         normalization._set_stream_min_bytes(*old)
         normalization._set_prefetch_min_bytes(old_p)

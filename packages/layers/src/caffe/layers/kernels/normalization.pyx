@@ -22,8 +22,8 @@ channels [c - r, c + r] slides along c in double (add the channel entering, subt
 leaving), as Caffe's CrossChannelForward_cpu does in Dtype. The backward slides dy * y / scale
 the same way, reading the scale or recomputing it (the forward's sum, r channels ahead: the same bits). Work items are equal pieces of up to 4096 positions of one image (cut shorter for the
 threads at small batches): the window's rows stay in cache while each channel row is read as one long
-run; each channel step prefetches the rows the next step reads from memory, and large outputs (y, scale,
-dx) stream past the caches.
+run; from blobs of a few MB (past L3's share) each channel step prefetches the rows the next step reads
+from memory, and large outputs (y, scale, dx) stream past the caches.
 """
 from cython.parallel cimport prange
 from libc.stdlib cimport free, malloc
@@ -228,10 +228,19 @@ cdef enum:
     # Blobs of at least this many bytes prefetch (LRN: by blocks); smaller ones are in cache, where the
     # prefetches find nothing to fetch (LRN's blocks cost 5-20% at 2x32x28x28 and 32x16x14x14)
     PREFETCH_MIN_BYTES = 1 << 20
+    # LRN goes by blocks from larger blobs: up to ~2.5 MB (backward: four such arrays) or ~4 MB (forward: two)
+    # they are read from L3, where one block a row (no prefetches, no block loop) was 5-25% faster (one thread,
+    # thread CPU time, 1x256x32x32, 1x64x64x64, 8x96x27x27, 8x256x13x13, 8x64x28x28, 8x64x35x35; forward too at
+    # 8x64x2000), while from 3.2 MB (backward) and 6.4 MB (forward, 8x64x56x56) the blocks' prefetches were
+    # 1.1-1.4x faster
+    LRN_FWD_PREFETCH_MIN_BYTES = 9 << 19
+    LRN_BWD_PREFETCH_MIN_BYTES = 3 << 20
 
 cdef Py_ssize_t _stream_min_bytes = STREAM_MIN_BYTES
 cdef Py_ssize_t _xnorm_stream_min_bytes = XNORM_STREAM_MIN_BYTES
 cdef Py_ssize_t _prefetch_min_bytes = PREFETCH_MIN_BYTES
+cdef Py_ssize_t _lrn_fwd_prefetch_min_bytes = LRN_FWD_PREFETCH_MIN_BYTES
+cdef Py_ssize_t _lrn_bwd_prefetch_min_bytes = LRN_BWD_PREFETCH_MIN_BYTES
 
 
 def _set_stream_min_bytes(Py_ssize_t nbytes, xnorm_nbytes=None):
@@ -248,11 +257,20 @@ def _set_stream_min_bytes(Py_ssize_t nbytes, xnorm_nbytes=None):
 
 
 def _set_prefetch_min_bytes(Py_ssize_t nbytes):
-    """For the tests: the blob size from which the kernels prefetch (LRN: by blocks); returns the previous one."""
-    global _prefetch_min_bytes
+    """For the tests: the blob size from which the kernels prefetch (LRN: by blocks; PREFETCH_MIN_BYTES restores
+    LRN's own sizes too); returns the previous one."""
+    global _prefetch_min_bytes, _lrn_fwd_prefetch_min_bytes, _lrn_bwd_prefetch_min_bytes
     old = _prefetch_min_bytes
     _prefetch_min_bytes = nbytes
+    default = nbytes == PREFETCH_MIN_BYTES
+    _lrn_fwd_prefetch_min_bytes = LRN_FWD_PREFETCH_MIN_BYTES if default else nbytes
+    _lrn_bwd_prefetch_min_bytes = LRN_BWD_PREFETCH_MIN_BYTES if default else nbytes
     return old
+
+
+def _lrn_prefetch_min_bytes_for_tests():
+    """(forward, backward): the blob sizes from which LRN goes by blocks, for the tests."""
+    return _lrn_fwd_prefetch_min_bytes, _lrn_bwd_prefetch_min_bytes
 
 
 # BatchNorm's elementwise passes as SIMD loops with a choice of store per output (plain or non-temporal): the
@@ -656,7 +674,7 @@ def lrn_across_forward(const real[::1] x, real[::1] y, real[::1] scale, Py_ssize
     cdef real* yp = &y[0]
     cdef real* sp = &scale[0] if scale is not None else NULL
     cdef bint stream = n * <Py_ssize_t>sizeof(real) >= _stream_min_bytes
-    cdef bint blocked = stream or n * <Py_ssize_t>sizeof(real) >= _prefetch_min_bytes
+    cdef bint blocked = stream or n * <Py_ssize_t>sizeof(real) >= _lrn_fwd_prefetch_min_bytes
     with nogil:
         for t in prange(N * pieces, schedule="dynamic", chunksize=_grab(C * P), num_threads=nt):
             img = t // pieces
@@ -674,27 +692,95 @@ cdef inline void _lrn_ratio_span(real* q, const real* dy, const real* y, const r
         q[j] = dy[j] * y[j] / scale[j]
 
 
+# LRN's backward channel step as C loops whose pointers are declared restrict: every row of a step is a
+# different array or ring slot (the ratio ring's entering and leaving rows are one only at local_size 1, both
+# read), so GCC vectorizes them without run-time overlap checks (Cython's inline loops were versioned on them):
+# 1.0-1.05x as fast in cache (one thread, one block a row, AVX-512 and AVX2). The operations are the Cython loops' in the same order (double sums of the
+# float terms, the scale and ratio in the data's precision, 1 / (sqrt(s) * sqrt(sqrt(s))): beta 0.75 only; a
+# float division rounded once equals Cython's double one rounded to float), so the same bits. In place (the
+# bottom diff is the top diff) the gradient loop reads and writes one pointer.
+cdef extern from *:
+    """
+    #include <math.h>
+    #include <stddef.h>
+    #define CAFFE_LRN_STEP_FUNCS(SUF, T, SQRT)                                                          \
+    /* the forward's step for the channel entering the window: scale row sc, ratio row q */          \
+    static inline void caffe_lrn_enter_##SUF(double* __restrict acc, const T* __restrict xe,           \
+            const T* __restrict xl, const T* __restrict dy, const T* __restrict y, T* __restrict sc,    \
+            T* __restrict q, ptrdiff_t m, T a, T k) {                                                   \
+        for (ptrdiff_t j = 0; j < m; j++) {                                                             \
+            double t = acc[j] + (double)xe[j] * xe[j];                                                  \
+            T s = k + a * (T)t;                                                                         \
+            sc[j] = s;                                                                                  \
+            q[j] = dy[j] * y[j] / s;                                                                    \
+            acc[j] = t - (double)xl[j] * xl[j];                                                         \
+        }                                                                                               \
+    }                                                                                                   \
+    /* dx of one channel (beta 0.75): the ratio row qe enters the window sum, ql leaves it */           \
+    static inline void caffe_lrn_grad_##SUF(double* __restrict acc, const T* __restrict qe,            \
+            const T* ql, const T* __restrict dy, const T* __restrict sc, const T* __restrict x,          \
+            T* __restrict g, ptrdiff_t m, T cache) {                                                    \
+        for (ptrdiff_t j = 0; j < m; j++) {                                                             \
+            double t = acc[j] + qe[j];                                                                  \
+            T r = SQRT(sc[j]);                                                                          \
+            g[j] = dy[j] * ((T)1 / (SQRT(r) * r)) - (T)t * x[j] * cache;                                \
+            acc[j] = t - ql[j];                                                                         \
+        }                                                                                               \
+    }                                                                                                   \
+    static inline void caffe_lrn_grad_inplace_##SUF(double* __restrict acc, const T* __restrict qe,    \
+            const T* ql, const T* __restrict sc, const T* __restrict x, T* __restrict g, ptrdiff_t m,    \
+            T cache) {                                                                                  \
+        for (ptrdiff_t j = 0; j < m; j++) {                                                             \
+            double t = acc[j] + qe[j];                                                                  \
+            T r = SQRT(sc[j]);                                                                          \
+            g[j] = g[j] * ((T)1 / (SQRT(r) * r)) - (T)t * x[j] * cache;                                 \
+            acc[j] = t - ql[j];                                                                         \
+        }                                                                                               \
+    }
+    CAFFE_LRN_STEP_FUNCS(f, float, sqrtf)
+    CAFFE_LRN_STEP_FUNCS(d, double, sqrt)
+    """
+    void caffe_lrn_enter_f(double* acc, const float* xe, const float* xl, const float* dy, const float* y, float* sc,
+                           float* q, Py_ssize_t m, float a, float k) nogil
+    void caffe_lrn_enter_d(double* acc, const double* xe, const double* xl, const double* dy, const double* y,
+                           double* sc, double* q, Py_ssize_t m, double a, double k) nogil
+    void caffe_lrn_grad_f(double* acc, const float* qe, const float* ql, const float* dy, const float* sc,
+                          const float* x, float* g, Py_ssize_t m, float cache) nogil
+    void caffe_lrn_grad_d(double* acc, const double* qe, const double* ql, const double* dy, const double* sc,
+                          const double* x, double* g, Py_ssize_t m, double cache) nogil
+    void caffe_lrn_grad_inplace_f(double* acc, const float* qe, const float* ql, const float* sc, const float* x,
+                                  float* g, Py_ssize_t m, float cache) nogil
+    void caffe_lrn_grad_inplace_d(double* acc, const double* qe, const double* ql, const double* sc,
+                                  const double* x, double* g, Py_ssize_t m, double cache) nogil
+
+
 cdef inline void _lrn_enter_span(double* acc, const real* xe, const real* xl, const real* dy, const real* y,
                                  real* sc, real* q, Py_ssize_t m, real a, real k) noexcept nogil:
     # The forward's channel step for the channel entering the backward's window (the same operations in the same
     # order: the same scale bits as the forward kept), and that channel's dy * y / scale.
-    cdef Py_ssize_t j
-    cdef real s
-    cdef double t
-    for j in range(m):
-        t = acc[j] + <double>xe[j] * xe[j]
-        s = k + a * <real>t
-        sc[j] = s
-        q[j] = dy[j] * y[j] / s
-        acc[j] = t - <double>xl[j] * xl[j]
+    if real is float:
+        caffe_lrn_enter_f(acc, xe, xl, dy, y, sc, q, m, a, k)
+    else:
+        caffe_lrn_enter_d(acc, xe, xl, dy, y, sc, q, m, a, k)
 
 
 cdef inline void _lrn_bwd_span(double* acc, const real* qe, const real* ql, const real* dy, const real* scale,
                                const real* x, real* g, Py_ssize_t m, real cache, real beta) noexcept nogil:
     # One channel step over m positions: the entering row of dy * y / scale in (qe), dx, the leaving row out.
-    # (Apart from _lrn_ratio_span: one loop over ten arrays was not vectorized.)
+    # (Apart from _lrn_ratio_span: one loop over ten arrays was not vectorized.) Another beta: pow, here.
     cdef Py_ssize_t j
     cdef double t
+    if beta == <real>0.75:
+        if <const real*>g == dy:
+            if real is float:
+                caffe_lrn_grad_inplace_f(acc, qe, ql, scale, x, g, m, cache)
+            else:
+                caffe_lrn_grad_inplace_d(acc, qe, ql, scale, x, g, m, cache)
+        elif real is float:
+            caffe_lrn_grad_f(acc, qe, ql, dy, scale, x, g, m, cache)
+        else:
+            caffe_lrn_grad_d(acc, qe, ql, dy, scale, x, g, m, cache)
+        return
     for j in range(m):
         t = acc[j] + qe[j]
         g[j] = dy[j] * _pow_neg(scale[j], beta) - <real>t * x[j] * cache
@@ -832,7 +918,7 @@ def lrn_across_backward(const real[::1] x, const real[::1] y, const real[::1] sc
     cdef real cache = <real>(2.0 * alpha * beta / size)
     cdef const real* sp = &scale[0] if scale is not None else NULL
     cdef bint stream = n * <Py_ssize_t>sizeof(real) >= _stream_min_bytes and &dx[0] != &dy[0]
-    cdef bint blocked = stream or n * <Py_ssize_t>sizeof(real) >= _prefetch_min_bytes
+    cdef bint blocked = stream or n * <Py_ssize_t>sizeof(real) >= _lrn_bwd_prefetch_min_bytes
     with nogil:
         for t in prange(N * pieces, schedule="dynamic", chunksize=_grab(C * P), num_threads=nt):
             img = t // pieces
