@@ -102,7 +102,9 @@ def test_normalization_builds_agree(build, shape, dtype, seed):
         sc, yl, dxl = np.empty_like(x), np.empty_like(x), np.empty_like(x)
         mod.lrn_across_forward(x, yl, sc, n, c, s, 3, 0.5, 1.0, 0.6)
         mod.lrn_across_backward(x, yl, sc, dy, dxl, n, c, s, 3, 0.5, 0.6)
-        res.append((m, v, y, dx, sc, yl, dxl))
+        dxr = np.empty_like(x)
+        mod.lrn_across_backward(x, yl, None, dy, dxr, n, c, s, 3, 0.5, 0.6, k=1.0)  # the scale recomputed
+        res.append((m, v, y, dx, sc, yl, dxl, dxr))
     for g, e_ in zip(res[1], res[0]):
         _close(g, e_, dtype, False)
 
@@ -171,7 +173,8 @@ def test_normalization_avx512_is_the_avx2_bits(shape, dtype, seed, size, stream)
     """BatchNorm's sums are GCC vector-extension code (the same lanes added in the same order under every build),
     its normalization and LRN's (beta 0.75: two square roots and a division) are IEEE operations without FMA
     contraction, so the AVX-512 build gives the AVX2 build's bits: statistics, tops, x_norm (streamed or not),
-    scale and gradients. (Other betas call libmvec's pow: within its ulps, test_normalization_builds_agree.)"""
+    scale and gradients (LRN's with the scale read or recomputed). (Other betas call libmvec's pow: within its
+    ulps, test_normalization_builds_agree.)"""
     avx2, avx512 = _pair("normalization", "avx2")[1], _pair("normalization", "avx512")[1]
     rng = np.random.default_rng(seed)
     n, c, s = shape
@@ -191,7 +194,9 @@ def test_normalization_avx512_is_the_avx2_bits(shape, dtype, seed, size, stream)
         mod.lrn_across_forward(x, yl, sc, n, c, s, size, 0.5, 1.0, 0.75)
         mod.lrn_across_forward(x, yv, None, n, c, s, size, 0.5, 1.0, 0.75)
         mod.lrn_across_backward(x, yl, sc, dy, dxl, n, c, s, size, 0.5, 0.75)
-        res.append((m, v, y, dx, sc, yl, yv, dxl) + ((xn, dx2) if stream else ()))
+        dxr = np.empty_like(x)
+        mod.lrn_across_backward(x, yl, None, dy, dxr, n, c, s, size, 0.5, 0.75, k=1.0)  # the scale recomputed
+        res.append((m, v, y, dx, sc, yl, yv, dxl, dxr) + ((xn, dx2) if stream else ()))
     for g, e_ in zip(res[1], res[0]):
         np.testing.assert_array_equal(g, e_)
 

@@ -235,34 +235,66 @@ def test_big_blobs_use_every_thread_and_piece_and_still_match(type_name, text, i
     assert all(np.isfinite(a).all() for v in ref.values() for a in v)
 
 
-# LRN in a TEST-phase net: forward leaves scale_ out; a Backward recomputes it from the bottom (into a
-# scratch top: the net's top may have been changed in place since) and keeps it from then on.
+# LRN's CPU forward leaves scale_ out in either phase: its CPU backward recomputes the scale from the bottom in
+# its own pass (the forward's window sum: the same bits, so the dx a kept scale gives). An array-module Backward
+# after it (the GPU's) recomputes scale_ (into a scratch top: the net's top may have been changed in place since)
+# and from then on every forward keeps it, which the CPU backward then reads.
 @given(shape=shapes(min_dims=4, max_dims=4, max_side=6, big=[(2, 7, 67, 101)]), dtype=DTYPES, seed=SEEDS,
-       size=st.sampled_from([1, 3, 5]), beta=st.sampled_from([0.75, 0.6]))
-def test_lrn_test_phase_leaves_the_scale_out_until_a_backward(shape, dtype, seed, size, beta):
-    from caffe.proto import caffe_pb2
+       size=st.sampled_from([1, 3, 5]), beta=st.sampled_from([0.75, 0.6]),
+       phase=st.sampled_from([caffe_pb2.TRAIN, caffe_pb2.TEST]))
+def test_lrn_cpu_forward_leaves_the_scale_out_and_backward_recomputes_it(shape, dtype, seed, size, beta, phase):
     text = f"lrn_param {{ local_size: {size} alpha: 0.3 beta: {beta} k: 2 }}"
-    x, dy = arrays(seed, shape), arrays(seed + 1, shape)
-    layers = {}
-    for phase in (caffe_pb2.TRAIN, caffe_pb2.TEST):
-        layer = make_layer("LRN", text, phase=phase)
-        bottom, top = blobs_from_arrays([x], dtype), empty_tops(1, dtype)
-        layer.SetUp(bottom, top)
-        layer.Forward(bottom, top)
-        layers[phase] = (layer, bottom, top)
-    train, test = layers[caffe_pb2.TRAIN], layers[caffe_pb2.TEST]
-    assert not train[0].scale_state.stale and test[0].scale_state.stale
-    np.testing.assert_array_equal(test[2][0].data, train[2][0].data)  # the same bits without the scale
-    y_kept = test[2][0].data.copy()
-    for layer, bottom, top in (train, test):
-        top[0].diff[...] = dy
-        layer.Backward(top, [True], bottom)
-    np.testing.assert_array_equal(test[1][0].diff, train[1][0].diff)
-    np.testing.assert_array_equal(test[0].scale_.data, train[0].scale_.data)
-    np.testing.assert_array_equal(test[2][0].data, y_kept)  # the recomputation wrote a scratch top
-    layer, bottom, top = test
-    layer.Forward(bottom, top)  # after a Backward, every forward keeps the scale
+    x, dy = arrays(seed, shape).astype(dtype), arrays(seed + 1, shape).astype(dtype)
+    N, C, H, W = shape
+    kern = _cpu.normalization
+    alpha, beta32 = float(np.float32(0.3)), float(np.float32(beta))  # as the layer reads the proto's floats
+
+    def kernel_dx(y, scale):
+        dx = np.empty(x.size, dtype)
+        kern.lrn_across_backward(x.ravel(), y.ravel(), scale.ravel(), dy.ravel(), dx, N, C, H * W, size, alpha, beta32)
+        return dx.reshape(shape)
+
+    def same(got, want):
+        # beta 0.75: square roots and a division, the same bits; another beta calls pow, libmvec's in the vector
+        # loops and libm's in their scalar tails, which fall elsewhere for a scale row at another address
+        if beta == 0.75:
+            np.testing.assert_array_equal(got, want)
+        else:
+            r = 4e-7 if dtype == np.float32 else 2e-15
+            np.testing.assert_allclose(got, want, rtol=r, atol=r * max(1.0, float(np.abs(want).max())))
+
+    # the reference: the kernels with the scale a forward kept
+    y_kept, scale = np.empty(x.size, dtype), np.empty(x.size, dtype)
+    kern.lrn_across_forward(x.ravel(), y_kept, scale, N, C, H * W, size, alpha, 2.0, beta32)
+    y_kept = y_kept.reshape(shape)
+
+    layer = make_layer("LRN", text, phase=phase)
+    bottom, top = blobs_from_arrays([x], dtype), empty_tops(1, dtype)
+    layer.SetUp(bottom, top)
+    layer.Forward(bottom, top)
+    assert layer.scale_state.stale and getattr(layer, "scale_", None) is None
+    same(top[0].data, y_kept)
+    y = top[0].data.copy()
+    top[0].diff[...] = dy
+    layer.Backward(top, [True], bottom)
+    same(bottom[0].diff, kernel_dx(y, scale))
+    assert layer.scale_state.stale and getattr(layer, "scale_", None) is None  # nothing kept for the CPU backward
+
+    layer.backward_xp(np, top, [True], bottom)  # asks for scale_: recomputed, the forward's bits
+    np.testing.assert_array_equal(layer.scale_.data.ravel(), scale)
+    np.testing.assert_array_equal(top[0].data, y)  # the recomputation wrote a scratch top
+    layer.Forward(bottom, top)  # after that, every forward keeps the scale
     assert not layer.scale_state.stale
+    np.testing.assert_array_equal(layer.scale_.data.ravel(), scale)
+    layer.scale_.data[...] *= 2  # the CPU backward reads a kept scale (as one an array-module forward wrote)
+    layer.Backward(top, [True], bottom)
+    same(bottom[0].diff, kernel_dx(top[0].data, scale * 2))
+
+
+def test_lrn_backward_without_the_scale_needs_k():
+    x = np.ones(12, np.float32)
+    with pytest.raises(ValueError, match="without the scale needs k"):
+        normalization.lrn_across_backward(x, x, None, x, x.copy(), 1, 3, 4, 3, 1.0, 0.75)
 
 
 def test_lrn_kernel_without_the_scale_is_the_same_top():

@@ -17,8 +17,9 @@ from kernels_harness import BUILDS, DTYPES, arrays, build_module, check_paths, l
 
 SEEDS = st.integers(0, 2**31 - 1)
 # (N, C, S): tiny and odd (scalar heads and tails around the 16 / 32 / 64-byte vector stores), channel groups
-# with and without a remainder (C past 8 and 4 per thread), LRN's blocks of 256 (forward) and 64 (backward)
-# positions with remainders, pieces of a plane cut for the threads (past 32768 elements of work: both threads)
+# with and without a remainder (C past 8 and 4 per thread), LRN's blocks of 256 (forward) and 64 or 128 (backward:
+# scale read or recomputed) positions with remainders, pieces of a plane cut for the threads (past 32768 elements of
+# work: both threads)
 NCS = [(1, 1, 1), (2, 3, 5), (1, 9, 17), (3, 13, 67), (2, 33, 65), (1, 4, 300), (2, 5, 257), (1, 6, 3001),
        (3, 17, 130), (2, 3, 4099)]
 
@@ -135,7 +136,11 @@ def _lrn_all(mod, x, dy, N, C, S, size, alpha, k, beta):
     mod.lrn_across_forward(x, yv, None, N, C, S, size, alpha, k, beta)
     mod.lrn_across_backward(x, y, sc, dy, dx, N, C, S, size, alpha, beta)
     mod.lrn_across_backward(x, y, sc, dy2, dy2, N, C, S, size, alpha, beta)  # dx over dy: each row read first
-    return dict(y=y, scale=sc, y_alone=yv, dx=dx, dx_in_place=dy2)
+    # the scale recomputed from x in the backward's pass (what the layer's CPU path runs), out of and in place
+    dxr, dy3 = np.empty_like(x), dy.copy()
+    mod.lrn_across_backward(x, y, None, dy, dxr, N, C, S, size, alpha, beta, k=k)
+    mod.lrn_across_backward(x, y, None, dy3, dy3, N, C, S, size, alpha, beta, k=k)
+    return dict(y=y, scale=sc, y_alone=yv, dx=dx, dx_in_place=dy2, dx_recomputed=dxr, dx_recomputed_in_place=dy3)
 
 
 @pytest.mark.parametrize("build", BUILDS)
@@ -167,10 +172,13 @@ def test_lrn_streaming_is_the_cached_bits_and_matches_numpy(build, ncs, dtype, s
     np.testing.assert_array_equal(blocks["scale"], want["scale"])
     same(got["y_alone"], got["y"], "y alone")
     same(got["dx_in_place"], got["dx"], "dx in place")
+    # recomputing the scale gives the kept scale's bits, so the same dx (beta 0.75: the same bits)
+    same(got["dx_recomputed"], got["dx"], "dx, scale recomputed")
+    same(got["dx_recomputed_in_place"], got["dx"], "dx in place, scale recomputed")
     sc, y, dx = lrn_reference(x.reshape(N, C, S).astype(np.float64), dy.reshape(N, C, S).astype(np.float64),
                               size, alpha, beta, k)
     rtol = 2e-5 if dtype == np.float32 else 1e-11
-    for key, ref in (("scale", sc), ("y", y), ("dx", dx)):
+    for key, ref in (("scale", sc), ("y", y), ("dx", dx), ("dx_recomputed", dx)):
         np.testing.assert_allclose(got[key], ref.ravel(), rtol=rtol, atol=rtol * max(1.0, float(np.abs(ref).max())),
                                    err_msg=key)
 
@@ -201,10 +209,13 @@ def test_stream_and_prefetch_switches_round_trip():
     from caffe.layers.kernels import normalization
     old, old_p = normalization._set_stream_min_bytes(0), normalization._set_prefetch_min_bytes(5)
     try:
+        assert normalization._lrn_prefetch_min_bytes_for_tests() == (5, 5)  # LRN's sizes follow the switch
         assert normalization._set_stream_min_bytes(1 << 20, 1 << 19) == (0, 0)
         assert normalization._set_stream_min_bytes(12 << 20) == (1 << 20, 1 << 19)
         assert normalization._set_stream_min_bytes(*old) == (12 << 20, 4 << 20)  # the defaults
         assert normalization._set_prefetch_min_bytes(old_p) == 5 and old_p == 1 << 20
+        # ... and the default restores LRN's own (larger: blobs read from L3 go unblocked)
+        assert normalization._lrn_prefetch_min_bytes_for_tests() == (9 << 19, 3 << 20)
     finally:
         normalization._set_stream_min_bytes(*old)
         normalization._set_prefetch_min_bytes(old_p)

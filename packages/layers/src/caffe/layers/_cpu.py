@@ -116,10 +116,11 @@ class DeferredState:
     """Backward state (MAX pooling's argmax, LRN's scale) that a TEST-phase forward leaves out: nothing
     reads it unless a Backward follows. That Backward recomputes it from the bottom (nothing changes the
     bottom between a forward and its backward) and from then on every forward keeps it (pycaffe's saliency
-    and deep-dream loops). A TRAIN-phase layer always keeps it."""
+    and deep-dream loops). A TRAIN-phase layer always keeps it, unless keep=False: a layer whose CPU backward
+    recomputes the state in its own pass (LRN's scale) keeps it only once another Backward asked for it."""
 
-    def __init__(self, layer):
-        self.keep = layer.phase == 0  # TRAIN
+    def __init__(self, layer, keep: bool | None = None):
+        self.keep = layer.phase == 0 if keep is None else keep  # phase 0: TRAIN
         self.stale = False  # the last forward left it out
 
     def written(self, kept: bool = True) -> None:

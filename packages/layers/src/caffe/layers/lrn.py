@@ -10,12 +10,15 @@ note Caffe's shift there is 1, not k):
     dx = dy * scale^-beta - 2 * alpha * beta / n^2 * x * boxsum(dy * top / scale)
 (the box is symmetric, so the backward box sum is the forward one).
 beta = 0.75 (AlexNet's) takes scale^-0.75 as 1 / (sqrt(scale) * sqrt(sqrt(scale))), much faster
-than pow. scale lives in the scale_ blob (Caffe's), which backward reads (recomputing scale^-beta),
-so a forward in one mode and a backward in the other agree. CPU: ACROSS_CHANNELS is one kernel
-pass each way (caffe.layers.kernels.normalization; the window sums slide in double);
+than pow. scale lives in the scale_ blob (Caffe's), which the array-module backward reads (recomputing
+scale^-beta), so a forward in one mode and a backward in the other agree. CPU: ACROSS_CHANNELS is one
+kernel pass each way (caffe.layers.kernels.normalization; the window sums slide in double);
 WITHIN_CHANNEL and the GPU run the array-module-generic code below.
-In a TEST-phase net the CPU forward leaves scale_ out (a third of its traffic) until a Backward
-asks for it (_cpu.DeferredState).
+The CPU ACROSS_CHANNELS backward recomputes the scale from the bottom in its own pass (the forward's window
+sum, the same bits) instead of reading scale_: so the CPU forward, in either phase, leaves scale_ out (a
+third of its memory traffic) and the backward reads bottom, top and top diff only. scale_ is written where
+an array-module backward (GPU, after a CPU forward) asks for it (_cpu.DeferredState), and read by the CPU
+backward where a forward kept it.
 """
 from __future__ import annotations
 
@@ -43,7 +46,8 @@ class LRNLayer(Layer):
         self.check(self.region in (ACROSS_CHANNELS, WITHIN_CHANNEL),
                    f"Unknown normalization region lrn_param.norm_region = {p.norm_region}")
         self._buffers = {}
-        self.scale_state = _cpu.DeferredState(self)
+        self.scale_state = _cpu.DeferredState(self, keep=False)
+        self._forward_shape = None  # the bottom's shape at the last CPU forward (what a recomputed scale needs)
 
     def reshape(self, bottom, top):
         x = bottom[0]
@@ -107,11 +111,11 @@ class LRNLayer(Layer):
 
     def _across_forward(self, bottom, y, keep):
         N, C, H, W = bottom[0].shape
-        scale = _cpu.state_blob(self, "scale_", bottom[0])
-        _cpu.normalization.lrn_across_forward(_cpu.flat(bottom[0].cpu_data()), _cpu.flat(y),
-                                              _cpu.flat(scale.mutable_cpu_data()) if keep else None, N, C,
-                                              H * W, self.size, self.alpha, self.k, self.beta)
+        scale = _cpu.flat(_cpu.state_blob(self, "scale_", bottom[0]).mutable_cpu_data()) if keep else None
+        _cpu.normalization.lrn_across_forward(_cpu.flat(bottom[0].cpu_data()), _cpu.flat(y), scale, N, C, H * W,
+                                              self.size, self.alpha, self.k, self.beta)
         self.scale_state.written(kept=keep)
+        self._forward_shape = bottom[0].shape
 
     def backward_cpu(self, top, propagate_down, bottom):
         if not propagate_down[0]:
@@ -119,10 +123,15 @@ class LRNLayer(Layer):
         if not self._kernel_usable(bottom, top):
             return self.backward_xp(np, top, propagate_down, bottom)
         N, C, H, W = bottom[0].shape
-        _cpu.normalization.lrn_across_backward(_cpu.flat(bottom[0].cpu_data()), _cpu.flat(top[0].cpu_data()),
-                                               _cpu.flat(self._scale_state(bottom).cpu_data()),
+        if self.scale_state.stale:  # recomputed from the bottom, as the forward computed it
+            if self._forward_shape != bottom[0].shape:
+                raise self.error("backward needs a forward pass first (no scale_)")
+            scale = None
+        else:  # a forward kept it (or an array-module forward wrote it): read it
+            scale = _cpu.flat(self._scale_state(bottom).cpu_data())
+        _cpu.normalization.lrn_across_backward(_cpu.flat(bottom[0].cpu_data()), _cpu.flat(top[0].cpu_data()), scale,
                                                _cpu.flat(top[0].cpu_diff()), _cpu.flat(bottom[0].mutable_cpu_diff()),
-                                               N, C, H * W, self.size, self.alpha, self.beta)
+                                               N, C, H * W, self.size, self.alpha, self.beta, k=self.k)
 
     def _scale_state(self, bottom):
         if self.scale_state.recompute():  # into a scratch top: the net's top may have changed since

@@ -20,10 +20,10 @@ next channel (where two fit L2), so that its read overlaps the current channel's
 LRN ACROSS_CHANNELS works on (N, C, S): per image and piece of S, the window sum of x^2 over
 channels [c - r, c + r] slides along c in double (add the channel entering, subtract the one
 leaving), as Caffe's CrossChannelForward_cpu does in Dtype. The backward slides dy * y / scale
-the same way. Work items are equal pieces of up to 4096 positions of one image (cut shorter for the
+the same way, reading the scale or recomputing it (the forward's sum, r channels ahead: the same bits). Work items are equal pieces of up to 4096 positions of one image (cut shorter for the
 threads at small batches): the window's rows stay in cache while each channel row is read as one long
-run; each channel step prefetches the rows the next step reads from memory, and large outputs (y, scale,
-dx) stream past the caches.
+run; from blobs of a few MB (past L3's share) each channel step prefetches the rows the next step reads
+from memory, and large outputs (y, scale, dx) stream past the caches.
 """
 from cython.parallel cimport prange
 from libc.stdlib cimport free, malloc
@@ -262,16 +262,28 @@ cdef enum:
     # LRN: positions per block of a channel step (a scratch block where the outputs stream; the next step's
     # rows prefetched a block at a time). Single-thread A/B at 8x256x56x56 and 8x64x112x112: forward 256 as
     # good as 128 and 1.3x faster than 1024; backward (four rows to prefetch) 64 1.12x faster than 128 and
-    # 1.15x faster than 32.
+    # 1.15x faster than 32. The backward that recomputes the scale (three rows to prefetch, more arithmetic a
+    # position): 128, 1.1-1.2x faster than 64 (single thread, thread CPU time, at 8x256x56x56, 8x64x112x112 and
+    # in cache; two threads' medians the same way), 256 slower than 128 at the full shapes.
     FWD_BLOCK = 256
     BWD_BLOCK = 64
+    BWD_BLOCK_RECOMPUTE = 128
     # Blobs of at least this many bytes prefetch (LRN: by blocks); smaller ones are in cache, where the
     # prefetches find nothing to fetch (LRN's blocks cost 5-20% at 2x32x28x28 and 32x16x14x14)
     PREFETCH_MIN_BYTES = 1 << 20
+    # LRN goes by blocks from larger blobs: up to ~2.5 MB (backward: four such arrays) or ~4 MB (forward: two)
+    # they are read from L3, where one block a row (no prefetches, no block loop) was 5-25% faster (one thread,
+    # thread CPU time, 1x256x32x32, 1x64x64x64, 8x96x27x27, 8x256x13x13, 8x64x28x28, 8x64x35x35; forward too at
+    # 8x64x2000), while from 3.2 MB (backward) and 6.4 MB (forward, 8x64x56x56) the blocks' prefetches were
+    # 1.1-1.4x faster
+    LRN_FWD_PREFETCH_MIN_BYTES = 9 << 19
+    LRN_BWD_PREFETCH_MIN_BYTES = 3 << 20
 
 cdef Py_ssize_t _stream_min_bytes = STREAM_MIN_BYTES
 cdef Py_ssize_t _xnorm_stream_min_bytes = XNORM_STREAM_MIN_BYTES
 cdef Py_ssize_t _prefetch_min_bytes = PREFETCH_MIN_BYTES
+cdef Py_ssize_t _lrn_fwd_prefetch_min_bytes = LRN_FWD_PREFETCH_MIN_BYTES
+cdef Py_ssize_t _lrn_bwd_prefetch_min_bytes = LRN_BWD_PREFETCH_MIN_BYTES
 
 
 def _set_stream_min_bytes(Py_ssize_t nbytes, xnorm_nbytes=None):
@@ -288,11 +300,20 @@ def _set_stream_min_bytes(Py_ssize_t nbytes, xnorm_nbytes=None):
 
 
 def _set_prefetch_min_bytes(Py_ssize_t nbytes):
-    """For the tests: the blob size from which the kernels prefetch (LRN: by blocks); returns the previous one."""
-    global _prefetch_min_bytes
+    """For the tests: the blob size from which the kernels prefetch (LRN: by blocks; PREFETCH_MIN_BYTES restores
+    LRN's own sizes too); returns the previous one."""
+    global _prefetch_min_bytes, _lrn_fwd_prefetch_min_bytes, _lrn_bwd_prefetch_min_bytes
     old = _prefetch_min_bytes
     _prefetch_min_bytes = nbytes
+    default = nbytes == PREFETCH_MIN_BYTES
+    _lrn_fwd_prefetch_min_bytes = LRN_FWD_PREFETCH_MIN_BYTES if default else nbytes
+    _lrn_bwd_prefetch_min_bytes = LRN_BWD_PREFETCH_MIN_BYTES if default else nbytes
     return old
+
+
+def _lrn_prefetch_min_bytes_for_tests():
+    """(forward, backward): the blob sizes from which LRN goes by blocks, for the tests."""
+    return _lrn_fwd_prefetch_min_bytes, _lrn_bwd_prefetch_min_bytes
 
 
 # BatchNorm's elementwise passes as SIMD loops with a choice of store per output (plain or non-temporal): the
@@ -696,7 +717,7 @@ def lrn_across_forward(const real[::1] x, real[::1] y, real[::1] scale, Py_ssize
     cdef real* yp = &y[0]
     cdef real* sp = &scale[0] if scale is not None else NULL
     cdef bint stream = n * <Py_ssize_t>sizeof(real) >= _stream_min_bytes
-    cdef bint blocked = stream or n * <Py_ssize_t>sizeof(real) >= _prefetch_min_bytes
+    cdef bint blocked = stream or n * <Py_ssize_t>sizeof(real) >= _lrn_fwd_prefetch_min_bytes
     with nogil:
         for t in prange(N * pieces, schedule="dynamic", chunksize=_grab(C * P), num_threads=nt):
             img = t // pieces
@@ -714,12 +735,95 @@ cdef inline void _lrn_ratio_span(real* q, const real* dy, const real* y, const r
         q[j] = dy[j] * y[j] / scale[j]
 
 
+# LRN's backward channel step as C loops whose pointers are declared restrict: every row of a step is a
+# different array or ring slot (the ratio ring's entering and leaving rows are one only at local_size 1, both
+# read), so GCC vectorizes them without run-time overlap checks (Cython's inline loops were versioned on them):
+# 1.0-1.05x as fast in cache (one thread, one block a row, AVX-512 and AVX2). The operations are the Cython loops' in the same order (double sums of the
+# float terms, the scale and ratio in the data's precision, 1 / (sqrt(s) * sqrt(sqrt(s))): beta 0.75 only; a
+# float division rounded once equals Cython's double one rounded to float), so the same bits. In place (the
+# bottom diff is the top diff) the gradient loop reads and writes one pointer.
+cdef extern from *:
+    """
+    #include <math.h>
+    #include <stddef.h>
+    #define CAFFE_LRN_STEP_FUNCS(SUF, T, SQRT)                                                          \
+    /* the forward's step for the channel entering the window: scale row sc, ratio row q */          \
+    static inline void caffe_lrn_enter_##SUF(double* __restrict acc, const T* __restrict xe,           \
+            const T* __restrict xl, const T* __restrict dy, const T* __restrict y, T* __restrict sc,    \
+            T* __restrict q, ptrdiff_t m, T a, T k) {                                                   \
+        for (ptrdiff_t j = 0; j < m; j++) {                                                             \
+            double t = acc[j] + (double)xe[j] * xe[j];                                                  \
+            T s = k + a * (T)t;                                                                         \
+            sc[j] = s;                                                                                  \
+            q[j] = dy[j] * y[j] / s;                                                                    \
+            acc[j] = t - (double)xl[j] * xl[j];                                                         \
+        }                                                                                               \
+    }                                                                                                   \
+    /* dx of one channel (beta 0.75): the ratio row qe enters the window sum, ql leaves it */           \
+    static inline void caffe_lrn_grad_##SUF(double* __restrict acc, const T* __restrict qe,            \
+            const T* ql, const T* __restrict dy, const T* __restrict sc, const T* __restrict x,          \
+            T* __restrict g, ptrdiff_t m, T cache) {                                                    \
+        for (ptrdiff_t j = 0; j < m; j++) {                                                             \
+            double t = acc[j] + qe[j];                                                                  \
+            T r = SQRT(sc[j]);                                                                          \
+            g[j] = dy[j] * ((T)1 / (SQRT(r) * r)) - (T)t * x[j] * cache;                                \
+            acc[j] = t - ql[j];                                                                         \
+        }                                                                                               \
+    }                                                                                                   \
+    static inline void caffe_lrn_grad_inplace_##SUF(double* __restrict acc, const T* __restrict qe,    \
+            const T* ql, const T* __restrict sc, const T* __restrict x, T* __restrict g, ptrdiff_t m,    \
+            T cache) {                                                                                  \
+        for (ptrdiff_t j = 0; j < m; j++) {                                                             \
+            double t = acc[j] + qe[j];                                                                  \
+            T r = SQRT(sc[j]);                                                                          \
+            g[j] = g[j] * ((T)1 / (SQRT(r) * r)) - (T)t * x[j] * cache;                                 \
+            acc[j] = t - ql[j];                                                                         \
+        }                                                                                               \
+    }
+    CAFFE_LRN_STEP_FUNCS(f, float, sqrtf)
+    CAFFE_LRN_STEP_FUNCS(d, double, sqrt)
+    """
+    void caffe_lrn_enter_f(double* acc, const float* xe, const float* xl, const float* dy, const float* y, float* sc,
+                           float* q, Py_ssize_t m, float a, float k) nogil
+    void caffe_lrn_enter_d(double* acc, const double* xe, const double* xl, const double* dy, const double* y,
+                           double* sc, double* q, Py_ssize_t m, double a, double k) nogil
+    void caffe_lrn_grad_f(double* acc, const float* qe, const float* ql, const float* dy, const float* sc,
+                          const float* x, float* g, Py_ssize_t m, float cache) nogil
+    void caffe_lrn_grad_d(double* acc, const double* qe, const double* ql, const double* dy, const double* sc,
+                          const double* x, double* g, Py_ssize_t m, double cache) nogil
+    void caffe_lrn_grad_inplace_f(double* acc, const float* qe, const float* ql, const float* sc, const float* x,
+                                  float* g, Py_ssize_t m, float cache) nogil
+    void caffe_lrn_grad_inplace_d(double* acc, const double* qe, const double* ql, const double* sc,
+                                  const double* x, double* g, Py_ssize_t m, double cache) nogil
+
+
+cdef inline void _lrn_enter_span(double* acc, const real* xe, const real* xl, const real* dy, const real* y,
+                                 real* sc, real* q, Py_ssize_t m, real a, real k) noexcept nogil:
+    # The forward's channel step for the channel entering the backward's window (the same operations in the same
+    # order: the same scale bits as the forward kept), and that channel's dy * y / scale.
+    if real is float:
+        caffe_lrn_enter_f(acc, xe, xl, dy, y, sc, q, m, a, k)
+    else:
+        caffe_lrn_enter_d(acc, xe, xl, dy, y, sc, q, m, a, k)
+
+
 cdef inline void _lrn_bwd_span(double* acc, const real* qe, const real* ql, const real* dy, const real* scale,
                                const real* x, real* g, Py_ssize_t m, real cache, real beta) noexcept nogil:
     # One channel step over m positions: the entering row of dy * y / scale in (qe), dx, the leaving row out.
-    # (Apart from _lrn_ratio_span: one loop over ten arrays was not vectorized.)
+    # (Apart from _lrn_ratio_span: one loop over ten arrays was not vectorized.) Another beta: pow, here.
     cdef Py_ssize_t j
     cdef double t
+    if beta == <real>0.75:
+        if <const real*>g == dy:
+            if real is float:
+                caffe_lrn_grad_inplace_f(acc, qe, ql, scale, x, g, m, cache)
+            else:
+                caffe_lrn_grad_inplace_d(acc, qe, ql, scale, x, g, m, cache)
+        elif real is float:
+            caffe_lrn_grad_f(acc, qe, ql, dy, scale, x, g, m, cache)
+        else:
+            caffe_lrn_grad_d(acc, qe, ql, dy, scale, x, g, m, cache)
+        return
     for j in range(m):
         t = acc[j] + qe[j]
         g[j] = dy[j] * _pow_neg(scale[j], beta) - <real>t * x[j] * cache
@@ -727,38 +831,64 @@ cdef inline void _lrn_bwd_span(double* acc, const real* qe, const real* ql, cons
 
 
 cdef void _lrn_bwd_piece(const real* x, const real* y, const real* scale, const real* dy, real* dx,
-                         Py_ssize_t C, Py_ssize_t S, Py_ssize_t P, int r, real cache, real beta,
+                         Py_ssize_t C, Py_ssize_t S, Py_ssize_t P, int r, real a, real k, real cache, real beta,
                          bint stream, bint blocked) noexcept nogil:
     # The window's rows of dy * y / scale are kept in a ring of 2r + 1 rows (L1/L2): each is computed once,
     # when its channel enters the window, and subtracted from that same row when it leaves (the same
     # values as computing it twice, without the second division). One pass over the positions per
     # channel, as the forward: enter, compute, leave, in the order three passes took (the same bits);
     # a row of zeros enters or leaves where no channel does (acc + 0.0 is acc: the sums are never -0.0).
+    # scale NULL: the scale is recomputed from x instead of read (a fifth array less from memory): the forward's
+    # own window sum of x^2 runs r channels ahead (the channel whose ratio enters), and its scale rows wait in a
+    # ring of r + 1 rows until their channel's dx; x's rows are read from memory once, as the sum's entering row
+    # (2r channels before their dx).
     # Each step goes by blocks of positions, prefetching the same block of the rows the next step reads
-    # first (dy, y, scale of the channel entering next, x of the next channel), where `blocked`; stream: dx goes
-    # out by non-temporal stores from a scratch block.
+    # first (dy, y and scale or x of the channel entering next, x of the next channel where it was not read
+    # already), where `blocked`; stream: dx goes out by non-temporal stores from a scratch block.
     cdef Py_ssize_t ring = 2 * r + 1
-    cdef double* acc = <double*> malloc(P * sizeof(double) + ((ring + 1) * P + BWD_BLOCK) * sizeof(real))
+    cdef bint recompute = scale == NULL
+    cdef Py_ssize_t sring = r + 1 if recompute else 0
+    cdef Py_ssize_t blk = BWD_BLOCK_RECOMPUTE if recompute else BWD_BLOCK
+    cdef double* acc = <double*> malloc((2 if recompute else 1) * P * sizeof(double)
+                                        + ((ring + sring + 1) * P + blk) * sizeof(real))
+    cdef double* accs
     cdef real* rows
+    cdef real* srows
     cdef real* q
     cdef real* ql
     cdef real* zero
     cdef real* gb
-    cdef Py_ssize_t c, j, j0, m, o, oe, on
-    cdef double t
+    cdef const real* xe
+    cdef const real* xl
+    cdef const real* sc
+    cdef Py_ssize_t c, e, j, j0, m, o, oe, on
     if acc == NULL:
         return
-    rows = <real*>(acc + P)
-    zero = rows + ring * P
+    accs = acc + P if recompute else NULL
+    rows = <real*>(acc + (2 if recompute else 1) * P)
+    srows = rows + ring * P
+    zero = srows + sring * P
     gb = zero + P
     for j in range(P):
         acc[j] = 0
         zero[j] = 0
+    if recompute:
+        for j in range(P):
+            accs[j] = 0
+        for c in range(r if r < C else C):
+            xe = x + c * S
+            for j in range(P):
+                accs[j] += <double>xe[j] * xe[j]
     for c in range(r if r < C else C):
         o = c * S
         q = rows + (c % ring) * P
+        if recompute:
+            _lrn_enter_span(accs, x + (c + r) * S if c + r < C else zero, x + (c - r) * S if c - r >= 0 else zero,
+                            dy + o, y + o, srows + (c % sring) * P, q, P, a, k)
+        else:
+            for j in range(P):
+                q[j] = dy[o + j] * y[o + j] / scale[o + j]
         for j in range(P):
-            q[j] = dy[o + j] * y[o + j] / scale[o + j]
             acc[j] += q[j]
     for c in range(C):
         o = c * S
@@ -766,23 +896,39 @@ cdef void _lrn_bwd_piece(const real* x, const real* y, const real* scale, const 
         q = rows + ((c + r) % ring) * P if c + r < C else zero
         oe = (c + r) * S
         on = (c + r + 1) * S if c + r + 1 < C else -1
+        xe = xl = zero
+        if recompute:
+            e = c + r
+            xe = x + (e + r) * S if e + r < C else zero
+            xl = x + (e - r) * S if e - r >= 0 else zero
+            sc = srows + (c % sring) * P
+        else:
+            sc = scale + o
         j0 = 0
         while j0 < P:
             if stream:
-                m = caffe_norm_block(dx + o, j0, BWD_BLOCK, P, sizeof(real))
+                m = caffe_norm_block(dx + o, j0, blk, P, sizeof(real))
             elif blocked:
-                m = P - j0 if P - j0 < BWD_BLOCK else BWD_BLOCK
+                m = P - j0 if P - j0 < blk else blk
             else:
                 m = P
             if on >= 0 and blocked:
                 caffe_prefetch_t0(dy + on + j0, m * sizeof(real))
                 caffe_prefetch_t0(y + on + j0, m * sizeof(real))
-                caffe_prefetch_t0(scale + on + j0, m * sizeof(real))
-            if c + 1 < C and blocked:
+                if recompute:
+                    if c + 2 * r + 1 < C:
+                        caffe_prefetch_t0(x + (c + 2 * r + 1) * S + j0, m * sizeof(real))
+                else:
+                    caffe_prefetch_t0(scale + on + j0, m * sizeof(real))
+            if c + 1 < C and blocked and not recompute:
                 caffe_prefetch_t0(x + o + S + j0, m * sizeof(real))
             if c + r < C:
-                _lrn_ratio_span(q + j0, dy + oe + j0, y + oe + j0, scale + oe + j0, m)
-            _lrn_bwd_span(acc + j0, q + j0, ql + j0, dy + o + j0, scale + o + j0, x + o + j0,
+                if recompute:
+                    _lrn_enter_span(accs + j0, xe + j0, xl + j0, dy + oe + j0, y + oe + j0,
+                                    srows + ((c + r) % sring) * P + j0, q + j0, m, a, k)
+                else:
+                    _lrn_ratio_span(q + j0, dy + oe + j0, y + oe + j0, scale + oe + j0, m)
+            _lrn_bwd_span(acc + j0, q + j0, ql + j0, dy + o + j0, sc + j0, x + o + j0,
                           gb if stream else dx + o + j0, m, cache, beta)
             if stream:
                 caffe_stream_copy(dx + o + j0, gb, m * sizeof(real))
@@ -794,25 +940,34 @@ cdef void _lrn_bwd_piece(const real* x, const real* y, const real* scale, const 
 
 def lrn_across_backward(const real[::1] x, const real[::1] y, const real[::1] scale, const real[::1] dy,
                         real[::1] dx, Py_ssize_t N, Py_ssize_t C, Py_ssize_t S, int size, double alpha,
-                        double beta):
-    """dx = dy * scale^-beta - 2 alpha beta / size * x * (window sum over channels of dy * y / scale)."""
+                        double beta, k=None):
+    """dx = dy * scale^-beta - 2 alpha beta / size * x * (window sum over channels of dy * y / scale).
+    scale None: recomputed from x (and k, then required) as lrn_across_forward computes it (the same bits, so the
+    same dx as from the scale that forward kept), not read."""
     cdef Py_ssize_t n = N * C * S, t, img, lo, m, off
     cdef int r = (size - 1) // 2
     if n == 0:
         return
-    for buf, what in ((x, "bottom"), (y, "top"), (scale, "scale"), (dy, "top diff"), (dx, "bottom diff")):
+    for buf, what in ((x, "bottom"), (y, "top"), (dy, "top diff"), (dx, "bottom diff")):
         _need(len(buf), n, what)
+    if scale is not None:
+        _need(len(scale), n, "scale")
+    elif k is None:
+        raise ValueError("normalization kernel: LRN backward without the scale needs k to recompute it")
+    cdef double shift = k if k is not None else 0.0
     cdef int nt = _threads(n * size)
     cdef Py_ssize_t P = _lrn_piece(N, S, nt)
     cdef Py_ssize_t pieces = (S + P - 1) // P
     cdef real cache = <real>(2.0 * alpha * beta / size)
+    cdef const real* sp = &scale[0] if scale is not None else NULL
     cdef bint stream = n * <Py_ssize_t>sizeof(real) >= _stream_min_bytes and &dx[0] != &dy[0]
-    cdef bint blocked = stream or n * <Py_ssize_t>sizeof(real) >= _prefetch_min_bytes
+    cdef bint blocked = stream or n * <Py_ssize_t>sizeof(real) >= _lrn_bwd_prefetch_min_bytes
     with nogil:
         for t in prange(N * pieces, schedule="dynamic", chunksize=_grab(C * P), num_threads=nt):
             img = t // pieces
             lo = (t % pieces) * P
             m = S - lo if S - lo < P else P
             off = img * C * S + lo
-            _lrn_bwd_piece(&x[0] + off, &y[0] + off, &scale[0] + off, &dy[0] + off, &dx[0] + off, C, S, m, r,
-                           cache, <real>beta, stream, blocked)
+            _lrn_bwd_piece(&x[0] + off, &y[0] + off, sp + off if sp != NULL else NULL, &dy[0] + off,
+                           &dx[0] + off, C, S, m, r, <real>(alpha / size), <real>shift, cache, <real>beta, stream,
+                           blocked)
