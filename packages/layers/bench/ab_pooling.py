@@ -16,9 +16,7 @@ the cores left out, not their use of the memory bus); "min" columns: the fastest
 from __future__ import annotations
 
 import argparse
-import glob
 import importlib
-import importlib.util
 import os
 import statistics
 import time
@@ -27,21 +25,9 @@ import numpy as np
 
 from caffe.layers import _cpu
 
+from ab_kernels import pair  # (this folder: the script's own, first on sys.path)
+
 MAIN_KERNELS = "/work/main/packages/layers/src/caffe/layers/kernels"
-
-
-def load_pair(old_dir, name):
-    # This checkout's module first: a Cython module registers itself under its name when it loads, so the old one
-    # (from its file, under the same name) must come second.
-    new = importlib.import_module(f"caffe.layers.kernels.{name}")
-    paths = glob.glob(os.path.join(old_dir, f"{name}.cpython-*.so"))
-    if not paths:
-        raise SystemExit(f"no {name} build in {old_dir}")
-    spec = importlib.util.spec_from_file_location(f"caffe.layers.kernels.{name}", paths[0])
-    old = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(old)
-    assert old is not new and old.__file__ != new.__file__
-    return old, new
 
 
 def pooled(h, k, s, p):
@@ -88,7 +74,7 @@ def main(argv=None):
                     "written between runs, untimed, as the layers between two calls in a net would)")
     ap.add_argument("--only", default="", help="comma-separated substrings of case names")
     args = ap.parse_args(argv)
-    old, new = load_pair(args.old_dir, args.build)
+    old, new = pair(args.build, args.old_dir)
     rng = np.random.default_rng(0)
     print(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} load avg {' '.join(f'{v:.2f}' for v in os.getloadavg())} "
           f"OMP_NUM_THREADS {os.environ.get('OMP_NUM_THREADS', 'unset')} {args.build}: old {old.__file__}")
