@@ -13,13 +13,12 @@ whether both gave the same bits (top, x_norm, statistics, bottom diff), and a np
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
 import numpy as np
 
-from ab_kernels import pair  # (this folder: the script's own, first on sys.path)
+from ab_kernels import family_pairs  # (this folder: the script's own, first on sys.path)
 
 SHAPES = [("resnet", (8, 256, 3136)), ("mobilenet", (8, 64, 12544)), ("resnet L2", (1, 256, 1024)),
           ("mobilenet L2", (1, 64, 4096))]
@@ -32,17 +31,10 @@ def main(argv=None):
     ap.add_argument("--builds", default="base,avx2,avx512")
     ap.add_argument("--only", default="", help="comma-separated substrings of case names")
     args = ap.parse_args(argv)
-    from caffe.layers import _cpu
-    print(f"# {time.strftime('%Y-%m-%d %H:%M:%S')}  load avg {' '.join(f'{v:.2f}' for v in os.getloadavg())}  "
-          f"OMP_NUM_THREADS {os.environ.get('OMP_NUM_THREADS', 'unset')}  ms: wall / process CPU, median of "
-          f"{args.repeats}, old and new alternating")
     rng = np.random.default_rng(0)
     e = np.empty(0, np.float32)
-    for build in args.builds.split(","):
-        if build == "avx512" and not _cpu.cpu_has_avx512():
-            print(f"  {build}: skipped (no AVX-512 here)")
-            continue
-        old, new = pair("normalization" if build == "base" else f"normalization_{build}", args.old)
+    print(f"# median of {args.repeats}")
+    for build, old, new in family_pairs("normalization", args.old, args.builds.split(",")):
         for label, (N, C, S) in SHAPES:
             n = N * C * S
             x0 = (rng.standard_normal(n) * 2 + 1).astype(np.float32)

@@ -71,6 +71,20 @@ def pair(name, old_dir, builds=None):
     return old, new
 
 
+def family_pairs(family, old_dir, builds):
+    """(build, old, new) for each of builds (base, avx2, avx512) of the kernels module family, after a header
+    line (time, load, threads); a build this CPU cannot run is said and skipped."""
+    from caffe.layers import _cpu
+    print(f"# {time.strftime('%Y-%m-%d %H:%M:%S')}  load avg {' '.join(f'{v:.2f}' for v in os.getloadavg())}  "
+          f"OMP_NUM_THREADS {os.environ.get('OMP_NUM_THREADS', 'unset')}  ms: wall / process CPU, old and new "
+          "alternating")
+    for build in builds:
+        if build == "avx512" and not _cpu.cpu_has_avx512():
+            print(f"  {build}: skipped (no AVX-512 here)")
+            continue
+        yield (build, *pair(family if build == "base" else f"{family}_{build}", old_dir))
+
+
 def same_bits(run, old, new, outs) -> bool:
     """Run both builds once on the same inputs: whether their outputs (and returned values) are the same bits."""
     ret_old = run(old)

@@ -13,13 +13,12 @@ new gave the same bits (top, bottom diff), beside a np.copyto of the bottom (one
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
 import numpy as np
 
-from ab_kernels import pair  # (this folder: the script's own, first on sys.path)
+from ab_kernels import family_pairs  # (this folder: the script's own, first on sys.path)
 
 SWISH = 11
 SIZES = [("resnet", 8 * 256 * 56 * 56), ("mobilenet", 8 * 64 * 112 * 112), ("L2", 65536)]
@@ -31,18 +30,10 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--builds", default="base,avx2,avx512")
     args = ap.parse_args(argv)
-    from caffe.layers import _cpu
-    print(f"# {time.strftime('%Y-%m-%d %H:%M:%S')}  load avg {' '.join(f'{v:.2f}' for v in os.getloadavg())}  "
-          f"OMP_NUM_THREADS {os.environ.get('OMP_NUM_THREADS', 'unset')}  ms: wall / process CPU, median of "
-          f"{args.repeats}, old and new alternating")
     rng = np.random.default_rng(0)
     e = np.empty(0, np.float32)
-    for build in args.builds.split(","):
-        if build == "avx512" and not _cpu.cpu_has_avx512():
-            print(f"  {build}: skipped (no AVX-512 here)")
-            continue
-        name = "elementwise" if build == "base" else f"elementwise_{build}"
-        old, new = pair(name, args.old)
+    print(f"# median of {args.repeats}")
+    for build, old, new in family_pairs("elementwise", args.old, args.builds.split(",")):
         for label, n in SIZES:
             x = (rng.standard_normal(n) * 3).astype(np.float32)
             dy = rng.standard_normal(n).astype(np.float32)
