@@ -5,7 +5,7 @@ Usage:  python packages/layers/bench/ab_neurons.py OLD_KERNELS_DIR [--sizes 6553
         OMP_NUM_THREADS=1 python packages/layers/bench/ab_neurons.py OLD_KERNELS_DIR   # one thread's CPU time
 
 OLD_KERNELS_DIR: the kernels folder of another worktree (e.g. /work/main/packages/layers/src/caffe/layers/kernels).
-For Sigmoid, TanH, BNLL, Swish and ReLU (float32, x ~ 3 N(0, 1)) forward and backward at each size (65536: in L2,
+For Sigmoid, TanH, BNLL, Swish, ReLU, ELU, Exp and Log (--only: some of them; float32, x ~ 3 N(0, 1)) forward and backward at each size (65536: in L2,
 the compute; 6422528 = 8x256x56x56: main memory), old and new alternate (order flipped every repetition); printed:
 the medians of wall time and of process CPU time (all threads) per element, and whether both builds gave the same
 bits. On a busy machine the CPU time is the steadier figure.
@@ -23,7 +23,8 @@ from ab_kernels import pair  # (this folder: the script's own, first on sys.path
 
 # name, op (kernels.elementwise.Neuron), a, b, c, d
 OPS = [("Sigmoid", 1, 0, 0, 0, 0), ("TanH", 2, 0, 0, 0, 0), ("BNLL", 8, 0, 0, 0, 0), ("Swish", 11, 1.0, 0, 0, 0),
-       ("ReLU", 0, 0, 0, 0, 0)]
+       ("ReLU", 0, 0, 0, 0, 0), ("ELU", 3, 1.0, 0, 0, 0), ("Exp", 5, 1.0, 1.0, 0, 0), ("Exp-scaled", 5, 0.5, 1.2, 0, 0),
+       ("Log", 6, 1.0, 10.0, 1.0, 1.0)]  # (Log: x + 10 > 0 for all but ~0.04% of x ~ 3 N(0, 1))
 
 
 def main(argv=None):
@@ -31,6 +32,7 @@ def main(argv=None):
     ap.add_argument("old", help="the other build's caffe/layers/kernels folder")
     ap.add_argument("--sizes", default="65536,6422528")
     ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--only", default="", help="comma-separated names from OPS (default: all)")
     args = ap.parse_args(argv)
     from caffe.layers import _cpu
     old, new = pair(_cpu.elementwise.__name__.split(".")[-1], args.old)
@@ -45,6 +47,8 @@ def main(argv=None):
         y, aux, dx = np.empty_like(x), np.empty_like(x), np.empty_like(x)
         reps = max(1, 30_000_000 // n)
         for name, op, a, b, c, d in OPS:
+            if args.only and name not in args.only.split(","):
+                continue
             new.neuron_forward(op, x, y, aux if op == 11 else e, e, a, b, c)
             y0, aux0 = y.copy(), aux.copy()
 

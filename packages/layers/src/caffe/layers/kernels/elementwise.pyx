@@ -230,6 +230,93 @@ cdef extern from *:
                                                 _mm512_add_ps(e, _mm512_set1_ps(1.0f))), k, full);
         })
     }
+    /* Exp: y = exp(x a) b, the product x a rounded first as the scalar loop rounds it (caffe_v_exp: NaN kept, 0 / inf
+       past its range as expf) */
+    static inline void caffe_exp_fwd_f(const float* x, float* y, ptrdiff_t n, float a, float b) {
+        const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b);
+        CAFFE_V_LOOP(n, i, k, full, {
+            caffe_v_store(y + i, _mm512_mul_ps(caffe_v_exp(_mm512_mul_ps(caffe_v_load(x + i, k, full), va)), vb), k, full);
+        })
+    }
+    /* expm1(t) for t <= 0 (or NaN), from the same reduction: t = n ln2 + r, exp(r) - 1 = r p(r) with p = 1 + r/2 + ...
+       (caffe_exp512_poly's polynomial before its last step), expm1(t) = 2^n (r p) + (2^n - 1) in one FMA (2^n - 1
+       exact for n >= -24; below, the result is -1 within an ulp anyway). n = 0 near 0: r = t exactly, r p keeps
+       expm1's relative accuracy where exp(t) - 1 would cancel. Clamped at -88 (2^n stays normal; expm1 is -1 there). */
+    static inline __m512 caffe_v_expm1_neg(__m512 t) {
+        const __m512 one = _mm512_set1_ps(1.0f);
+        __m512 fx, r, rp, s, p;
+        t = _mm512_max_ps(_mm512_set1_ps(-88.0f), t);  /* NaN kept */
+        fx = _mm512_sub_ps(_mm512_fmadd_ps(t, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(12582912.0f)),
+                           _mm512_set1_ps(12582912.0f));
+        r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), t);
+        r = _mm512_fmadd_ps(fx, _mm512_set1_ps(2.12194440e-4f), r);
+        p = _mm512_fmadd_ps(_mm512_set1_ps(1.9875691500e-4f), r, _mm512_set1_ps(1.3981999507e-3f));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+        p = _mm512_fmadd_ps(p, r, one);
+        rp = _mm512_mul_ps(r, p);
+        s = _mm512_scalef_ps(one, fx);
+        return _mm512_fmadd_ps(s, rp, _mm512_sub_ps(s, one));
+    }
+    /* ELU: y = (x > 0 ? x : 0) + a expm1(x < 0 ? x : 0), the selects as the scalar loop's (a NaN x gives 0 there too) */
+    static inline void caffe_elu_fwd_f(const float* x, float* y, ptrdiff_t n, float a) {
+        const __m512 va = _mm512_set1_ps(a), zero = _mm512_setzero_ps();
+        CAFFE_V_LOOP(n, i, k, full, {
+            __m512 v = caffe_v_load(x + i, k, full);
+            __m512 em = caffe_v_expm1_neg(_mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, zero, _CMP_LT_OQ), v));
+            caffe_v_store(y + i, _mm512_add_ps(_mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, zero, _CMP_GT_OQ), v),
+                                               _mm512_mul_ps(va, em)), k, full);
+        })
+    }
+    /* log(v), 16 lanes: Cephes' logf (v = 2^e m, m in [sqrt(1/2), sqrt(2)) by VGETMANTPS / VGETEXPPS, which take
+       denormals as they are; log(1 + f) = f - f^2/2 + f^3 P(f), ln2 in two parts), the special cases set after:
+       0 -> -inf, < 0 -> NaN, inf -> inf, NaN kept. */
+    static inline __m512 caffe_v_log(__m512 v) {
+        const __m512 one = _mm512_set1_ps(1.0f);
+        __m512 m = _mm512_getmant_ps(v, _MM_MANT_NORM_1_2, _MM_MANT_SIGN_zero);  /* [1, 2) */
+        __m512 e = _mm512_getexp_ps(v);
+        __mmask16 hi = _mm512_cmp_ps_mask(m, _mm512_set1_ps(1.41421356237f), _CMP_GE_OQ);
+        __m512 f, z, p, r;
+        m = _mm512_mask_mul_ps(m, hi, m, _mm512_set1_ps(0.5f));                /* [sqrt(1/2), sqrt(2)) */
+        e = _mm512_mask_add_ps(e, hi, e, one);
+        f = _mm512_sub_ps(m, one);
+        z = _mm512_mul_ps(f, f);
+        {   /* P(f) by Estrin's scheme (pairs, then f^2, f^4): a shorter chain of dependent FMAs than Horner's */
+            __m512 z4 = _mm512_mul_ps(z, z);
+            __m512 a01 = _mm512_fmadd_ps(_mm512_set1_ps(7.0376836292e-2f), f, _mm512_set1_ps(-1.1514610310e-1f));
+            __m512 a23 = _mm512_fmadd_ps(_mm512_set1_ps(1.1676998740e-1f), f, _mm512_set1_ps(-1.2420140846e-1f));
+            __m512 a45 = _mm512_fmadd_ps(_mm512_set1_ps(1.4249322787e-1f), f, _mm512_set1_ps(-1.6668057665e-1f));
+            __m512 a67 = _mm512_fmadd_ps(_mm512_set1_ps(2.0000714765e-1f), f, _mm512_set1_ps(-2.4999993993e-1f));
+            p = _mm512_fmadd_ps(_mm512_fmadd_ps(a01, z, a23), z4, _mm512_fmadd_ps(a45, z, a67));
+            p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(3.3333331174e-1f));
+        }
+        p = _mm512_mul_ps(_mm512_mul_ps(p, f), z);
+        p = _mm512_fmadd_ps(e, _mm512_set1_ps(-2.12194440e-4f), p);
+        p = _mm512_fmadd_ps(z, _mm512_set1_ps(-0.5f), p);
+        r = _mm512_add_ps(f, p);
+        r = _mm512_fmadd_ps(e, _mm512_set1_ps(0.693359375f), r);
+        /* NaN, +-0, +-inf, negative (VFPCLASSPS 0xDF: all but positive normal and denormal numbers): rare, so set
+           apart by one test (four selects in every vector cost 20% of the loop) */
+        if (__builtin_expect(_mm512_fpclass_ps_mask(v, 0xDF) != 0, 0)) {
+            r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_LT_OQ),
+                                   _mm512_set1_ps(__builtin_nanf("")));
+            r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_EQ_OQ),
+                                   _mm512_set1_ps(-__builtin_inff()));
+            r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(v, _mm512_set1_ps(__builtin_inff()), _CMP_EQ_OQ), v);
+            r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), v);
+        }
+        return r;
+    }
+    /* Log: y = log(x a + b) c, the product and sum rounded as the scalar loop rounds them (no contraction) */
+    static inline void caffe_log_fwd_f(const float* x, float* y, ptrdiff_t n, float a, float b, float c) {
+        const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b), vc = _mm512_set1_ps(c);
+        CAFFE_V_LOOP(n, i, k, full, {
+            __m512 v = _mm512_add_ps(_mm512_mul_ps(caffe_v_load(x + i, k, full), va), vb);
+            caffe_v_store(y + i, _mm512_mul_ps(caffe_v_log(v), vc), k, full);
+        })
+    }
     #else
     #define CAFFE_ELT_VEXP 0
     static inline void caffe_sigmoid_f(const float* x, float* y, float* aux, ptrdiff_t n, float a, int swish) {}
@@ -237,6 +324,9 @@ cdef extern from *:
                                          float a) {}
     static inline void caffe_bnll_fwd_f(const float* x, float* y, ptrdiff_t n) {}
     static inline void caffe_bnll_bwd_f(const float* x, const float* dy, float* dx, ptrdiff_t n) {}
+    static inline void caffe_exp_fwd_f(const float* x, float* y, ptrdiff_t n, float a, float b) {}
+    static inline void caffe_elu_fwd_f(const float* x, float* y, ptrdiff_t n, float a) {}
+    static inline void caffe_log_fwd_f(const float* x, float* y, ptrdiff_t n, float a, float b, float c) {}
     #endif
     """
     bint CAFFE_ELT_VEXP
@@ -244,6 +334,9 @@ cdef extern from *:
     void caffe_swish_bwd_f(const float* x, const float* y, const float* dy, float* dx, Py_ssize_t n, float a) nogil
     void caffe_bnll_fwd_f(const float* x, float* y, Py_ssize_t n) nogil
     void caffe_bnll_bwd_f(const float* x, const float* dy, float* dx, Py_ssize_t n) nogil
+    void caffe_exp_fwd_f(const float* x, float* y, Py_ssize_t n, float a, float b) nogil
+    void caffe_elu_fwd_f(const float* x, float* y, Py_ssize_t n, float a) nogil
+    void caffe_log_fwd_f(const float* x, float* y, Py_ssize_t n, float a, float b, float c) nogil
 
 
 cdef inline real _log1p_unit(real u) noexcept nogil:
@@ -319,6 +412,9 @@ cdef void _neuron_fwd(int op, const real* x, real* y, real* aux, Py_ssize_t n,
         for i in range(n):
             y[i] = _tanh(x[i])
     elif op == ELU:
+        if real is float and CAFFE_ELT_VEXP:
+            caffe_elu_fwd_f(x, y, n, a)
+            return
         for i in range(n):
             v = x[i]
             y[i] = (v if v > 0 else 0) + a * _expm1(v if v < 0 else 0)
@@ -334,9 +430,15 @@ cdef void _neuron_fwd(int op, const real* x, real* y, real* aux, Py_ssize_t n,
             for i in range(n):
                 y[i] = _pow(x[i] * a + b, c)
     elif op == EXP:
+        if real is float and CAFFE_ELT_VEXP:
+            caffe_exp_fwd_f(x, y, n, a, b)
+            return
         for i in range(n):
             y[i] = _exp(x[i] * a) * b
     elif op == LOG:
+        if real is float and CAFFE_ELT_VEXP:
+            caffe_log_fwd_f(x, y, n, a, b, c)
+            return
         for i in range(n):
             y[i] = _log(x[i] * a + b) * c
     elif op == ABSVAL:
