@@ -9,7 +9,8 @@ is taken in double (over blocks of SUM_BLOCK channels summed in x's precision), 
 Backward: dx = (dy - sum_c dy * y) * y with the sum taken the same way.
 A piece holds at most PIECE / C positions' C values (in cache, L2 or L3, between the kernel's passes), so
 main memory is read and written once. The forward hands out pieces one at a time; each thread prefetches
-the next piece it will take through the current one's passes.
+the next piece it will take through the current one's passes. The float32 vector loops pass over a piece in
+sub-pieces of at least SUB_MIN positions (few channels: shorter passes), and the backward's pieces are that long.
 """
 from cython.parallel cimport parallel, prange
 from libc.stdint cimport int64_t, uint8_t
