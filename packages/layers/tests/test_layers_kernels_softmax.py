@@ -315,3 +315,85 @@ def test_softmax_float32_within_a_few_ulp_of_float64(build, outer, c, inner, see
     p = prob.reshape(outer, c, inner)[np.arange(outer)[:, None], label.reshape(outer, inner), np.arange(inner)]
     terms = -np.log(np.maximum(p, np.finfo(np.float32).tiny).astype(np.float64)).ravel()
     assert loss == pytest.approx(terms[valid == 1].sum(), rel=1e-6, abs=1e-6)
+
+
+@contextlib.contextmanager
+def sub_pieces(mod, elements, min_positions):
+    old = mod._set_sub_piece(elements, min_positions)
+    try:
+        yield
+    finally:
+        mod._set_sub_piece(*old)
+
+
+@pytest.mark.parametrize("build", BUILDS)
+@given(outer=st.integers(1, 3), c=st.integers(1, 70), inner=st.integers(2, 300), seed=SEEDS, dtype=DTYPES,
+       sub=st.sampled_from([(1, 1), (64, 16), (256, 16), (1000, 40)]), stream=st.sampled_from([0, 1 << 62]),
+       spread=st.sampled_from([1.0, 40.0]))
+def test_sub_pieces_give_the_pieces_bits(build, outer, c, inner, seed, dtype, sub, stream, spread):
+    """The forward's passes by sub-pieces (vector builds, float32, scratch block) and the backward's pieces of that
+    length, cut small by the test hook (several a piece, a partial last one; the prefetch of the next sub-piece
+    within a piece and across pieces): the same probabilities, loss (the label probabilities of all of a piece's
+    sub-pieces summed as one piece) and gradients, bit for bit, as the uncut pieces (these small shapes are under
+    SUB_MIN positions: one sub-piece a piece), on the streamed and the scratch-with-normal-stores paths; the
+    float64 and baseline loops, which take no sub-pieces in the forward, as well. And the NumPy reference."""
+    mod = build_module("softmax", build)
+    rng = np.random.default_rng(seed)
+    n = outer * c * inner
+    x = (rng.standard_normal(n) * spread).astype(dtype)
+    dy = rng.standard_normal(n).astype(dtype)
+    label = rng.integers(0, c, outer * inner).astype(np.int64)
+    valid = (rng.random(outer * inner) < 0.8).astype(np.uint8)
+    label[valid == 0] = rng.integers(-2**40, 2**40, int((valid == 0).sum()))  # never read
+    out = []
+    for cut in (None, sub):
+        y, prob, dx = np.empty_like(x), np.empty_like(x), np.empty_like(x)
+        with stream_from(stream, 0, mods=[mod]), (sub_pieces(mod, *cut) if cut else contextlib.nullcontext()):
+            mod.softmax_forward(x, y, outer, c, inner)
+            loss = mod.softmax_loss_forward(x, prob, label, valid, outer, c, inner)
+            mod.softmax_backward(y, dy, dx, outer, c, inner)
+        out.append((y, prob, loss, dx))
+    (y0, p0, l0, dx0), (y1, p1, l1, dx1) = out
+    np.testing.assert_array_equal(y1, y0)
+    np.testing.assert_array_equal(p1, y0)
+    np.testing.assert_array_equal(dx1, dx0)
+    assert l1 == l0
+    # the reference as in test_softmax_float32_within_a_few_ulp_of_float64: x - max rounded in x's type, the rest
+    # in float64; the loss from the kernel's probabilities (libmvec's logf within 4 ulp, the sums in double)
+    x3 = x.reshape(outer, c, inner)
+    e = np.exp((x3 - x3.max(axis=1, keepdims=True)).astype(np.float64))
+    ref = e / e.sum(axis=1, keepdims=True)
+    tol = 2e-6 if dtype == np.float32 else 1e-13
+    np.testing.assert_allclose(y0, ref.ravel(), rtol=tol, atol=np.finfo(dtype).tiny)
+    p = y0.reshape(outer, c, inner)[np.arange(outer)[:, None], np.where(valid == 1, label, 0).reshape(outer, inner),
+                                    np.arange(inner)]
+    terms = -np.log(np.maximum(p, np.finfo(np.float32).tiny).astype(np.float64)).ravel()  # (Caffe's FLT_MIN)
+    assert l0 == pytest.approx(terms[valid == 1].sum(), rel=1e-6, abs=1e-6)
+
+
+@pytest.mark.parametrize("build", ["avx2", "avx512"])
+@given(outer=st.integers(1, 3), c=st.integers(1, 70), inner=st.integers(1, 80), seed=SEEDS,
+       stream=st.sampled_from([0, 1 << 62]), specials=st.booleans())
+def test_vector_label_gather_is_the_scalar_loops_bits(build, outer, c, inner, seed, stream, specials):
+    """SoftmaxWithLoss's label probabilities by masked gathers (16 or 8 positions at a time, the rest by the
+    scalar loop) give the scalar loop's loss bit for bit: not-valid positions (their labels, junk here, never
+    used), probabilities clamped to FLT_MIN (x spread wide) and NaN (a NaN in x) as the scalar loop has them."""
+    mod = build_module("softmax", build)
+    rng = np.random.default_rng(seed)
+    n = outer * c * inner
+    x = (rng.standard_normal(n) * (200.0 if specials else 3.0)).astype(np.float32)
+    if specials:
+        x[rng.integers(0, n)] = np.nan
+    label = rng.integers(0, c, outer * inner).astype(np.int64)
+    valid = (rng.random(outer * inner) < 0.7).astype(np.uint8) * rng.integers(1, 256, outer * inner).astype(np.uint8)
+    label[valid == 0] = rng.integers(-2**40, 2**40, int((valid == 0).sum()))
+    losses = []
+    for vec in (False, True):
+        prob = np.empty_like(x)
+        old = mod._set_vector_gather(vec)
+        try:
+            with stream_from(stream, 0, mods=[mod]):
+                losses.append(mod.softmax_loss_forward(x, prob, label, valid, outer, c, inner))
+        finally:
+            mod._set_vector_gather(old)
+    np.testing.assert_array_equal(np.float64(losses[1]), np.float64(losses[0]))  # (NaN equals NaN here)
