@@ -138,6 +138,54 @@ def test_eltwise_kernels_match_numpy(build, op, shape, dtype, seed, k, coeff, st
         check_paths("Eltwise", text, xs, [dy], dtype, in_place=in_place, propagate_down=pd)
 
 
+def _offset_view(rng, n, dtype, fill):
+    """n elements of dtype starting 0-15 elements into a fresh buffer: every start within a 64-byte line."""
+    off = int(rng.integers(0, 16))
+    return np.full(n + 16, fill, dtype)[off:off + n]
+
+
+@pytest.mark.parametrize("build", BUILDS)
+@given(n=st.one_of(st.integers(1, 70), st.integers(4000, 9000)), dtype=DTYPES, seed=st.integers(0, 2**31 - 1),
+       in_place=st.sampled_from([None, 0, 1]), stream=st.booleans())
+def test_eltwise_max2_backward_is_the_numpy_select(build, n, dtype, seed, in_place, stream):
+    """MAX backward with two bottoms and both diffs, streaming (threshold 0: the AVX2 / AVX-512 builds' non-temporal
+    stores, each diff from its own first 64-byte line) or not, against the NumPy select bit for bit (-0, NaN kept
+    where chosen, +0 elsewhere): sizes within one piece and over several (CHUNK 4096, the pieces' heads and tails),
+    every start within a line for dy, the mask and each diff (the two diffs' lines apart), and in place (a diff
+    that is dy)."""
+    mod = build_module("elementwise", build)
+    rng = np.random.default_rng(seed)
+    dy = _offset_view(rng, n, dtype, 0)
+    dy[:] = rng.standard_normal(n)
+    dy[rng.random(n) < 0.1] = -0.0
+    dy[rng.random(n) < 0.05] = np.nan
+    mask = _offset_view(rng, n, np.int32, 0)
+    mask[:] = rng.integers(0, 2, n)
+    want = [np.where(mask == i, dy, dtype(0)) for i in (0, 1)]
+    diffs = [_offset_view(rng, n, dtype, 7) for _ in range(2)]
+    if in_place is not None:
+        diffs[in_place] = dy
+    old = mod._set_stream_min_bytes(0 if stream else 1 << 62)
+    try:
+        mod.eltwise_backward(2, [dy, dy], diffs, np.empty(0), np.empty(0, dtype), dy, mask, False)
+    finally:
+        mod._set_stream_min_bytes(old)
+    for got, ref in zip(diffs, want):
+        np.testing.assert_array_equal(got.view(np.uint8 if dtype == np.float32 else np.uint16),
+                                      ref.view(np.uint8 if dtype == np.float32 else np.uint16))
+
+
+def test_eltwise_stream_threshold_hook():
+    """The streaming threshold's hook returns the previous size; the default streams 25.7 MB ResNet / MobileNet
+    diffs (8x256x56x56 float32) and not a 3.2 MB one."""
+    old = elementwise._set_stream_min_bytes(0)
+    try:
+        assert elementwise._set_stream_min_bytes(5) == 0
+        assert 8 * 64 * 28 * 28 * 4 < old <= 8 * 256 * 56 * 56 * 4
+    finally:
+        assert elementwise._set_stream_min_bytes(old) == 5
+
+
 # 0.999999: the threshold is 2^16 (nothing kept), past the 16-bit compare
 @given(n=st.integers(0, 20000), seed=st.integers(0, 2**64 - 1),
        ratio=st.sampled_from([0.0, 0.1, 0.5, 0.9, 0.999999]), dtype=st.sampled_from([np.float32, np.float64]))

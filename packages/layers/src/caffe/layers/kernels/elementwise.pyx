@@ -20,6 +20,7 @@ from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 
 include "_threads.pxi"
+include "_stream.pxi"
 
 ctypedef fused real:
     float
@@ -30,6 +31,10 @@ include "_vmath.pxi"
 cdef enum:
     CHUNK = 4096  # elements per piece (16 KB of float32: a few inputs and outputs stay in L1)
     CHUNK_QUADS = 1024  # CHUNK / 4: Dropout's SplitMix64 outputs per piece
+    # Eltwise MAX backward (two bottoms) writes its diffs past the caches from this many bytes a diff, as
+    # kernels.normalization / softmax do: 25.7 MB ResNet / MobileNet blobs do not fit beside their inputs in a
+    # 32 MB L3, and nothing reads the diffs before the next layer
+    STREAM_MIN_BYTES = 12 << 20
 
 # Neuron operations (forward: x -> y; backward: dy -> dx), parameters a, b, c as noted.
 cpdef enum Neuron:
@@ -46,6 +51,18 @@ cpdef enum Neuron:
     CLIP = 10      # y = min(max(x, a), b)
     SWISH = 11     # s = sigmoid(a x) (aux), y = x s                           (a: beta)
     AFFINE = 12    # y = a x + b; dx = dy * a
+
+
+cdef Py_ssize_t _stream_min_bytes = STREAM_MIN_BYTES
+
+
+def _set_stream_min_bytes(Py_ssize_t nbytes):
+    """For the tests and benchmarks: the size of an output from which the kernels that can stream do (0: always,
+    the streaming paths on small shapes; a huge value: never); returns the previous size."""
+    global _stream_min_bytes
+    old = _stream_min_bytes
+    _stream_min_bytes = nbytes
+    return old
 
 
 cdef enum Eltwise:
@@ -664,10 +681,19 @@ cdef void _eltwise_fwd(int op, real** xs, const double* coeff, int k, real* y, i
 # as the bits of dy ANDed with an all-ones / all-zeros word (the same bits as the selects, NaN and -0 kept where
 # chosen). Written as selects, GCC's AVX-512 code loaded dy twice with masked loads: 0.80-0.86x the AVX2 build's
 # speed on Zen 5, as ANDs 0.95x. The other builds keep the selects (the ANDs measured 0.96x there).
+# Large blobs (STREAM_MIN_BYTES a diff) in the AVX2 / AVX-512 builds: both diffs are written past the caches by
+# non-temporal stores (caffe_max2_bwd_stream_*, the same bits: a select either way). A plain store first reads each
+# line it writes from memory (write-allocate): reads of dy, mask and both diffs' lines, then the diffs written back,
+# made 6 blob-sized transfers where 4 do. One pass (a pass a diff over each piece cost 1.25x: memory idled during
+# the second), 256-bit stores in the AVX-512 build too (its 512-bit non-temporal stores took 1.5x as long, Zen 5):
+# at 8x256x56x56 float32 0.70-0.80x main's time (bench/README.md, session 13).
 cdef extern from *:
     """
     #include <stdint.h>
     #include <stddef.h>
+    #if defined(__SSE2__)
+    #include <immintrin.h>
+    #endif
     #if defined(__AVX512F__)
     #define CAFFE_MAX2_BWD_AND 1
     #else
@@ -697,10 +723,68 @@ cdef extern from *:
             b[j] = v & (0u - (uint64_t)(o == 1));
         }
     }
+    /* Both diffs by non-temporal stores where the AVX2 / AVX-512 builds can (CAFFE_MAX2_BWD_STREAM), in one pass:
+       each diff from its own first 64-byte line (plain stores before it and after the last whole line common to
+       both), so the two need not share an alignment (step k stores line k of each; the vectors of dy and mask are
+       unaligned loads). In place, the diff that is dy ("late") is the one whose lines start no later than the
+       other's (its start moves a line on where needed) and each step stores it last: every element of dy is read
+       (by both diffs) before it is overwritten. g0 and g1 are not the same array (the caller's plain loop does
+       that) and are aligned to their element size. */
+    #if defined(__AVX2__)
+    #define CAFFE_MAX2_BWD_STREAM 1
+    #define CAFFE_MAX2_SEL_F(g, dy, mask, vo)                                                                     \
+        _mm256_stream_si256((__m256i*)(g), _mm256_and_si256(                                                      \
+            _mm256_cmpeq_epi32(_mm256_loadu_si256((const __m256i*)(mask)), _mm256_set1_epi32(vo)),               \
+            _mm256_loadu_si256((const __m256i*)(dy))))
+    /* (the int32 compare's all-ones / zeros sign-extended to 64 bits) */
+    #define CAFFE_MAX2_SEL_D(g, dy, mask, vo)                                                                     \
+        _mm256_stream_si256((__m256i*)(g), _mm256_and_si256(                                                      \
+            _mm256_cvtepi32_epi64(_mm_cmpeq_epi32(_mm_loadu_si128((const __m128i*)(mask)), _mm_set1_epi32(vo))), \
+            _mm256_loadu_si256((const __m256i*)(dy))))
+    #define CAFFE_MAX2_VF 8
+    #define CAFFE_MAX2_VD 4
+    #define CAFFE_MAX2_BWD_STREAM_FN(NAME, T, U, SEL, V)                                                          \
+    static inline void NAME(T* g0, T* g1, const T* dy, const int* mask, ptrdiff_t n) {                           \
+        enum { LINE = 64 / sizeof(T) };                                                                           \
+        T* g[2] = {g0, g1};                                                                                       \
+        const U* d = (const U*)dy;                                                                                \
+        int late = g0 == dy ? 0 : 1, other = 1 - late, i, t;                                                     \
+        ptrdiff_t h[2], j, k, K;                                                                                  \
+        for (i = 0; i < 2; i++) {                                                                                 \
+            h[i] = (ptrdiff_t)(((64 - ((uintptr_t)g[i] & 63)) & 63) / sizeof(T));                                 \
+            if (h[i] > n) h[i] = n;                                                                               \
+        }                                                                                                         \
+        if (h[other] < h[late]) h[other] = h[other] + LINE < n ? h[other] + LINE : n;                             \
+        K = (n - (h[0] > h[1] ? h[0] : h[1])) / LINE;                                                             \
+        for (t = 0; t < 2; t++) {  /* heads: the other diff first */                                              \
+            i = t ? late : other;                                                                                 \
+            for (j = 0; j < h[i]; j++) ((U*)g[i])[j] = d[j] & ((U)0 - (U)(mask[j] == i));                         \
+        }                                                                                                         \
+        for (k = 0; k < K; k++) {                                                                                 \
+            ptrdiff_t jo = h[other] + k * LINE, jl = h[late] + k * LINE;                                          \
+            for (j = 0; j < LINE; j += V) SEL(g[other] + jo + j, dy + jo + j, mask + jo + j, other);             \
+            for (j = 0; j < LINE; j += V) SEL(g[late] + jl + j, dy + jl + j, mask + jl + j, late);               \
+        }                                                                                                         \
+        for (t = 0; t < 2; t++) {  /* tails: the other diff first */                                              \
+            i = t ? late : other;                                                                                 \
+            for (j = h[i] + K * LINE; j < n; j++) ((U*)g[i])[j] = d[j] & ((U)0 - (U)(mask[j] == i));              \
+        }                                                                                                         \
+    }
+    CAFFE_MAX2_BWD_STREAM_FN(caffe_max2_bwd_stream_f, float, caffe_u32_alias, CAFFE_MAX2_SEL_F, CAFFE_MAX2_VF)
+    CAFFE_MAX2_BWD_STREAM_FN(caffe_max2_bwd_stream_d, double, caffe_u64_alias, CAFFE_MAX2_SEL_D, CAFFE_MAX2_VD)
+    #else
+    #define CAFFE_MAX2_BWD_STREAM 0
+    static inline void caffe_max2_bwd_stream_f(float* g0, float* g1, const float* dy, const int* mask, ptrdiff_t n) {}
+    static inline void caffe_max2_bwd_stream_d(double* g0, double* g1, const double* dy, const int* mask,
+                                               ptrdiff_t n) {}
+    #endif
     """
     bint CAFFE_MAX2_BWD_AND
+    bint CAFFE_MAX2_BWD_STREAM
     void caffe_max2_bwd_f(float* g0, float* g1, const float* dy, const int* mask, Py_ssize_t n) nogil
     void caffe_max2_bwd_d(double* g0, double* g1, const double* dy, const int* mask, Py_ssize_t n) nogil
+    void caffe_max2_bwd_stream_f(float* g0, float* g1, const float* dy, const int* mask, Py_ssize_t n) nogil
+    void caffe_max2_bwd_stream_d(double* g0, double* g1, const double* dy, const int* mask, Py_ssize_t n) nogil
 
 
 # Eltwise SUM and PROD (stable_prod_grad) backward with two bottoms and both diffs wanted, in one pass over dy (and
@@ -771,7 +855,7 @@ cdef extern from *:
 
 cdef void _eltwise_bwd(int op, real** xs, real** dxs, const double* coeff, int k, bint stable,
                        const real* y, const real* dy, const int* mask, Py_ssize_t lo,
-                       Py_ssize_t n) noexcept nogil:
+                       Py_ssize_t n, bint stream) noexcept nogil:
     # A local copy of the top diff: a bottom diff may be the top diff (in place).
     cdef real d[CHUNK]
     cdef Py_ssize_t j
@@ -785,6 +869,14 @@ cdef void _eltwise_bwd(int op, real** xs, real** dxs, const double* coeff, int k
     cdef const int* ml
     cdef real v
     if op == MAX and k == 2 and dxs[0] != NULL and dxs[1] != NULL:
+        if (CAFFE_MAX2_BWD_STREAM and stream and dxs[0] != dxs[1]
+                and (<size_t>dxs[0] | <size_t>dxs[1]) % sizeof(real) == 0):
+            if real is float:
+                caffe_max2_bwd_stream_f(dxs[0] + lo, dxs[1] + lo, dy + lo, mask + lo, n)
+            else:
+                caffe_max2_bwd_stream_d(dxs[0] + lo, dxs[1] + lo, dy + lo, mask + lo, n)
+            caffe_store_fence()
+            return
         # one direct pass: element j of both diffs is written after dy[j] and mask[j] are read
         if CAFFE_MAX2_BWD_AND:
             if real is float:
@@ -891,6 +983,7 @@ def eltwise_backward(int op, list bottoms, list bottom_diffs, const double[::1] 
         _need(y.shape[0], n, "top data")
     cdef const real[::1] cview
     cdef real[::1] view
+    cdef bint stream = n * <Py_ssize_t>sizeof(real) >= _stream_min_bytes
     cdef real** xs = <real**> malloc(k * sizeof(real*))
     cdef real** dxs = <real**> malloc(k * sizeof(real*))
     try:
@@ -910,7 +1003,8 @@ def eltwise_backward(int op, list bottoms, list bottom_diffs, const double[::1] 
                 lo = ch * CHUNK
                 m = n - lo if n - lo < CHUNK else CHUNK
                 _eltwise_bwd(op, xs, dxs, &coeff[0] if op == SUM else NULL, k, stable_prod_grad,
-                             &y[0] if y.shape[0] else NULL, &dy[0], &mask[0] if op == MAX else NULL, lo, m)
+                             &y[0] if y.shape[0] else NULL, &dy[0], &mask[0] if op == MAX else NULL, lo, m,
+                             stream)
     finally:
         free(xs)
         free(dxs)
