@@ -4,7 +4,7 @@ import sys
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import example, given, strategies as st
 
 from caffe.blob import context
 from caffe.layers import _cpu
@@ -145,34 +145,59 @@ def _offset_view(rng, n, dtype, fill):
 
 
 @pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("case", ["MAX forward", "MAX backward", "SUM backward", "PROD backward"])
 @given(n=st.one_of(st.integers(1, 70), st.integers(4000, 9000)), dtype=DTYPES, seed=st.integers(0, 2**31 - 1),
        in_place=st.sampled_from([None, 0, 1]), stream=st.booleans())
-def test_eltwise_max2_backward_is_the_numpy_select(build, n, dtype, seed, in_place, stream):
-    """MAX backward with two bottoms and both diffs, streaming (threshold 0: the AVX2 / AVX-512 builds' non-temporal
-    stores, each diff from its own first 64-byte line) or not, against the NumPy select bit for bit (-0, NaN kept
-    where chosen, +0 elsewhere): sizes within one piece and over several (CHUNK 4096, the pieces' heads and tails),
-    every start within a line for dy, the mask and each diff (the two diffs' lines apart), and in place (a diff
-    that is dy)."""
+@example(n=4103, dtype=np.float32, seed=3, in_place=0, stream=True)  # in place over several pieces, every profile
+@example(n=4103, dtype=np.float64, seed=4, in_place=1, stream=True)
+def test_eltwise_two_bottoms_streaming_is_the_numpy_result(build, case, n, dtype, seed, in_place, stream):
+    """The two-bottom passes (MAX forward: top and mask; MAX, SUM and stable PROD backward: both diffs), streaming
+    (threshold 0: the AVX2 / AVX-512 builds' non-temporal stores, each output from its own first 64-byte line) or
+    not, against NumPy bit for bit (selects keep -0 and NaN where chosen; the products round once, as NumPy's):
+    sizes within one piece and over several (CHUNK 4096: the pieces' heads and tails), every start within a line
+    for each input and output (the two outputs' lines apart), and in place (the top is a bottom, or a diff is the
+    top diff)."""
     mod = build_module("elementwise", build)
     rng = np.random.default_rng(seed)
-    dy = _offset_view(rng, n, dtype, 0)
-    dy[:] = rng.standard_normal(n)
-    dy[rng.random(n) < 0.1] = -0.0
-    dy[rng.random(n) < 0.05] = np.nan
-    mask = _offset_view(rng, n, np.int32, 0)
-    mask[:] = rng.integers(0, 2, n)
-    want = [np.where(mask == i, dy, dtype(0)) for i in (0, 1)]
-    diffs = [_offset_view(rng, n, dtype, 7) for _ in range(2)]
-    if in_place is not None:
-        diffs[in_place] = dy
+
+    def values(fill_special):
+        v = _offset_view(rng, n, dtype, 0)
+        v[:] = rng.standard_normal(n)
+        if fill_special:
+            v[rng.random(n) < 0.1] = -0.0
+            v[rng.random(n) < 0.05] = np.nan
+        return v
+
+    x0, x1, dy = values(case.startswith("MAX")), values(case.startswith("MAX")), values(True)
+    if case == "MAX forward":
+        x1[::5] = x0[::5]  # ties: bottom[1] wins
+        want = [np.where(x0 > x1, x0, x1), np.where(x0 > x1, 0, 1).astype(np.int32)]
+        outs = [_offset_view(rng, n, dtype, 7), _offset_view(rng, n, np.int32, 7)]
+        if in_place is not None:
+            outs[0] = (x0, x1)[in_place]
+        call = (2, [x0, x1], np.empty(0), outs[0], outs[1])
+    else:
+        mask = _offset_view(rng, n, np.int32, 0)
+        mask[:] = rng.integers(0, 2, n)
+        coeff = np.array([0.5, -1.5]) if case == "SUM backward" else np.empty(0)
+        if case == "MAX backward":
+            want = [np.where(mask == i, dy, dtype(0)) for i in (0, 1)]
+        elif case == "SUM backward":
+            want = [dtype(c) * dy for c in coeff]
+        else:
+            want = [x1 * dy, x0 * dy]
+        outs = [_offset_view(rng, n, dtype, 7) for _ in range(2)]
+        if in_place is not None:
+            outs[in_place] = dy
+        op = {"MAX backward": 2, "SUM backward": 1, "PROD backward": 0}[case]
+        call = (op, [x0, x1], outs, coeff, np.empty(0, dtype), dy, mask if op == 2 else mask[:0], True)
     old = mod._set_stream_min_bytes(0 if stream else 1 << 62)
     try:
-        mod.eltwise_backward(2, [dy, dy], diffs, np.empty(0), np.empty(0, dtype), dy, mask, False)
+        (mod.eltwise_forward if case == "MAX forward" else mod.eltwise_backward)(*call)
     finally:
         mod._set_stream_min_bytes(old)
-    for got, ref in zip(diffs, want):
-        np.testing.assert_array_equal(got.view(np.uint8 if dtype == np.float32 else np.uint16),
-                                      ref.view(np.uint8 if dtype == np.float32 else np.uint16))
+    for got, ref in zip(outs, want):
+        np.testing.assert_array_equal(got.view(np.uint8), ref.view(np.uint8), err_msg=case)
 
 
 def test_eltwise_stream_threshold_hook():

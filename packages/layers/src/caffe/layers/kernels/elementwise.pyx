@@ -31,9 +31,9 @@ include "_vmath.pxi"
 cdef enum:
     CHUNK = 4096  # elements per piece (16 KB of float32: a few inputs and outputs stay in L1)
     CHUNK_QUADS = 1024  # CHUNK / 4: Dropout's SplitMix64 outputs per piece
-    # Eltwise MAX backward (two bottoms) writes its diffs past the caches from this many bytes a diff, as
-    # kernels.normalization / softmax do: 25.7 MB ResNet / MobileNet blobs do not fit beside their inputs in a
-    # 32 MB L3, and nothing reads the diffs before the next layer
+    # The two-bottom Eltwise passes (MAX forward and backward, SUM / stable PROD backward) write their outputs past
+    # the caches from this many bytes an output, as kernels.normalization / softmax do: 25.7 MB ResNet / MobileNet
+    # blobs do not fit beside their inputs in a 32 MB L3 (smaller outputs stay in cache for the next layer)
     STREAM_MIN_BYTES = 12 << 20
 
 # Neuron operations (forward: x -> y; backward: dy -> dx), parameters a, b, c as noted.
@@ -614,8 +614,153 @@ def neuron_backward(int op, const real[::1] x, const real[::1] y, const real[::1
 
 # -- Eltwise (and Split's backward sum) ------------------------------------------------------------
 
+# Eltwise MAX backward with two bottoms in the AVX-512 build: g0 = (mask == 0) ? dy : +0, g1 = (mask == 1) ? dy : +0,
+# as the bits of dy ANDed with an all-ones / all-zeros word (the same bits as the selects, NaN and -0 kept where
+# chosen). Written as selects, GCC's AVX-512 code loaded dy twice with masked loads: 0.80-0.86x the AVX2 build's
+# speed on Zen 5, as ANDs 0.95x. The other builds keep the selects (the ANDs measured 0.96x there).
+# Large blobs (STREAM_MIN_BYTES an output) in the AVX2 / AVX-512 builds: the two-bottom passes write both their
+# outputs past the caches by non-temporal stores (CAFFE_STREAM2: MAX backward's diffs here, MAX forward's top and
+# mask (float32), SUM / stable PROD backward's diffs below; the same arithmetic and selects, so the same bits). A
+# plain store first reads each line it writes from memory (write-allocate): MAX backward read dy, the mask and both
+# diffs' lines and wrote the diffs back, 6 blob-sized transfers where 4 do. One pass (a pass an output over each
+# piece cost 1.2x: memory idled during the second) and 256-bit stores in the AVX-512 build too (its 512-bit
+# non-temporal stores took 1.5x as long on Zen 5). Interleaved against the plain stores at 8x256x56x56 float32:
+# MAX backward 1.3-1.4x faster, MAX forward 1.25-1.3x, SUM backward 1.15-1.25x, PROD backward 1.25-1.4x (one and
+# two threads; bench/README.md, session 13).
+cdef extern from *:
+    """
+    #include <stdint.h>
+    #include <stddef.h>
+    #if defined(__SSE2__)
+    #include <immintrin.h>
+    #endif
+    #if defined(__AVX512F__)
+    #define CAFFE_MAX2_BWD_AND 1
+    #else
+    #define CAFFE_MAX2_BWD_AND 0
+    #endif
+    typedef uint32_t __attribute__((may_alias)) caffe_u32_alias;
+    typedef uint64_t __attribute__((may_alias)) caffe_u64_alias;
+    static inline void caffe_max2_bwd_f(float* g0, float* g1, const float* dy, const int* mask, ptrdiff_t n) {
+        const caffe_u32_alias* d = (const caffe_u32_alias*)dy;
+        caffe_u32_alias* a = (caffe_u32_alias*)g0;
+        caffe_u32_alias* b = (caffe_u32_alias*)g1;
+        for (ptrdiff_t j = 0; j < n; j++) {
+            uint32_t v = d[j];
+            int o = mask[j];
+            a[j] = v & (0u - (uint32_t)(o == 0));
+            b[j] = v & (0u - (uint32_t)(o == 1));
+        }
+    }
+    static inline void caffe_max2_bwd_d(double* g0, double* g1, const double* dy, const int* mask, ptrdiff_t n) {
+        const caffe_u64_alias* d = (const caffe_u64_alias*)dy;
+        caffe_u64_alias* a = (caffe_u64_alias*)g0;
+        caffe_u64_alias* b = (caffe_u64_alias*)g1;
+        for (ptrdiff_t j = 0; j < n; j++) {
+            uint64_t v = d[j];
+            int o = mask[j];
+            a[j] = v & (0u - (uint64_t)(o == 0));
+            b[j] = v & (0u - (uint64_t)(o == 1));
+        }
+    }
+    /* Two outputs of n elements of one size (a line holds LINE of either), by non-temporal stores where the AVX2 /
+       AVX-512 builds can (CAFFE_STREAM2), in one pass: each output from its own first 64-byte line (plain stores
+       before it and after the last whole line common to both), so the two need not share an alignment (step k
+       stores line k of each; the inputs are read by unaligned loads). ELEM(i, j): element j of output i by a plain
+       store; LINE_STEP(i, j): elements j .. j + LINE - 1 of output i (64-byte aligned) by streaming stores, each
+       vector's inputs loaded before it is stored. In place, output LATE may be an input: its lines start no later
+       than the other's (the other's start moves a line on where needed) and each step stores it last, so every
+       input element is read (for both outputs) before it is overwritten. The outputs are not the same array and
+       are aligned to their element size (the callers check). */
+    #define CAFFE_STREAM2(ESIZE, O0, O1, N, LATE, ELEM, LINE_STEP)                                                \
+        do {                                                                                                      \
+            const ptrdiff_t line_ = 64 / (ESIZE);                                                                 \
+            const uintptr_t o_[2] = {(uintptr_t)(O0), (uintptr_t)(O1)};                                           \
+            int late_ = (LATE), other_ = 1 - late_, i_, t_;                                                       \
+            ptrdiff_t h_[2], j_, k_, K_;                                                                          \
+            for (i_ = 0; i_ < 2; i_++) {                                                                          \
+                h_[i_] = (ptrdiff_t)(((64 - (o_[i_] & 63)) & 63) / (ESIZE));                                      \
+                if (h_[i_] > (N)) h_[i_] = (N);                                                                   \
+            }                                                                                                     \
+            if (h_[other_] < h_[late_]) h_[other_] = h_[other_] + line_ < (N) ? h_[other_] + line_ : (N);         \
+            K_ = ((N) - (h_[0] > h_[1] ? h_[0] : h_[1])) / line_;                                                 \
+            for (t_ = 0; t_ < 2; t_++) {  /* heads: the other output first */                                     \
+                i_ = t_ ? late_ : other_;                                                                         \
+                for (j_ = 0; j_ < h_[i_]; j_++) ELEM(i_, j_);                                                     \
+            }                                                                                                     \
+            for (k_ = 0; k_ < K_; k_++) {                                                                         \
+                LINE_STEP(other_, h_[other_] + k_ * line_);                                                       \
+                LINE_STEP(late_, h_[late_] + k_ * line_);                                                         \
+            }                                                                                                     \
+            for (t_ = 0; t_ < 2; t_++) {  /* tails: the other output first */                                     \
+                i_ = t_ ? late_ : other_;                                                                         \
+                for (j_ = h_[i_] + K_ * line_; j_ < (N); j_++) ELEM(i_, j_);                                      \
+            }                                                                                                     \
+        } while (0)
+    #if defined(__AVX2__)
+    #define CAFFE_STREAM2_BUILD 1
+    /* MAX backward: diff i = (mask == i) ? dy : +0 (dy's bits ANDed with the int32 compare's all-ones / zeros, sign-
+       extended to 64 bits for double) */
+    #define CAFFE_MAX2_BWD_ELEM(U, i, j) (((U*)g[i])[j] = d[j] & ((U)0 - (U)(mask[j] == (i))))
+    #define CAFFE_MAX2_BWD_ELEM_F(i, j) CAFFE_MAX2_BWD_ELEM(caffe_u32_alias, i, j)
+    #define CAFFE_MAX2_BWD_ELEM_D(i, j) CAFFE_MAX2_BWD_ELEM(caffe_u64_alias, i, j)
+    #define CAFFE_MAX2_BWD_LINE_F(i, j)                                                                           \
+        for (ptrdiff_t v_ = (j); v_ < (j) + 16; v_ += 8)                                                          \
+            _mm256_stream_si256((__m256i*)(g[i] + v_), _mm256_and_si256(                                          \
+                _mm256_cmpeq_epi32(_mm256_loadu_si256((const __m256i*)(mask + v_)), _mm256_set1_epi32(i)),       \
+                _mm256_loadu_si256((const __m256i*)(dy + v_))))
+    #define CAFFE_MAX2_BWD_LINE_D(i, j)                                                                           \
+        for (ptrdiff_t v_ = (j); v_ < (j) + 8; v_ += 4)                                                           \
+            _mm256_stream_si256((__m256i*)(g[i] + v_), _mm256_and_si256(_mm256_cvtepi32_epi64(                   \
+                _mm_cmpeq_epi32(_mm_loadu_si128((const __m128i*)(mask + v_)), _mm_set1_epi32(i))),               \
+                _mm256_loadu_si256((const __m256i*)(dy + v_))))
+    static inline void caffe_max2_bwd_stream_f(float* g0, float* g1, const float* dy, const int* mask, ptrdiff_t n) {
+        float* g[2] = {g0, g1};
+        const caffe_u32_alias* d = (const caffe_u32_alias*)dy;
+        CAFFE_STREAM2(4, g0, g1, n, g0 == dy ? 0 : 1, CAFFE_MAX2_BWD_ELEM_F, CAFFE_MAX2_BWD_LINE_F);
+    }
+    static inline void caffe_max2_bwd_stream_d(double* g0, double* g1, const double* dy, const int* mask,
+                                               ptrdiff_t n) {
+        double* g[2] = {g0, g1};
+        const caffe_u64_alias* d = (const caffe_u64_alias*)dy;
+        CAFFE_STREAM2(8, g0, g1, n, g0 == dy ? 0 : 1, CAFFE_MAX2_BWD_ELEM_D, CAFFE_MAX2_BWD_LINE_D);
+    }
+    /* MAX forward (float): y = x0 > x1 ? x0 : x1, mask = x0 > x1 ? 0 : 1 (output 0 y, 1 the mask); y may be a bottom */
+    #define CAFFE_MAX2_FWD_ELEM(i, j)                                                                             \
+        do {                                                                                                      \
+            float a_ = x0[j], b_ = x1[j];                                                                         \
+            if (i) mask[j] = a_ > b_ ? 0 : 1; else y[j] = a_ > b_ ? a_ : b_;                                      \
+        } while (0)
+    #define CAFFE_MAX2_FWD_LINE(i, j)                                                                             \
+        for (ptrdiff_t v_ = (j); v_ < (j) + 16; v_ += 8) {                                                        \
+            __m256 a_ = _mm256_loadu_ps(x0 + v_), b_ = _mm256_loadu_ps(x1 + v_);                                  \
+            __m256 k_ = _mm256_cmp_ps(a_, b_, _CMP_GT_OQ);                                                        \
+            if (i) _mm256_stream_si256((__m256i*)(mask + v_),                                                     \
+                                       _mm256_andnot_si256(_mm256_castps_si256(k_), _mm256_set1_epi32(1)));      \
+            else _mm256_stream_ps(y + v_, _mm256_blendv_ps(b_, a_, k_));                                          \
+        }
+    static inline void caffe_max2_fwd_stream_f(float* y, int* mask, const float* x0, const float* x1, ptrdiff_t n) {
+        CAFFE_STREAM2(4, y, mask, n, 0, CAFFE_MAX2_FWD_ELEM, CAFFE_MAX2_FWD_LINE);
+    }
+    #else
+    #define CAFFE_STREAM2_BUILD 0
+    static inline void caffe_max2_bwd_stream_f(float* g0, float* g1, const float* dy, const int* mask, ptrdiff_t n) {}
+    static inline void caffe_max2_bwd_stream_d(double* g0, double* g1, const double* dy, const int* mask,
+                                               ptrdiff_t n) {}
+    static inline void caffe_max2_fwd_stream_f(float* y, int* mask, const float* x0, const float* x1, ptrdiff_t n) {}
+    #endif
+    """
+    bint CAFFE_MAX2_BWD_AND
+    bint CAFFE_STREAM2_BUILD
+    void caffe_max2_bwd_f(float* g0, float* g1, const float* dy, const int* mask, Py_ssize_t n) nogil
+    void caffe_max2_bwd_d(double* g0, double* g1, const double* dy, const int* mask, Py_ssize_t n) nogil
+    void caffe_max2_bwd_stream_f(float* g0, float* g1, const float* dy, const int* mask, Py_ssize_t n) nogil
+    void caffe_max2_bwd_stream_d(double* g0, double* g1, const double* dy, const int* mask, Py_ssize_t n) nogil
+    void caffe_max2_fwd_stream_f(float* y, int* mask, const float* x0, const float* x1, Py_ssize_t n) nogil
+
+
 cdef void _eltwise_fwd(int op, real** xs, const double* coeff, int k, real* y, int* mask, Py_ssize_t lo,
-                       Py_ssize_t n) noexcept nogil:
+                       Py_ssize_t n, bint stream) noexcept nogil:
     # Accumulate in a local piece: y may be one of the bottoms (in place).
     cdef real acc[CHUNK]
     cdef int msk[CHUNK]
@@ -637,6 +782,11 @@ cdef void _eltwise_fwd(int op, real** xs, const double* coeff, int k, real* y, i
                 yo[j] = c0 * x0[j] + c1 * x1[j]
         elif op == MAX:  # as below: bottom[1] wins a tie (and a NaN in bottom[0])
             mo = mask + lo
+            if real is float:
+                if CAFFE_STREAM2_BUILD and stream and <size_t>yo % 4 == 0 and <size_t>mo % 4 == 0:
+                    caffe_max2_fwd_stream_f(yo, mo, x0, x1, n)
+                    caffe_store_fence()
+                    return
             for j in range(n):
                 v = x0[j]
                 w = x1[j]
@@ -675,116 +825,6 @@ cdef void _eltwise_fwd(int op, real** xs, const double* coeff, int k, real* y, i
                 acc[j] = v if v > acc[j] else acc[j]
         memcpy(mask + lo, msk, n * sizeof(int))
     memcpy(y + lo, acc, n * sizeof(real))
-
-
-# Eltwise MAX backward with two bottoms in the AVX-512 build: g0 = (mask == 0) ? dy : +0, g1 = (mask == 1) ? dy : +0,
-# as the bits of dy ANDed with an all-ones / all-zeros word (the same bits as the selects, NaN and -0 kept where
-# chosen). Written as selects, GCC's AVX-512 code loaded dy twice with masked loads: 0.80-0.86x the AVX2 build's
-# speed on Zen 5, as ANDs 0.95x. The other builds keep the selects (the ANDs measured 0.96x there).
-# Large blobs (STREAM_MIN_BYTES a diff) in the AVX2 / AVX-512 builds: both diffs are written past the caches by
-# non-temporal stores (caffe_max2_bwd_stream_*, the same bits: a select either way). A plain store first reads each
-# line it writes from memory (write-allocate): reads of dy, mask and both diffs' lines, then the diffs written back,
-# made 6 blob-sized transfers where 4 do. One pass (a pass a diff over each piece cost 1.25x: memory idled during
-# the second), 256-bit stores in the AVX-512 build too (its 512-bit non-temporal stores took 1.5x as long, Zen 5):
-# at 8x256x56x56 float32 0.70-0.80x main's time (bench/README.md, session 13).
-cdef extern from *:
-    """
-    #include <stdint.h>
-    #include <stddef.h>
-    #if defined(__SSE2__)
-    #include <immintrin.h>
-    #endif
-    #if defined(__AVX512F__)
-    #define CAFFE_MAX2_BWD_AND 1
-    #else
-    #define CAFFE_MAX2_BWD_AND 0
-    #endif
-    typedef uint32_t __attribute__((may_alias)) caffe_u32_alias;
-    typedef uint64_t __attribute__((may_alias)) caffe_u64_alias;
-    static inline void caffe_max2_bwd_f(float* g0, float* g1, const float* dy, const int* mask, ptrdiff_t n) {
-        const caffe_u32_alias* d = (const caffe_u32_alias*)dy;
-        caffe_u32_alias* a = (caffe_u32_alias*)g0;
-        caffe_u32_alias* b = (caffe_u32_alias*)g1;
-        for (ptrdiff_t j = 0; j < n; j++) {
-            uint32_t v = d[j];
-            int o = mask[j];
-            a[j] = v & (0u - (uint32_t)(o == 0));
-            b[j] = v & (0u - (uint32_t)(o == 1));
-        }
-    }
-    static inline void caffe_max2_bwd_d(double* g0, double* g1, const double* dy, const int* mask, ptrdiff_t n) {
-        const caffe_u64_alias* d = (const caffe_u64_alias*)dy;
-        caffe_u64_alias* a = (caffe_u64_alias*)g0;
-        caffe_u64_alias* b = (caffe_u64_alias*)g1;
-        for (ptrdiff_t j = 0; j < n; j++) {
-            uint64_t v = d[j];
-            int o = mask[j];
-            a[j] = v & (0u - (uint64_t)(o == 0));
-            b[j] = v & (0u - (uint64_t)(o == 1));
-        }
-    }
-    /* Both diffs by non-temporal stores where the AVX2 / AVX-512 builds can (CAFFE_MAX2_BWD_STREAM), in one pass:
-       each diff from its own first 64-byte line (plain stores before it and after the last whole line common to
-       both), so the two need not share an alignment (step k stores line k of each; the vectors of dy and mask are
-       unaligned loads). In place, the diff that is dy ("late") is the one whose lines start no later than the
-       other's (its start moves a line on where needed) and each step stores it last: every element of dy is read
-       (by both diffs) before it is overwritten. g0 and g1 are not the same array (the caller's plain loop does
-       that) and are aligned to their element size. */
-    #if defined(__AVX2__)
-    #define CAFFE_MAX2_BWD_STREAM 1
-    #define CAFFE_MAX2_SEL_F(g, dy, mask, vo)                                                                     \
-        _mm256_stream_si256((__m256i*)(g), _mm256_and_si256(                                                      \
-            _mm256_cmpeq_epi32(_mm256_loadu_si256((const __m256i*)(mask)), _mm256_set1_epi32(vo)),               \
-            _mm256_loadu_si256((const __m256i*)(dy))))
-    /* (the int32 compare's all-ones / zeros sign-extended to 64 bits) */
-    #define CAFFE_MAX2_SEL_D(g, dy, mask, vo)                                                                     \
-        _mm256_stream_si256((__m256i*)(g), _mm256_and_si256(                                                      \
-            _mm256_cvtepi32_epi64(_mm_cmpeq_epi32(_mm_loadu_si128((const __m128i*)(mask)), _mm_set1_epi32(vo))), \
-            _mm256_loadu_si256((const __m256i*)(dy))))
-    #define CAFFE_MAX2_VF 8
-    #define CAFFE_MAX2_VD 4
-    #define CAFFE_MAX2_BWD_STREAM_FN(NAME, T, U, SEL, V)                                                          \
-    static inline void NAME(T* g0, T* g1, const T* dy, const int* mask, ptrdiff_t n) {                           \
-        enum { LINE = 64 / sizeof(T) };                                                                           \
-        T* g[2] = {g0, g1};                                                                                       \
-        const U* d = (const U*)dy;                                                                                \
-        int late = g0 == dy ? 0 : 1, other = 1 - late, i, t;                                                     \
-        ptrdiff_t h[2], j, k, K;                                                                                  \
-        for (i = 0; i < 2; i++) {                                                                                 \
-            h[i] = (ptrdiff_t)(((64 - ((uintptr_t)g[i] & 63)) & 63) / sizeof(T));                                 \
-            if (h[i] > n) h[i] = n;                                                                               \
-        }                                                                                                         \
-        if (h[other] < h[late]) h[other] = h[other] + LINE < n ? h[other] + LINE : n;                             \
-        K = (n - (h[0] > h[1] ? h[0] : h[1])) / LINE;                                                             \
-        for (t = 0; t < 2; t++) {  /* heads: the other diff first */                                              \
-            i = t ? late : other;                                                                                 \
-            for (j = 0; j < h[i]; j++) ((U*)g[i])[j] = d[j] & ((U)0 - (U)(mask[j] == i));                         \
-        }                                                                                                         \
-        for (k = 0; k < K; k++) {                                                                                 \
-            ptrdiff_t jo = h[other] + k * LINE, jl = h[late] + k * LINE;                                          \
-            for (j = 0; j < LINE; j += V) SEL(g[other] + jo + j, dy + jo + j, mask + jo + j, other);             \
-            for (j = 0; j < LINE; j += V) SEL(g[late] + jl + j, dy + jl + j, mask + jl + j, late);               \
-        }                                                                                                         \
-        for (t = 0; t < 2; t++) {  /* tails: the other diff first */                                              \
-            i = t ? late : other;                                                                                 \
-            for (j = h[i] + K * LINE; j < n; j++) ((U*)g[i])[j] = d[j] & ((U)0 - (U)(mask[j] == i));              \
-        }                                                                                                         \
-    }
-    CAFFE_MAX2_BWD_STREAM_FN(caffe_max2_bwd_stream_f, float, caffe_u32_alias, CAFFE_MAX2_SEL_F, CAFFE_MAX2_VF)
-    CAFFE_MAX2_BWD_STREAM_FN(caffe_max2_bwd_stream_d, double, caffe_u64_alias, CAFFE_MAX2_SEL_D, CAFFE_MAX2_VD)
-    #else
-    #define CAFFE_MAX2_BWD_STREAM 0
-    static inline void caffe_max2_bwd_stream_f(float* g0, float* g1, const float* dy, const int* mask, ptrdiff_t n) {}
-    static inline void caffe_max2_bwd_stream_d(double* g0, double* g1, const double* dy, const int* mask,
-                                               ptrdiff_t n) {}
-    #endif
-    """
-    bint CAFFE_MAX2_BWD_AND
-    bint CAFFE_MAX2_BWD_STREAM
-    void caffe_max2_bwd_f(float* g0, float* g1, const float* dy, const int* mask, Py_ssize_t n) nogil
-    void caffe_max2_bwd_d(double* g0, double* g1, const double* dy, const int* mask, Py_ssize_t n) nogil
-    void caffe_max2_bwd_stream_f(float* g0, float* g1, const float* dy, const int* mask, Py_ssize_t n) nogil
-    void caffe_max2_bwd_stream_d(double* g0, double* g1, const double* dy, const int* mask, Py_ssize_t n) nogil
 
 
 # Eltwise SUM and PROD (stable_prod_grad) backward with two bottoms and both diffs wanted, in one pass over dy (and
@@ -838,8 +878,36 @@ cdef extern from *:
     }
     CAFFE_ELT2_BWD(caffe_elt2_bwd_f, float, caffe_elt_v16f, 16)
     CAFFE_ELT2_BWD(caffe_elt2_bwd_d, double, caffe_elt_v8d, 8)
+    /* the same products, both diffs by non-temporal stores (CAFFE_STREAM2 above) */
+    #define CAFFE_ELT2_BWD_ELEM(i, j) (g[i][j] = (prod ? xo[i][j] : c[i]) * dy[j])
+    #define CAFFE_ELT2_BWD_LINE_F(i, j)                                                                           \
+        for (ptrdiff_t v_ = (j); v_ < (j) + 16; v_ += 8)                                                          \
+            _mm256_stream_ps(g[i] + v_, _mm256_mul_ps(prod ? _mm256_loadu_ps(xo[i] + v_) : _mm256_set1_ps(c[i]),  \
+                                                      _mm256_loadu_ps(dy + v_)))
+    #define CAFFE_ELT2_BWD_LINE_D(i, j)                                                                           \
+        for (ptrdiff_t v_ = (j); v_ < (j) + 8; v_ += 4)                                                           \
+            _mm256_stream_pd(g[i] + v_, _mm256_mul_pd(prod ? _mm256_loadu_pd(xo[i] + v_) : _mm256_set1_pd(c[i]),  \
+                                                      _mm256_loadu_pd(dy + v_)))
+    static inline void caffe_elt2_bwd_stream_f(float* g0, float* g1, const float* x0, const float* x1,
+                                               const float* dy, float c0, float c1, int prod, ptrdiff_t n) {
+        float* g[2] = {g0, g1};
+        const float* xo[2] = {x1, x0};  /* (the other bottom) */
+        const float c[2] = {c0, c1};
+        CAFFE_STREAM2(4, g0, g1, n, g0 == dy ? 0 : 1, CAFFE_ELT2_BWD_ELEM, CAFFE_ELT2_BWD_LINE_F);
+    }
+    static inline void caffe_elt2_bwd_stream_d(double* g0, double* g1, const double* x0, const double* x1,
+                                               const double* dy, double c0, double c1, int prod, ptrdiff_t n) {
+        double* g[2] = {g0, g1};
+        const double* xo[2] = {x1, x0};
+        const double c[2] = {c0, c1};
+        CAFFE_STREAM2(8, g0, g1, n, g0 == dy ? 0 : 1, CAFFE_ELT2_BWD_ELEM, CAFFE_ELT2_BWD_LINE_D);
+    }
     #else
     #define CAFFE_ELT2_BWD_VECTOR 0
+    static inline void caffe_elt2_bwd_stream_f(float* g0, float* g1, const float* x0, const float* x1,
+                                               const float* dy, float c0, float c1, int prod, ptrdiff_t n) {}
+    static inline void caffe_elt2_bwd_stream_d(double* g0, double* g1, const double* x0, const double* x1,
+                                               const double* dy, double c0, double c1, int prod, ptrdiff_t n) {}
     static inline void caffe_elt2_bwd_f(float* g0, float* g1, const float* x0, const float* x1, const float* dy,
                                         float c0, float c1, int prod, ptrdiff_t n) {}
     static inline void caffe_elt2_bwd_d(double* g0, double* g1, const double* x0, const double* x1,
@@ -851,6 +919,10 @@ cdef extern from *:
                           float c1, int prod, Py_ssize_t n) nogil
     void caffe_elt2_bwd_d(double* g0, double* g1, const double* x0, const double* x1, const double* dy, double c0,
                           double c1, int prod, Py_ssize_t n) nogil
+    void caffe_elt2_bwd_stream_f(float* g0, float* g1, const float* x0, const float* x1, const float* dy, float c0,
+                                 float c1, int prod, Py_ssize_t n) nogil
+    void caffe_elt2_bwd_stream_d(double* g0, double* g1, const double* x0, const double* x1, const double* dy,
+                                 double c0, double c1, int prod, Py_ssize_t n) nogil
 
 
 cdef void _eltwise_bwd(int op, real** xs, real** dxs, const double* coeff, int k, bint stable,
@@ -869,7 +941,7 @@ cdef void _eltwise_bwd(int op, real** xs, real** dxs, const double* coeff, int k
     cdef const int* ml
     cdef real v
     if op == MAX and k == 2 and dxs[0] != NULL and dxs[1] != NULL:
-        if (CAFFE_MAX2_BWD_STREAM and stream and dxs[0] != dxs[1]
+        if (CAFFE_STREAM2_BUILD and stream and dxs[0] != dxs[1]
                 and (<size_t>dxs[0] | <size_t>dxs[1]) % sizeof(real) == 0):
             if real is float:
                 caffe_max2_bwd_stream_f(dxs[0] + lo, dxs[1] + lo, dy + lo, mask + lo, n)
@@ -896,6 +968,18 @@ cdef void _eltwise_bwd(int op, real** xs, real** dxs, const double* coeff, int k
         return
     if (CAFFE_ELT2_BWD_VECTOR and k == 2 and dxs[0] != NULL and dxs[1] != NULL
             and (op == SUM or (op == PROD and stable))):
+        if stream and dxs[0] != dxs[1] and (<size_t>dxs[0] | <size_t>dxs[1]) % sizeof(real) == 0:
+            if real is float:
+                caffe_elt2_bwd_stream_f(dxs[0] + lo, dxs[1] + lo, xs[0] + lo if op == PROD else NULL,
+                                        xs[1] + lo if op == PROD else NULL, dy + lo,
+                                        <float>coeff[0] if op == SUM else 0, <float>coeff[1] if op == SUM else 0,
+                                        op == PROD, n)
+            else:
+                caffe_elt2_bwd_stream_d(dxs[0] + lo, dxs[1] + lo, xs[0] + lo if op == PROD else NULL,
+                                        xs[1] + lo if op == PROD else NULL, dy + lo, coeff[0] if op == SUM else 0,
+                                        coeff[1] if op == SUM else 0, op == PROD, n)
+            caffe_store_fence()
+            return
         if real is float:
             caffe_elt2_bwd_f(dxs[0] + lo, dxs[1] + lo, xs[0] + lo if op == PROD else NULL,
                              xs[1] + lo if op == PROD else NULL, dy + lo, <float>coeff[0] if op == SUM else 0,
@@ -950,6 +1034,7 @@ def eltwise_forward(int op, list bottoms, const double[::1] coeff, real[::1] y, 
     if op == MAX:
         _need(mask.shape[0], n, "mask")
     cdef const real[::1] view
+    cdef bint stream = n * <Py_ssize_t>sizeof(real) >= _stream_min_bytes
     cdef real** xs = <real**> malloc(k * sizeof(real*))
     try:
         for i in range(k):
@@ -961,7 +1046,7 @@ def eltwise_forward(int op, list bottoms, const double[::1] coeff, real[::1] y, 
                 lo = ch * CHUNK
                 m = n - lo if n - lo < CHUNK else CHUNK
                 _eltwise_fwd(op, xs, &coeff[0] if op == SUM else NULL, k, &y[0],
-                             &mask[0] if op == MAX else NULL, lo, m)
+                             &mask[0] if op == MAX else NULL, lo, m, stream)
     finally:
         free(xs)
 
