@@ -623,8 +623,8 @@ def neuron_backward(int op, const real[::1] x, const real[::1] y, const real[::1
 # mask (float32), SUM / stable PROD backward's diffs below; the same arithmetic and selects, so the same bits). A
 # plain store first reads each line it writes from memory (write-allocate): MAX backward read dy, the mask and both
 # diffs' lines and wrote the diffs back, 6 blob-sized transfers where 4 do. One pass (a pass an output over each
-# piece cost 1.2x: memory idled during the second) and 256-bit stores in the AVX-512 build too (its 512-bit
-# non-temporal stores took 1.5x as long on Zen 5). Interleaved against the plain stores at 8x256x56x56 float32:
+# piece cost 1.2x: memory idled during the second) and 256-bit stores in the AVX-512 build too (a 512-bit MAX
+# backward step took 1.35-1.6x as long on Zen 5). Interleaved against the plain stores at 8x256x56x56 float32:
 # MAX backward 1.3-1.4x faster, MAX forward 1.25-1.3x, SUM backward 1.15-1.25x, PROD backward 1.25-1.4x (one and
 # two threads; bench/README.md, session 13).
 cdef extern from *:
