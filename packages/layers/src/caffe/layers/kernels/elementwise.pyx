@@ -270,14 +270,17 @@ cdef extern from *:
                                                _mm512_mul_ps(va, em)), k, full);
         })
     }
-    /* TanH, 16 lanes: tanh|x| = e / (e + 2), e = expm1(2|x|), the sign of x put back (copysign). expm1 from the
-       reduction of caffe_v_exp: 2|x| = n ln2 + r, |r| <= ln2/2, exp(r) - 1 = r + r^2 P(r) (Cephes' expf polynomial,
-       r^2 P added to r last: near 0 e keeps expm1's relative accuracy, no cancellation), e = 2^n (exp(r) - 1) +
-       (2^n - 1) in one FMA. |x| clamped at 10 (tanh rounds to 1 from 9.01) with the absolute value in one VRANGEPS;
-       ln2 in one part (its error, n ulp of exp at most, is divided by e + 2 where n is large). Within 2.42 ulp of
-       the float64 tanh over every 7th float32 (libmvec's tanhf 1.03): the rounding of e + 2 just above 2 costs up
-       to an ulp near 0; a second form (expm1(-2|x|) there) or a compensated denominator took 2-5 more operations a
-       vector, 15-30% more time, for 1.6-2.0 ulp. inf gives +-1; NaN, +-0 and |x| < 2^-12 x itself (below). */
+    /* TanH, 16 lanes (libmvec's 16-wide tanhf took 1.3-1.5x the time): tanh|x| = e / (e + 2), e = expm1(2|x|), the
+       sign of x put back (copysign). expm1 by caffe_v_exp's reduction: 2|x| = n ln2 + r, |r| <= ln2/2, exp(r) - 1 =
+       r + r^2 P(r) (Cephes' expf polynomial, r^2 P added to r last: near 0, e keeps expm1's relative accuracy), e =
+       2^n (exp(r) - 1) + (2^n - 1) in one FMA. |x| clamped at 10 (tanh rounds to 1 from 9.01) with the absolute
+       value by one VRANGEPS; ln2 in one part (its error, n ulp of exp at most, is divided by e + 2 where n is
+       large); IEEE division (VDIVPS). Within 2.42 ulp of the float64 tanh over every 7th float32 (libmvec's tanhf
+       1.03): e + 2, just above 2 near 0, rounds to an ulp of q there. Measured and dropped: expm1(-2|x|) below 1/16
+       (1.6 ulp there; 2 operations more a vector, 15% more time), a compensated denominator (2.0 ulp; 5 more, 30%),
+       VRCP14PS and a Newton step for the division (same ulps, 10-15% more time), Estrin's scheme for P: the loop
+       is bound by its ~19 vector operations, not by a dependency chain. inf gives +-1; NaN, +-0 and |x| < 2^-12
+       x itself (below). */
     static inline __m512 caffe_v_tanh(__m512 v) {
         /* The reduction of 2|x| done on |x| (n from |x| 2/ln2, h = |x| - n ln2/2 = r/2, P's coefficients times 2^(j+1),
            2^(n+1) by VSCALEFPS): the same values scaled by powers of two, so the same roundings, one addition less */
