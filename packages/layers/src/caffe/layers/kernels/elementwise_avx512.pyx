@@ -1,7 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 # distutils: extra_compile_args = -fno-math-errno -fno-trapping-math
 # distutils: libraries = m
-"""kernels.elementwise compiled for AVX-512 (16 floats per instruction, libmvec's AVX-512 exp/tanh/log/pow; own exp for Sigmoid, Swish, BNLL).
+"""kernels.elementwise compiled for AVX-512 (16 floats per instruction, libmvec's AVX-512 exp/tanh/log/pow; own exp/log for float32 Sigmoid, Swish, BNLL, Exp, ELU, Log, TanH).
 
 The same source (included below); caffe.layers._cpu imports this module instead of elementwise_avx2 when the
 CPU has AVX-512 (F, DQ, VL, BW). 512-bit vectors are asked for explicitly (prefer-vector-width=512): GCC's
