@@ -256,26 +256,17 @@ cdef extern from *:
         })
     }
     /* expm1(t) for t <= 0 (or NaN), from the same reduction: t = n ln2 + r, exp(r) - 1 = r p(r) with p = 1 + r/2 + ...
-       (caffe_exp512_poly's polynomial before its last step), expm1(t) = 2^n (r p) + (2^n - 1) in one FMA (2^n - 1
-       exact for n >= -24; below, the result is -1 within an ulp anyway). n = 0 near 0: r = t exactly, r p keeps
-       expm1's relative accuracy where exp(t) - 1 would cancel. Clamped at -88 (2^n stays normal; expm1 is -1 there). */
+       (caffe_exp512_reduce's p, the polynomial before its last step), expm1(t) = 2^n (r p) + (2^n - 1) in one FMA
+       (2^n - 1 exact for n >= -24; below, the result is -1 within an ulp anyway). n = 0 near 0: r = t exactly, r p
+       keeps expm1's relative accuracy where exp(t) - 1 would cancel. Clamped at -88 (2^n stays normal; expm1 is -1
+       there). */
     static inline __m512 caffe_v_expm1_neg(__m512 t) {
         const __m512 one = _mm512_set1_ps(1.0f);
-        __m512 fx, r, rp, s, p;
+        __m512 fx, r, p, s;
         t = _mm512_max_ps(_mm512_set1_ps(-88.0f), t);  /* NaN kept */
-        fx = _mm512_sub_ps(_mm512_fmadd_ps(t, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(12582912.0f)),
-                           _mm512_set1_ps(12582912.0f));
-        r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), t);
-        r = _mm512_fmadd_ps(fx, _mm512_set1_ps(2.12194440e-4f), r);
-        p = _mm512_fmadd_ps(_mm512_set1_ps(1.9875691500e-4f), r, _mm512_set1_ps(1.3981999507e-3f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-        p = _mm512_fmadd_ps(p, r, one);
-        rp = _mm512_mul_ps(r, p);
+        p = caffe_exp512_reduce(t, &fx, &r);
         s = _mm512_scalef_ps(one, fx);
-        return _mm512_fmadd_ps(s, rp, _mm512_sub_ps(s, one));
+        return _mm512_fmadd_ps(s, _mm512_mul_ps(r, p), _mm512_sub_ps(s, one));
     }
     /* ELU: y = (x > 0 ? x : 0) + a expm1(x < 0 ? x : 0), the selects as the scalar loop's (a NaN x gives 0 there too) */
     static inline void caffe_elu_fwd_f(const float* x, float* y, ptrdiff_t n, float a) {
