@@ -263,6 +263,12 @@ cdef extern from *:
        set: 1.2-1.8x slower). The same order of operations per position as _fwd_piece: the max in channel order
        (x > m ? x : m, so NaN as the scalar loop), exp(x - max), the sums by blocks of 16 channels in float32 in
        channel order, then double. q: the prefetch of the next piece (rows 0 .. 2 C of the three passes here). */
+    /* Rows a group: the max pass 8 (m loaded and stored once per 8 rows; its loop is a load and a max a row), the
+       exp pass 4 (an exp a row: the group's partial sum in a register, the rest spent on the exp). Session 13
+       (Zen 5, A/B interleaved against 4 and 4): the max pass in 8s took 0.96-0.99x the forward's time at
+       8x256x56x56, 0.99-1.01x at 8x64x112x112; in 16s 0.98-0.99x at both; the exp pass in 8s 0.98-1.01x. */
+    #define CAFFE_MAXG 8
+    #define CAFFE_EXPG 4
     static inline caffe_sv caffe_softmax_maxrows(const float* x, ptrdiff_t inner, int g, caffe_sv v, caffe_sk k,
                                                  int full) {
         int r;
@@ -290,11 +296,11 @@ cdef extern from *:
         for (j = 0; j < P; j++) m[j] = x[j];
         for (c = 1; c < C; c += g) {
             const float* xc = x + c * inner;
-            g = C - c < 4 ? (int)(C - c) : 4;
-            if (g == 4)  /* (the constant count: the group's loop unrolled) */
+            g = C - c < CAFFE_MAXG ? (int)(C - c) : CAFFE_MAXG;
+            if (g == CAFFE_MAXG)  /* (the constant count: the group's loop unrolled) */
                 for (j = 0; j < PV; j += CAFFE_SW) {
-                    caffe_sv_store(m + j, caffe_softmax_maxrows(xc + j, inner, 4, caffe_sv_load(m + j, kt, 1), kt, 1),
-                                   kt, 1);
+                    caffe_sv_store(m + j, caffe_softmax_maxrows(xc + j, inner, CAFFE_MAXG, caffe_sv_load(m + j, kt, 1),
+                                                                kt, 1), kt, 1);
                     caffe_softmax_pf_one(q);
                 }
             else
@@ -312,10 +318,10 @@ cdef extern from *:
             for (c = c0; c < c1; c += g) {
                 const float* xc = x + c * inner;
                 float* ec = e + c * es;
-                g = c1 - c < 4 ? (int)(c1 - c) : 4;
-                if (g == 4)
+                g = c1 - c < CAFFE_EXPG ? (int)(c1 - c) : CAFFE_EXPG;
+                if (g == CAFFE_EXPG)
                     for (j = 0; j < PV; j += CAFFE_SW) {
-                        caffe_softmax_exprows(xc + j, inner, ec + j, es, 4, m + j, f + j, c == c0, kt, 1);
+                        caffe_softmax_exprows(xc + j, inner, ec + j, es, CAFFE_EXPG, m + j, f + j, c == c0, kt, 1);
                         caffe_softmax_pf_one(q);
                     }
                 else
