@@ -278,16 +278,16 @@ cdef extern from *:
     /* The max and exp passes of _fwd_piece over P positions (x at channel 0, rows `inner` apart; e rows es apart; m:
        P floats, s: P doubles; f: P floats of scratch) with the vector exp above, by whole vectors of positions and
        the tail by masked loads and stores (masked stores with every lane on took twice the time on blobs in main
-       memory, Zen 5). Rows in groups of up to four: a vector of positions walks down a group's rows with the running
-       max (max pass) or the block's partial sum (exp pass) in a register, loading and storing m and f once a group,
+       memory, Zen 5). Rows in groups (CAFFE_MAXG / CAFFE_EXPG below): a vector of positions walks down a group's
+       rows with the running max (max pass) or the block's partial sum (exp pass) in a register, loading and storing m and f once a group,
        not once a row (walking down a whole block of 16 rows instead, rows a multiple of 4 KB apart fall in one L1
        set: 1.2-1.8x slower). The same order of operations per position as _fwd_piece: the max in channel order
        (x > m ? x : m, so NaN as the scalar loop), exp(x - max), the sums by blocks of 16 channels in float32 in
        channel order, then double. q: the prefetch of the next piece (rows 0 .. 2 C of the three passes here). */
     /* Rows a group: the max pass 8 (m loaded and stored once per 8 rows; its loop is a load and a max a row), the
-       exp pass 4 (an exp a row: the group's partial sum in a register, the rest spent on the exp). Session 13
-       (Zen 5, A/B interleaved against 4 and 4): the max pass in 8s took 0.96-0.99x the forward's time at
-       8x256x56x56, 0.99-1.01x at 8x64x112x112; in 16s 0.98-0.99x at both; the exp pass in 8s 0.98-1.01x. */
+       exp pass 4 (an exp a row: the group's partial sum in a register, the rest spent on the exp). Session 13 (Zen 5,
+       A/B interleaved against main's 4 and 4, old / new time): max 8 1.01-1.05x at 8x256x56x56, 0.93-1.08x at
+       8x64x112x112 (noisier, no clear change); max 16 1.01-1.04x; max 8 with exp 8 0.97-1.07x, not better than exp 4. */
     #define CAFFE_MAXG 8
     #define CAFFE_EXPG 4
     static inline caffe_sv caffe_softmax_maxrows(const float* x, ptrdiff_t inner, int g, caffe_sv v, caffe_sk k,
