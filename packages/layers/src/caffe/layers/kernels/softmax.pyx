@@ -75,6 +75,25 @@ cdef extern from *:
     static inline void caffe_softmax_pf_n(caffe_softmax_pf* q, ptrdiff_t n) {
         for (; n > 0; n--) caffe_softmax_pf_one(q);
     }
+    /* n bytes from a cache line's start (the forward's scratch: m, f, its C x P block, s): malloc's blocks of this
+       size (mmapped) start 16 bytes into a line, as NumPy's, and then every 64-byte load and store of the max and
+       exp passes split across two lines. Aligned (the scratch's rows then line-aligned where P is a multiple of 16):
+       the exp pass's stores whole lines, the division's e loads split instead (y's stores stay aligned). Session
+       13, Zen 5, A/B interleaved against main: 1.03-1.04x at 8x256x56x56 and 1.05-1.09x at 8x64x112x112 with the
+       8-row max pass, where that alone measured 1.01-1.04x / 0.99-1.01x; the scratch as far into a line as x
+       measured as malloc's. Freed by caffe_softmax_free64 (malloc's pointer kept just before the block). */
+    #include <stdlib.h>
+    static inline void* caffe_softmax_alloc64(size_t n) {
+        char* p = (char*)malloc(n + 128);
+        char* q;
+        if (p == NULL) return NULL;
+        q = (char*)(((uintptr_t)p + 64 + 63) & ~(uintptr_t)63);  /* (at least 64 bytes in: room for p) */
+        ((void**)q)[-1] = p;
+        return q;
+    }
+    static inline void caffe_softmax_free64(void* q) {
+        if (q != NULL) free(((void**)q)[-1]);
+    }
     /* the next work item from a counter shared by the threads */
     static inline ptrdiff_t caffe_softmax_grab(ptrdiff_t* counter) {
         ptrdiff_t t;
@@ -90,6 +109,8 @@ cdef extern from *:
     void caffe_softmax_pf_n(caffe_softmax_pf* q, Py_ssize_t n) nogil
     void caffe_softmax_pf_l2(caffe_softmax_pf* q) nogil
     Py_ssize_t caffe_softmax_grab(Py_ssize_t* counter) nogil
+    void* caffe_softmax_alloc64(size_t n) nogil
+    void caffe_softmax_free64(void* q) nogil
 
 
 # y = e / d over n values (one row of a piece), with non-temporal stores where `stream` and the build has
@@ -257,12 +278,18 @@ cdef extern from *:
     /* The max and exp passes of _fwd_piece over P positions (x at channel 0, rows `inner` apart; e rows es apart; m:
        P floats, s: P doubles; f: P floats of scratch) with the vector exp above, by whole vectors of positions and
        the tail by masked loads and stores (masked stores with every lane on took twice the time on blobs in main
-       memory, Zen 5). Rows in groups of up to four: a vector of positions walks down a group's rows with the running
-       max (max pass) or the block's partial sum (exp pass) in a register, loading and storing m and f once a group,
+       memory, Zen 5). Rows in groups (CAFFE_MAXG / CAFFE_EXPG below): a vector of positions walks down a group's
+       rows with the running max (max pass) or the block's partial sum (exp pass) in a register, loading and storing m and f once a group,
        not once a row (walking down a whole block of 16 rows instead, rows a multiple of 4 KB apart fall in one L1
        set: 1.2-1.8x slower). The same order of operations per position as _fwd_piece: the max in channel order
        (x > m ? x : m, so NaN as the scalar loop), exp(x - max), the sums by blocks of 16 channels in float32 in
        channel order, then double. q: the prefetch of the next piece (rows 0 .. 2 C of the three passes here). */
+    /* Rows a group: the max pass 8 (m loaded and stored once per 8 rows; its loop is a load and a max a row), the
+       exp pass 4 (an exp a row: the group's partial sum in a register, the rest spent on the exp). Session 13 (Zen 5,
+       A/B interleaved against main's 4 and 4, old / new time): max 8 1.01-1.05x at 8x256x56x56, 0.93-1.08x at
+       8x64x112x112 (noisier, no clear change); max 16 1.01-1.04x; max 8 with exp 8 0.97-1.07x, not better than exp 4. */
+    #define CAFFE_MAXG 8
+    #define CAFFE_EXPG 4
     static inline caffe_sv caffe_softmax_maxrows(const float* x, ptrdiff_t inner, int g, caffe_sv v, caffe_sk k,
                                                  int full) {
         int r;
@@ -290,11 +317,11 @@ cdef extern from *:
         for (j = 0; j < P; j++) m[j] = x[j];
         for (c = 1; c < C; c += g) {
             const float* xc = x + c * inner;
-            g = C - c < 4 ? (int)(C - c) : 4;
-            if (g == 4)  /* (the constant count: the group's loop unrolled) */
+            g = C - c < CAFFE_MAXG ? (int)(C - c) : CAFFE_MAXG;
+            if (g == CAFFE_MAXG)  /* (the constant count: the group's loop unrolled) */
                 for (j = 0; j < PV; j += CAFFE_SW) {
-                    caffe_sv_store(m + j, caffe_softmax_maxrows(xc + j, inner, 4, caffe_sv_load(m + j, kt, 1), kt, 1),
-                                   kt, 1);
+                    caffe_sv_store(m + j, caffe_softmax_maxrows(xc + j, inner, CAFFE_MAXG, caffe_sv_load(m + j, kt, 1),
+                                                                kt, 1), kt, 1);
                     caffe_softmax_pf_one(q);
                 }
             else
@@ -312,10 +339,10 @@ cdef extern from *:
             for (c = c0; c < c1; c += g) {
                 const float* xc = x + c * inner;
                 float* ec = e + c * es;
-                g = c1 - c < 4 ? (int)(c1 - c) : 4;
-                if (g == 4)
+                g = c1 - c < CAFFE_EXPG ? (int)(c1 - c) : CAFFE_EXPG;
+                if (g == CAFFE_EXPG)
                     for (j = 0; j < PV; j += CAFFE_SW) {
-                        caffe_softmax_exprows(xc + j, inner, ec + j, es, 4, m + j, f + j, c == c0, kt, 1);
+                        caffe_softmax_exprows(xc + j, inner, ec + j, es, CAFFE_EXPG, m + j, f + j, c == c0, kt, 1);
                         caffe_softmax_pf_one(q);
                     }
                 else
@@ -743,7 +770,12 @@ cdef int _forward(const real* xp, real* yp, Py_ssize_t outer, Py_ssize_t C, Py_s
     sub = scratch and real is float and LANES
     with parallel(num_threads=nt):
         # m, f (P each), the scratch block (C x P), s (P doubles), the label probabilities (P)
-        buf = <real*> malloc(((C * P if scratch else 0) + 3 * P) * sizeof(real) + P * sizeof(double))
+        # (line-aligned only where it was measured: the float32 vector loops; float64 and the baseline build keep
+        # malloc's placement, and so the NaN payloads their GCC-vectorized loops gave)
+        if real is float and LANES:
+            buf = <real*> caffe_softmax_alloc64(((C * P if scratch else 0) + 3 * P) * sizeof(real) + P * sizeof(double))
+        else:
+            buf = <real*> malloc(((C * P if scratch else 0) + 3 * P) * sizeof(real) + P * sizeof(double))
         pf = <caffe_softmax_pf*> malloc(sizeof(caffe_softmax_pf))
         if buf != NULL and pf != NULL:
             # Pieces handed out one at a time from a shared counter (dynamic scheduling: on a busy machine a
@@ -789,7 +821,10 @@ cdef int _forward(const real* xp, real* yp, Py_ssize_t outer, Py_ssize_t C, Py_s
                 t = q
         else:
             failed_p[0] = 1
-        free(buf)
+        if real is float and LANES:
+            caffe_softmax_free64(buf)
+        else:
+            free(buf)
         free(pf)
     return -1 if failed else 0
 
