@@ -81,18 +81,10 @@ cdef extern from *:
        the exp pass's stores whole lines, the division's e loads split instead (y's stores stay aligned). Session
        13, Zen 5, A/B interleaved against main: 1.03-1.04x at 8x256x56x56 and 1.05-1.09x at 8x64x112x112 with the
        8-row max pass, where that alone measured 1.01-1.04x / 0.99-1.01x; the scratch as far into a line as x
-       measured as malloc's. Freed by caffe_softmax_free64 (malloc's pointer kept just before the block). */
+       measured as malloc's. C11's aligned_alloc (size a multiple of the alignment), freed by free(). */
     #include <stdlib.h>
     static inline void* caffe_softmax_alloc64(size_t n) {
-        char* p = (char*)malloc(n + 128);
-        char* q;
-        if (p == NULL) return NULL;
-        q = (char*)(((uintptr_t)p + 64 + 63) & ~(uintptr_t)63);  /* (at least 64 bytes in: room for p) */
-        ((void**)q)[-1] = p;
-        return q;
-    }
-    static inline void caffe_softmax_free64(void* q) {
-        if (q != NULL) free(((void**)q)[-1]);
+        return aligned_alloc(64, (n + 63) & ~(size_t)63);
     }
     /* the next work item from a counter shared by the threads */
     static inline ptrdiff_t caffe_softmax_grab(ptrdiff_t* counter) {
@@ -110,7 +102,6 @@ cdef extern from *:
     void caffe_softmax_pf_l2(caffe_softmax_pf* q) nogil
     Py_ssize_t caffe_softmax_grab(Py_ssize_t* counter) nogil
     void* caffe_softmax_alloc64(size_t n) nogil
-    void caffe_softmax_free64(void* q) nogil
 
 
 # y = e / d over n values (one row of a piece), with non-temporal stores where `stream` and the build has
@@ -771,7 +762,7 @@ cdef int _forward(const real* xp, real* yp, Py_ssize_t outer, Py_ssize_t C, Py_s
     with parallel(num_threads=nt):
         # m, f (P each), the scratch block (C x P), s (P doubles), the label probabilities (P)
         # (line-aligned only where it was measured: the float32 vector loops; float64 and the baseline build keep
-        # malloc's placement, and so the NaN payloads their GCC-vectorized loops gave)
+        # malloc's placement)
         if real is float and LANES:
             buf = <real*> caffe_softmax_alloc64(((C * P if scratch else 0) + 3 * P) * sizeof(real) + P * sizeof(double))
         else:
@@ -821,10 +812,7 @@ cdef int _forward(const real* xp, real* yp, Py_ssize_t outer, Py_ssize_t C, Py_s
                 t = q
         else:
             failed_p[0] = 1
-        if real is float and LANES:
-            caffe_softmax_free64(buf)
-        else:
-            free(buf)
+        free(buf)
         free(pf)
     return -1 if failed else 0
 
