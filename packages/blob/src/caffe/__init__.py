@@ -15,8 +15,16 @@ import os as _os
 from pkgutil import extend_path
 
 # Thread pools share few cores: the Cython kernels' OpenMP threads and OpenBLAS's GEMM threads. Threads
-# that spin-wait after their work starve the other pool (LeNet ran 30x slower on 2 cores). Both settings
-# are read when the libraries load, so they are made here, first, unless the user chose otherwise.
+# that spin-wait long after their work starve the other pool (LeNet ran 30x slower on 2 cores with libgomp's
+# default of 300,000 spins); threads that sleep at once pay a wake-up at the next kernel (a futex, on a VM a
+# halted vCPU's wake: ~0.07 ms a parallel region on the development VM, a quarter to a third of a batch-1
+# ResNet-50 / GoogLeNet / MobileNet forward). So libgomp's threads spin briefly, GOMP_SPINCOUNT PAUSEs
+# (3000: ~0.08 ms on Zen 5, whose PAUSE takes ~26 ns; as long on Intel since Skylake), and then sleep
+# (bench/README.md, session 14: inference 0.63-0.80x the time at batch 1, 0.71-0.90x at 8; training the
+# same within noise; 30,000+ spins made LeNet's training slower). Both settings are read when the libraries
+# load, so they are made here, first, unless the user chose either (then libgomp's rules stand).
+if "OMP_WAIT_POLICY" not in _os.environ and "GOMP_SPINCOUNT" not in _os.environ:
+    _os.environ["GOMP_SPINCOUNT"] = "3000"
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 _openblas_loaded_first = "numpy" in __import__("sys").modules and "OPENBLAS_THREAD_TIMEOUT" not in _os.environ
 _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
