@@ -141,9 +141,15 @@ def torch_runner(args):
     if args.threads:
         common += ["--threads", str(args.threads)]
     if args.torch_python:
+        # PyTorch's thread pools with their own defaults: without the settings `import caffe` made in this
+        # process's environment (caffe.thread_env_set; before session 14 the twin inherited
+        # OMP_WAIT_POLICY=PASSIVE, which slowed its small operations)
+        import caffe
+        env = {k: v for k, v in os.environ.items() if k not in caffe.thread_env_set}
+
         def run(folder, mode):
             proc = subprocess.run([args.torch_python, str(twin), str(folder), "--mode", mode] + common,
-                                  capture_output=True, text=True)
+                                  capture_output=True, text=True, env=env)
             if proc.returncode != 0:
                 raise RuntimeError(f"torch twin failed:\n{proc.stderr[-3000:]}")
             return json.loads(proc.stdout.strip().splitlines()[-1])

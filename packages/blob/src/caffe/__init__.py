@@ -23,6 +23,10 @@ from pkgutil import extend_path
 # (bench/README.md, session 14: inference 0.63-0.80x the time at batch 1, 0.71-0.90x at 8; training the
 # same within noise; 30,000+ spins made LeNet's training slower). Both settings are read when the libraries
 # load, so they are made here, first, unless the user chose either (then libgomp's rules stand).
+# (thread_env_set: the names set here, not by the user: a benchmark drops them from the environment of a
+# process it starts for another framework, whose thread pools then run with their own defaults)
+thread_env_set = tuple(n for n in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "OPENBLAS_THREAD_TIMEOUT")
+                       if n not in _os.environ and (n != "GOMP_SPINCOUNT" or "OMP_WAIT_POLICY" not in _os.environ))
 if "OMP_WAIT_POLICY" not in _os.environ and "GOMP_SPINCOUNT" not in _os.environ:
     _os.environ["GOMP_SPINCOUNT"] = "3000"
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
