@@ -340,7 +340,8 @@ def _conv64(text, w, b, x, dy=None):
 def test_blocked_plan_with_the_kernel_within_the_float32_bounds(N, cg, og, k, stride, pad, HW, group, bias, lowered,
                                                                  seed):
     """The blocked plan's float32 forward and backward with kernels.gemm (GEMM512_LOWERED on; a padded layer or a
-    1 x 1 kernel) and with np.matmul (off, and every valid layer with a larger kernel), each within the float32
+    1 x 1 kernel, and every layer's backward) and with np.matmul (off, and the forward of a valid layer with a
+    larger kernel), each within the float32
     sum bounds of the float64 convolution: forward (K + 2) u (sum|w x| + |b|), K = kernel_dim; bottom diff
     (og + k^2 + 2) u sum|w dy| (the GEMM's og terms, then col2im's up to k^2 adds); weight diff
     (N P + 2 blocks + 2) u sum|dy x| (P positions an image, each block's sum added to the diff)."""
@@ -364,14 +365,16 @@ def test_blocked_plan_with_the_kernel_within_the_float32_bounds(N, cg, og, k, st
         bottom, top = blobs_from_arrays([x], np.float32), empty_tops(1, np.float32)
         layer.SetUp(bottom, top)
         layer.Forward(bottom, top)
+        forward_calls = counting.calls
         dy = rng.standard_normal(top[0].shape).astype(np.float32)
         top[0].diff[...] = dy
         layer.blobs[0].diff[...] = 0
         layer.Backward(top, [True], bottom)
         assert layer.plan(np, np.float32) == "blocked"
         blocks = len(layer.cpu_blocks(N, np.float32, exact=False).blocks)
-    takes = lowered and (pad > 0 or k == 1)
-    assert (counting.calls > 0) == takes
+        exact = conv_cpu._exact(layer, np.float32)  # the exact short-K forward: no GEMM of ours
+    assert (forward_calls > 0) == (lowered and (pad > 0 or k == 1) and not exact)
+    assert (counting.calls > forward_calls) == lowered  # the backward: every layer's (GEMM512_VALID_BACKWARD)
     w = layer.blobs[0].data.astype(np.float64)
     b = layer.blobs[1].data.astype(np.float64) if bias else None
     y, dx, dw = _conv64(text, w, b, x, dy)
@@ -383,17 +386,20 @@ def test_blocked_plan_with_the_kernel_within_the_float32_bounds(N, cg, og, k, st
 
 
 @NEEDS_AVX512
-def test_blocked_plan_keeps_sgemm_for_valid_layers(monkeypatch):
-    """A valid (unpadded) convolution with a kernel past 1 x 1, LeNet's, keeps np.matmul with GEMM512 on: the LeNet
-    trace follows sgemm's sums there; a padded one takes kernels.gemm, and so would a strided 1 x 1 but for its
+def test_blocked_plan_keeps_sgemm_for_valid_layers_forward(monkeypatch):
+    """A valid (unpadded) convolution with a kernel past 1 x 1, LeNet's, keeps np.matmul in its forward with GEMM512
+    on (the LeNet trace follows sgemm's sums there) and takes kernels.gemm in its backward (GEMM512_VALID_BACKWARD;
+    off: np.matmul there too); a padded one takes kernels.gemm both ways, and so would a strided 1 x 1 but for its
     GEMMs' size (under GEMM512_LOWERED_MIN_MACS)."""
     monkeypatch.setattr(conv_cpu, "GEMM512", True)
     monkeypatch.setattr(conv_cpu, "GEMM512_LOWERED", True)
     monkeypatch.setattr(conv_cpu, "dense_fits", lambda layer, dtype: False)
     # the GEMMs here: 50 x 500 x 128 (valid), 50 x 500 x 288 (padded), 50 x 20 x 72 (1 x 1, stride 2) multiply-adds
     monkeypatch.setattr(conv_cpu, "GEMM512_LOWERED_MIN_MACS", 50 * 500 * 128)
-    for text, calls in (("kernel_size: 5", False), ("kernel_size: 5 pad: 2", True),
-                        ("kernel_size: 1 stride: 2", False)):
+    for text, valid_backward, forward, backward in (
+            ("kernel_size: 5", True, False, True), ("kernel_size: 5", False, False, False),
+            ("kernel_size: 5 pad: 2", True, True, True), ("kernel_size: 1 stride: 2", True, False, False)):
+        monkeypatch.setattr(conv_cpu, "GEMM512_VALID_BACKWARD", valid_backward)
         counting = _Counting()
         monkeypatch.setattr(conv_cpu, "_gm", counting)
         layer = make_layer("Convolution", f"convolution_param {{ num_output: 50 {text} "
@@ -402,6 +408,8 @@ def test_blocked_plan_keeps_sgemm_for_valid_layers(monkeypatch):
         bottom, top = blobs_from_arrays([x], np.float32), empty_tops(1, np.float32)
         layer.SetUp(bottom, top)
         layer.Forward(bottom, top)
+        forward_calls = counting.calls
         top[0].diff[...] = 1
         layer.Backward(top, [True], bottom)
-        assert layer.plan(np, np.float32) == "blocked" and (counting.calls > 0) == calls, text
+        assert layer.plan(np, np.float32) == "blocked", text
+        assert (forward_calls > 0) == forward and (counting.calls > forward_calls) == backward, (text, valid_backward)
