@@ -113,17 +113,45 @@ ACTS = st.sampled_from([(0, 0.0, 0.0), (1, 0.0, 0.0), (1, 0.1, 0.0), (2, -0.5, 0
 @given(G=st.integers(1, 3), og=st.integers(1, 9), kd=st.integers(1, 32), nb=st.integers(1, 3),
        ncols=st.one_of(st.integers(1, 30), st.integers(90, 130)), layout=st.sampled_from(["lowered", "blob"]),
        extra=st.integers(0, 5), off=st.integers(0, 4), bias=st.booleans(), act=ACTS,
-       values=st.sampled_from(["normal", "dyadic"]), nc=st.sampled_from([12, 24, 96]), seed=st.integers(0, 99))
+       values=st.sampled_from(["normal", "dyadic"]), nc=st.sampled_from([12, 24, 96]), avx512=st.booleans(),
+       seed=st.integers(0, 99))
 def test_exact_gemm_is_the_exact_sum_rounded_once(G, og, kd, nb, ncols, layout, extra, off, bias, act, values,
-                                                   nc, seed):
-    old = eg.NC
+                                                   nc, avx512, seed):
+    """... by the AVX-512 tile (24 columns; where the CPU has AVX-512F) and the AVX2 tile alike."""
+    old, old512 = eg.NC, eg.AVX512
     eg.set_columns(nc)
+    eg.AVX512 = avx512
     try:
         out = run_case(G, og, kd, nb, ncols, layout, extra, off, bias, *act, values, seed)
         scalar = run_case(G, og, kd, nb, ncols, layout, extra, off, bias, *act, values, seed, simd=False)
     finally:
         eg.set_columns(old)
+        eg.AVX512 = old512
     np.testing.assert_array_equal(out, scalar)  # the scalar path sums in the same order: the same bits
+
+
+@pytest.mark.parametrize("act", [(1, 0.0, 0.0), (1, 0.25, 0.0), (2, -1.0, 1.0), (0, 0.0, 0.0)])
+def test_exact_gemm_tiles_agree_bit_for_bit_on_nan_inf_and_signed_zero(act):
+    """The AVX-512 tile (24 columns), the AVX2 tile (12) and the scalar path: the same bits, NaN payloads and
+    signed zeros included, over 53 columns (two wide tiles, a 12-column tile's worth left over, a partial one)."""
+    rng = np.random.default_rng(7)
+    kd, og, ncols = 9, 6, 53
+    w = rng.standard_normal(og * kd).astype(F32)
+    col = rng.standard_normal(kd * ncols).astype(F32)
+    col[rng.integers(0, col.size, 12)] = np.array([np.nan, np.inf, -np.inf, -0.0] * 3, F32)
+    col[:ncols] = np.where(np.arange(ncols) % 7 == 0, F32(-0.0), col[:ncols])
+    bias = rng.standard_normal(og).astype(F32)
+    outs = []
+    old512 = eg.AVX512
+    try:
+        for avx512, simd in ((True, True), (False, True), (False, False)):
+            eg.AVX512 = avx512
+            out = np.empty(og * ncols, F32)
+            eg.gemm(w, col, out, bias, 1, og, kd, 1, ncols, ncols, 0, ncols, og * ncols, 0, *act, simd)
+            outs.append(out.tobytes())
+    finally:
+        eg.AVX512 = old512
+    assert outs[0] == outs[1] == outs[2]
 
 
 def test_exact_gemm_on_two_threads_and_many_tasks():
