@@ -83,8 +83,23 @@ cdef extern from *:
        8-row max pass, where that alone measured 1.01-1.04x / 0.99-1.01x; the scratch as far into a line as x
        measured as malloc's. C11's aligned_alloc (size a multiple of the alignment), freed by free(). */
     #include <stdlib.h>
-    static inline void* caffe_softmax_alloc64(size_t n) {
-        return aligned_alloc(64, (n + 63) & ~(size_t)63);
+    /* The forward's scratch block is the thread's own, kept from call to call (grown when a call needs more,
+       never freed: (C P + 3 P) floats and P doubles, P at most PIECE, a few MB at most a pool thread). Allocated per call it was, at
+       256 KB and more, a fresh mmap whenever glibc's mmap threshold stays at 128 KB (a process that has not
+       freed a large block yet, or bench_memory's fixed threshold): page faults on every call. Session 14, Zen
+       5, 8x256x56x56 forward with the threshold fixed, one process each way: 1.85-2.29 ms per call against
+       1.49-1.71 with glibc's own threshold. (Its contents are written before they are read: a block filled
+       with 0xFF bytes before every piece changed no output, session 14.) */
+    static __thread void* caffe_softmax_tls_block = NULL;
+    static __thread size_t caffe_softmax_tls_bytes = 0;
+    static inline void* caffe_softmax_scratch(size_t n) {
+        n = (n + 63) & ~(size_t)63;
+        if (n > caffe_softmax_tls_bytes) {
+            free(caffe_softmax_tls_block);
+            caffe_softmax_tls_block = aligned_alloc(64, n);
+            caffe_softmax_tls_bytes = caffe_softmax_tls_block != NULL ? n : 0;
+        }
+        return caffe_softmax_tls_block;
     }
     /* the next work item from a counter shared by the threads */
     static inline ptrdiff_t caffe_softmax_grab(ptrdiff_t* counter) {
@@ -101,7 +116,7 @@ cdef extern from *:
     void caffe_softmax_pf_n(caffe_softmax_pf* q, Py_ssize_t n) nogil
     void caffe_softmax_pf_l2(caffe_softmax_pf* q) nogil
     Py_ssize_t caffe_softmax_grab(Py_ssize_t* counter) nogil
-    void* caffe_softmax_alloc64(size_t n) nogil
+    void* caffe_softmax_scratch(size_t n) nogil
 
 
 # y = e / d over n values (one row of a piece), with non-temporal stores where `stream` and the build has
@@ -760,13 +775,9 @@ cdef int _forward(const real* xp, real* yp, Py_ssize_t outer, Py_ssize_t C, Py_s
     stream = stream and scratch
     sub = scratch and real is float and LANES
     with parallel(num_threads=nt):
-        # m, f (P each), the scratch block (C x P), s (P doubles), the label probabilities (P)
-        # (line-aligned only where it was measured: the float32 vector loops; float64 and the baseline build keep
-        # malloc's placement)
-        if real is float and LANES:
-            buf = <real*> caffe_softmax_alloc64(((C * P if scratch else 0) + 3 * P) * sizeof(real) + P * sizeof(double))
-        else:
-            buf = <real*> malloc(((C * P if scratch else 0) + 3 * P) * sizeof(real) + P * sizeof(double))
+        # m, f (P each), the scratch block (C x P), s (P doubles), the label probabilities (P): the thread's
+        # kept block (caffe_softmax_scratch), on a cache line
+        buf = <real*> caffe_softmax_scratch(((C * P if scratch else 0) + 3 * P) * sizeof(real) + P * sizeof(double))
         pf = <caffe_softmax_pf*> malloc(sizeof(caffe_softmax_pf))
         if buf != NULL and pf != NULL:
             # Pieces handed out one at a time from a shared counter (dynamic scheduling: on a busy machine a
@@ -812,8 +823,7 @@ cdef int _forward(const real* xp, real* yp, Py_ssize_t outer, Py_ssize_t C, Py_s
                 t = q
         else:
             failed_p[0] = 1
-        free(buf)
-        free(pf)
+        free(pf)  # (buf stays the thread's)
     return -1 if failed else 0
 
 
