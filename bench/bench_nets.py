@@ -10,13 +10,16 @@ Each net's data layers are replaced by DummyData of the real shapes (gaussian da
   subprocess) a PyTorch twin of the same net with the same weights and data, in train mode, forward + loss
   + backward, checked first against ours (loss, and every parameter gradient when the net has no Dropout;
   with Dropout the check runs both in eval mode) and timed the same way; the ratio is ours / PyTorch.
+  With --rounds R (default 1), ours and the twin are timed R times in turn (ours, twin, ours, ...): the
+  figures are the medians of the R medians, the ratio the median of the R rounds' ratios (on a VM whose
+  speed moves by 20-40% from minute to minute, a ratio from one pair of runs is only as good as that minute).
 
 GFLOP/s counts the multiply-adds of the convolution and inner-product layers (forward, weight and bottom
 gradients). Run from the repo root:
 
     python bench/bench_nets.py [--nets lenet,lenet_b1,cifar10_quick,caffenet] [--iterations 20]
-        [--repeats 10] [--warmup 3] [--torch-python /work/torchvenv/bin/python] [--no-torch] [--no-cli]
-        [--threads N] [--layers]
+        [--repeats 10] [--warmup 3] [--rounds 1] [--torch-python /work/torchvenv/bin/python] [--no-torch]
+        [--no-cli] [--threads N] [--layers]
 
 Prints one line per net; `--layers` also prints the slowest layers of each (from caffe-cli time). Figures go
 in bench/README.md.
@@ -120,13 +123,18 @@ def in_process(net_param, repeats: int, warmup: int) -> tuple[float, object]:
     import caffe
     from caffe.net import Net
     net = Net(net_param, caffe.TRAIN)
+    return time_steps(net, repeats, warmup), net
+
+
+def time_steps(net, repeats: int, warmup: int) -> float:
+    """Median ms of net.ForwardBackward() over repeats calls after warmup."""
     times = []
     for r in range(warmup + repeats):
         t = time.perf_counter()
         net.ForwardBackward()
         if r >= warmup:
             times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times), net
+    return statistics.median(times)
 
 
 def dummy_data_ms(net, repeats: int) -> float:
@@ -156,11 +164,16 @@ def torch_twin_ms(net, net_param, runner, tmp: Path):
         net.ClearParamDiffs()
         net.ForwardBackward()
         spec_of(net, tmp, losses, grads=True)
-    res = runner(tmp, "train")
+    res = runner(tmp, "train")  # (the spec stays in tmp: twin_again times it again)
     worst = max(res["max_rel_err"], key=res["max_rel_err"].get)
     if res["max_rel_err"][worst] > 1e-4:
         print(f"    twin check: largest relative difference {res['max_rel_err'][worst]:.1e} at {worst}")
     return statistics.median(res["ms"]), res["max_rel_err"][worst]
+
+
+def twin_again(runner, tmp: Path) -> float:
+    """Median ms of the twin whose spec torch_twin_ms wrote into tmp, timed again."""
+    return statistics.median(runner(tmp, "train")["ms"])
 
 
 def main() -> int:
@@ -171,6 +184,7 @@ def main() -> int:
     ap.add_argument("--nets", default=",".join(NETS))
     ap.add_argument("--repeats", type=int, default=10, help="timed ForwardBackward calls in process")
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=1, help="ours and the twin timed this many times in turn")
     ap.add_argument("--torch-python", default=None, help="a Python with torch: the twin runs there")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--no-cli", action="store_true", help="skip caffe-cli time (in-process figures only)")
@@ -196,17 +210,32 @@ def main() -> int:
             if not args.no_cli:
                 cli_ms, layers, _ = time_net(proto, args.iterations, env)
             ms, net = in_process(net_param, args.repeats, args.warmup)
+            ours, twins = [ms], []
             t_ms = err = None
             if runner is not None:
                 t_ms, err = torch_twin_ms(net, net_param, runner, Path(tmp) / f"{name}_twin")
+                twins.append(t_ms)
+            for _ in range(1, args.rounds):
+                ours.append(time_steps(net, args.repeats, args.warmup))
+                if runner is not None:
+                    twins.append(twin_again(runner, Path(tmp) / f"{name}_twin"))
+            ms = statistics.median(ours)
+            ratio = None
+            if twins:
+                t_ms = statistics.median(twins)
+                ratio = statistics.median(o / t for o, t in zip(ours, twins))
             cli = f"{cli_ms:8.2f}" if cli_ms is not None else f"{'-':>8s}"
-            tcol = f"{t_ms:9.2f} {ms / t_ms:10.2f} {err:9.1e}" if t_ms else f"{'-':>9s} {'-':>10s} {'-':>9s}"
+            tcol = f"{t_ms:9.2f} {ratio:10.2f} {err:9.1e}" if twins else f"{'-':>9s} {'-':>10s} {'-':>9s}"
             print(f"{name:14s} {dshape[0]:6d} {cli} {ms:10.2f} {gflop:11.3f} {gflop / (ms / 1e3):8.1f} "
                   f"{tcol} {target or '-':>9} {caffe_ms:>9s} {os.getloadavg()[0]:5.1f}", flush=True)
             data_ms = dummy_data_ms(net, args.repeats)
             print(f"    of which DummyData's refill (new gaussian data every iteration, as Caffe's DummyData; the "
                   f"twin reads one fixed tensor): {data_ms:.2f} ms" + (f"; without it ours / PyTorch "
                   f"{(ms - data_ms) / t_ms:.2f}" if t_ms else ""), flush=True)
+            if args.rounds > 1:
+                print("    rounds, ours / twin ms: " + ", ".join(
+                    f"{o:.2f} / {t:.2f}" if twins else f"{o:.2f}" for o, t in
+                    zip(ours, twins if twins else ours)), flush=True)
             if args.layers:
                 for lname, f, b in sorted(layers, key=lambda x: -(x[1] + x[2]))[:6]:
                     print(f"    {lname:12s} forward {f:8.2f} ms  backward {b:8.2f} ms")
