@@ -20,8 +20,8 @@ from pkgutil import extend_path
 # halted vCPU's wake: ~0.07 ms a parallel region on the development VM, a quarter to a third of a batch-1
 # ResNet-50 / GoogLeNet / MobileNet forward). So libgomp's threads spin briefly, GOMP_SPINCOUNT PAUSEs
 # (3000: ~0.08 ms on Zen 5, whose PAUSE takes ~26 ns; as long on Intel since Skylake), and then sleep
-# (bench/README.md, session 14: inference 0.63-0.80x the time at batch 1, 0.71-0.90x at 8; training the
-# same within noise; 30,000+ spins made LeNet's training slower). Both settings are read when the libraries
+# (bench/README.md, session 14: inference 0.59-0.80x the time at batch 1, 0.71-0.91x at 8; training the
+# same within noise; 100,000 spins made LeNet's training 1.5x slower). Both settings are read when the libraries
 # load, so they are made here, first, unless the user chose either (then libgomp's rules stand).
 # (thread_env_set: the names set here, not by the user: a benchmark drops them from the environment of a
 # process it starts for another framework, whose thread pools then run with their own defaults)
