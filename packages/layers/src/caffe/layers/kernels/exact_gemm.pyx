@@ -177,15 +177,17 @@ cdef extern from *:
         __m256d c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00; \
         __m128 va = _mm_set1_ps(a), vb = _mm_set1_ps(b); \
         int a_zero = a == 0;
-    #define EG_FMA_4X3(wb, x0, x1, x2) { \
-        __m256d w = _mm256_broadcast_sd(wb); \
-        c00 = _mm256_fmadd_pd(w, x0, c00); c01 = _mm256_fmadd_pd(w, x1, c01); c02 = _mm256_fmadd_pd(w, x2, c02); \
-        w = _mm256_broadcast_sd(wb + 1); \
-        c10 = _mm256_fmadd_pd(w, x0, c10); c11 = _mm256_fmadd_pd(w, x1, c11); c12 = _mm256_fmadd_pd(w, x2, c12); \
-        w = _mm256_broadcast_sd(wb + 2); \
-        c20 = _mm256_fmadd_pd(w, x0, c20); c21 = _mm256_fmadd_pd(w, x1, c21); c22 = _mm256_fmadd_pd(w, x2, c22); \
-        w = _mm256_broadcast_sd(wb + 3); \
-        c30 = _mm256_fmadd_pd(w, x0, c30); c31 = _mm256_fmadd_pd(w, x1, c31); c32 = _mm256_fmadd_pd(w, x2, c32); }
+    /* (the step for a vector type: W, BCAST (a double at a pointer into all lanes), FMA; the AVX-512 tile's too) */
+    #define EG_FMA_4X3_T(W, BCAST, FMA, wb, x0, x1, x2) { \
+        W w = BCAST(wb); \
+        c00 = FMA(w, x0, c00); c01 = FMA(w, x1, c01); c02 = FMA(w, x2, c02); \
+        w = BCAST((wb) + 1); \
+        c10 = FMA(w, x0, c10); c11 = FMA(w, x1, c11); c12 = FMA(w, x2, c12); \
+        w = BCAST((wb) + 2); \
+        c20 = FMA(w, x0, c20); c21 = FMA(w, x1, c21); c22 = FMA(w, x2, c22); \
+        w = BCAST((wb) + 3); \
+        c30 = FMA(w, x0, c30); c31 = FMA(w, x1, c31); c32 = FMA(w, x2, c32); }
+    #define EG_FMA_4X3(wb, x0, x1, x2) EG_FMA_4X3_T(__m256d, _mm256_broadcast_sd, _mm256_fmadd_pd, wb, x0, x1, x2)
     #define EG_STORE_4(ld, nr) \
         eg_store_row(c00, c01, c02, bias[0], has_bias, out, nr, act, va, vb, a_zero); \
         if (mr > 1) eg_store_row(c10, c11, c12, bias[1], has_bias, out + (ld), nr, act, va, vb, a_zero); \
@@ -227,49 +229,37 @@ cdef extern from *:
         __builtin_cpu_init();
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     }
-    static inline __attribute__((always_inline)) EG_TARGET512 __m256 eg_act8(__m256 y, int act, __m256 va,
-                                                                              __m256 vb, int a_zero) {
-        if (act == 1) {
-            if (a_zero)
-                return _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(y, _mm256_setzero_ps(), _CMP_LE_OQ));
-            return _mm256_blendv_ps(_mm256_mul_ps(y, va), y, _mm256_cmp_ps(y, _mm256_setzero_ps(), _CMP_GT_OQ));
-        }
-        if (act == 2) {
-            __m256 r = _mm256_blendv_ps(y, vb, _mm256_cmp_ps(y, vb, _CMP_GT_OQ));
-            return _mm256_blendv_ps(r, va, _mm256_cmp_ps(y, va, _CMP_LT_OQ));
-        }
-        return y;
+    /* 8 rounded sums: eg_act4 on each half (the activation's rules in one place; once a tile row, not a step) */
+    static inline __attribute__((always_inline)) EG_TARGET512 void eg_store8(float* out, __m512d c, int act,
+                                                                            __m128 va, __m128 vb, int a_zero) {
+        __m256 y = _mm512_cvtpd_ps(c);
+        _mm_storeu_ps(out, eg_act4(_mm256_castps256_ps128(y), act, va, vb, a_zero));
+        _mm_storeu_ps(out + 4, eg_act4(_mm256_extractf128_ps(y, 1), act, va, vb, a_zero));
     }
     static inline __attribute__((always_inline)) EG_TARGET512 void eg_store_row512(
-            __m512d c0, __m512d c1, __m512d c2, double bias, int has_bias, float* out, int act, __m256 va,
-            __m256 vb, int a_zero) {
+            __m512d c0, __m512d c1, __m512d c2, double bias, int has_bias, float* out, int act, __m128 va,
+            __m128 vb, int a_zero) {
         if (has_bias) {
             __m512d vb64 = _mm512_set1_pd(bias);
             c0 = _mm512_add_pd(c0, vb64); c1 = _mm512_add_pd(c1, vb64); c2 = _mm512_add_pd(c2, vb64);
         }
-        _mm256_storeu_ps(out, eg_act8(_mm512_cvtpd_ps(c0), act, va, vb, a_zero));
-        _mm256_storeu_ps(out + 8, eg_act8(_mm512_cvtpd_ps(c1), act, va, vb, a_zero));
-        _mm256_storeu_ps(out + 16, eg_act8(_mm512_cvtpd_ps(c2), act, va, vb, a_zero));
+        eg_store8(out, c0, act, va, vb, a_zero);
+        eg_store8(out + 8, c1, act, va, vb, a_zero);
+        eg_store8(out + 16, c2, act, va, vb, a_zero);
     }
+    #define EG_BCAST512(p) _mm512_set1_pd(*(p))
     static EG_TARGET512 void eg_tile_512_f32(const double* wb, const float* col, ptrdiff_t ld, ptrdiff_t kd,
                                              const double* bias, int has_bias, float* out, ptrdiff_t old, int mr,
                                              int act, float a, float b) {
         __m512d c00 = _mm512_setzero_pd(), c01 = c00, c02 = c00, c10 = c00, c11 = c00, c12 = c00;
         __m512d c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00;
-        __m256 va = _mm256_set1_ps(a), vb = _mm256_set1_ps(b);
+        __m128 va = _mm_set1_ps(a), vb = _mm_set1_ps(b);
         int a_zero = a == 0;
         ptrdiff_t k;
         for (k = 0; k < kd; k++, wb += EG_MR, col += ld) {
             __m512d x0 = _mm512_cvtps_pd(_mm256_loadu_ps(col)), x1 = _mm512_cvtps_pd(_mm256_loadu_ps(col + 8));
             __m512d x2 = _mm512_cvtps_pd(_mm256_loadu_ps(col + 16));
-            __m512d w = _mm512_set1_pd(wb[0]);
-            c00 = _mm512_fmadd_pd(w, x0, c00); c01 = _mm512_fmadd_pd(w, x1, c01); c02 = _mm512_fmadd_pd(w, x2, c02);
-            w = _mm512_set1_pd(wb[1]);
-            c10 = _mm512_fmadd_pd(w, x0, c10); c11 = _mm512_fmadd_pd(w, x1, c11); c12 = _mm512_fmadd_pd(w, x2, c12);
-            w = _mm512_set1_pd(wb[2]);
-            c20 = _mm512_fmadd_pd(w, x0, c20); c21 = _mm512_fmadd_pd(w, x1, c21); c22 = _mm512_fmadd_pd(w, x2, c22);
-            w = _mm512_set1_pd(wb[3]);
-            c30 = _mm512_fmadd_pd(w, x0, c30); c31 = _mm512_fmadd_pd(w, x1, c31); c32 = _mm512_fmadd_pd(w, x2, c32);
+            EG_FMA_4X3_T(__m512d, EG_BCAST512, _mm512_fmadd_pd, wb, x0, x1, x2)
         }
         eg_store_row512(c00, c01, c02, bias[0], has_bias, out, act, va, vb, a_zero);
         if (mr > 1) eg_store_row512(c10, c11, c12, bias[1], has_bias, out + old, act, va, vb, a_zero);
