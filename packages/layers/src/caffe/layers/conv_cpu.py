@@ -234,13 +234,12 @@ class Blocks:
         # float32 GEMMs by kernels.gemm (GEMM512): a 1x1 layer's; a lowered one's past GEMM512_LOWERED_MIN_MACS
         # unless it is valid with a kernel past 1 x 1 (module doc)
         macs = layer.conv_out_channels // layer.group * layer.kernel_dim * num * self.P // max(1, len(self.blocks))
-        self.gemm512 = GEMM512 and not exact and self.cdtype == np.float32 and (
-            self.one_by_one or (GEMM512_LOWERED and (any(g.pad) or all(k == 1 for k in g.kernel))
-                                and macs >= GEMM512_LOWERED_MIN_MACS))
-        # the backward's weight and bottom diffs: a valid layer's too (GEMM512_VALID_BACKWARD)
-        self.gemm512_backward = self.gemm512 or (
-            GEMM512 and GEMM512_LOWERED and GEMM512_VALID_BACKWARD and not exact and self.cdtype == np.float32
-            and not self.one_by_one and macs >= GEMM512_LOWERED_MIN_MACS)
+        # (the backward's weight and bottom diffs: a valid layer's too, GEMM512_VALID_BACKWARD)
+        eligible = GEMM512 and not exact and self.cdtype == np.float32
+        lowered = GEMM512_LOWERED and macs >= GEMM512_LOWERED_MIN_MACS
+        valid = not any(g.pad) and any(k != 1 for k in g.kernel)
+        self.gemm512 = eligible and (self.one_by_one or (lowered and not valid))
+        self.gemm512_backward = eligible and (self.one_by_one or (lowered and (not valid or GEMM512_VALID_BACKWARD)))
 
 
 def _lowered(layer, b: Blocks, im, n0, n1, oh0, oh1, dtype, name="col"):
