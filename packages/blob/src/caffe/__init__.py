@@ -25,13 +25,14 @@ from pkgutil import extend_path
 # load, so they are made here, first, unless the user chose either (then libgomp's rules stand).
 # (thread_env_set: the names set here, not by the user: a benchmark drops them from the environment of a
 # process it starts for another framework, whose thread pools then run with their own defaults)
-thread_env_set = tuple(n for n in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "OPENBLAS_THREAD_TIMEOUT")
-                       if n not in _os.environ and (n != "GOMP_SPINCOUNT" or "OMP_WAIT_POLICY" not in _os.environ))
-if "OMP_WAIT_POLICY" not in _os.environ and "GOMP_SPINCOUNT" not in _os.environ:
+_THREAD_ENV = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "OPENBLAS_THREAD_TIMEOUT")
+_users_thread_env = {n for n in _THREAD_ENV if n in _os.environ}
+if not _users_thread_env & {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"}:
     _os.environ["GOMP_SPINCOUNT"] = "3000"
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 _openblas_loaded_first = "numpy" in __import__("sys").modules and "OPENBLAS_THREAD_TIMEOUT" not in _os.environ
 _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+thread_env_set = tuple(n for n in _THREAD_ENV if n in _os.environ and n not in _users_thread_env)
 
 __path__ = extend_path(__path__, __name__)
 
