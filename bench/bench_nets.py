@@ -233,9 +233,8 @@ def main() -> int:
                   f"twin reads one fixed tensor): {data_ms:.2f} ms" + (f"; without it ours / PyTorch "
                   f"{(ms - data_ms) / t_ms:.2f}" if t_ms else ""), flush=True)
             if args.rounds > 1:
-                print("    rounds, ours / twin ms: " + ", ".join(
-                    f"{o:.2f} / {t:.2f}" if twins else f"{o:.2f}" for o, t in
-                    zip(ours, twins if twins else ours)), flush=True)
+                rounds = [f"{o:.2f} / {t:.2f}" for o, t in zip(ours, twins)] if twins else [f"{o:.2f}" for o in ours]
+                print("    rounds, ours / twin ms: " + ", ".join(rounds), flush=True)
             if args.layers:
                 for lname, f, b in sorted(layers, key=lambda x: -(x[1] + x[2]))[:6]:
                     print(f"    {lname:12s} forward {f:8.2f} ms  backward {b:8.2f} ms")

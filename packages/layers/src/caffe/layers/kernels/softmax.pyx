@@ -81,11 +81,11 @@ cdef extern from *:
        the exp pass's stores whole lines, the division's e loads split instead (y's stores stay aligned). Session
        13, Zen 5, A/B interleaved against main: 1.03-1.04x at 8x256x56x56 and 1.05-1.09x at 8x64x112x112 with the
        8-row max pass, where that alone measured 1.01-1.04x / 0.99-1.01x; the scratch as far into a line as x
-       measured as malloc's. C11's aligned_alloc (size a multiple of the alignment), freed by free(). */
+       measured as malloc's. C11's aligned_alloc (size a multiple of the alignment), below. */
     #include <stdlib.h>
     /* The forward's scratch block is the thread's own, kept from call to call (grown when a call needs more,
-       never freed: (C P + 3 P) floats and P doubles, P at most PIECE, a few MB at most a pool thread). Allocated per call it was, at
-       256 KB and more, a fresh mmap whenever glibc's mmap threshold stays at 128 KB (a process that has not
+       never freed: (C P + 3 P) floats and P doubles, P at most PIECE, a few MB at most a pool thread).
+       Allocated per call it was, at 256 KB and more, a fresh mmap whenever glibc's mmap threshold stays at 128 KB (a process that has not
        freed a large block yet, or bench_memory's fixed threshold): page faults on every call. Session 14, Zen
        5, 8x256x56x56 forward with the threshold fixed, one process each way: 1.85-2.29 ms per call against
        1.49-1.71 with glibc's own threshold. (Its contents are written before they are read: a block filled
