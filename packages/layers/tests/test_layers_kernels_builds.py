@@ -214,7 +214,7 @@ def _expected_builds():
 
 def test_the_layers_load_the_avx512_builds_where_the_cpu_has_avx512():
     """USE_AVX512 is the CPU check (F, DQ, VL, BW, as NumPy's dispatch sees them) unless switched off, and the
-    layers' kernels are then the AVX-512 builds (elementwise, softmax, normalization, pooling, channelwise)."""
+    layers' kernels are then the AVX-512 builds (elementwise, softmax, normalization, pooling, channelwise, rng)."""
     off = os.environ.get("CAFFE_KERNELS_AVX512", "1") == "0" or os.environ.get("CAFFE_KERNELS_AVX2", "1") == "0"
     assert _cpu.USE_AVX512 == (_cpu.cpu_has_avx512() and _cpu.cpu_has_avx2() and not off)
     if not _cpu.cpu_has_avx512():
@@ -227,6 +227,7 @@ def test_the_layers_load_the_avx512_builds_where_the_cpu_has_avx512():
     from caffe.layers import pooling
     assert pooling._k.__name__ == "caffe.layers.kernels.pooling_avx512"
     assert _cpu.channelwise.__name__ == "caffe.layers.kernels.channelwise_avx512"
+    assert _cpu.rng.__name__ == "caffe.layers.kernels.rng_avx512"
 
 
 @pytest.mark.parametrize("env, suffix", [({"CAFFE_KERNELS_AVX512": "0"}, "_avx2"), ({"CAFFE_KERNELS_AVX2": "0"}, ""),

