@@ -11,8 +11,11 @@ layer's "ideal" time is one read of its inputs and one write of its outputs at B
 
 State a layer keeps between forward and backward (masks, saved inputs, x_norm) is not in
 the ideal, so its cost shows in the ratio; where forward writes such state (MAX pooling's and
-Eltwise MAX's int32 argmax mask, Dropout's uint8 mask, in-place BatchNorm's x_norm: what Caffe's
-forward writes too), "x+st" is the forward's time over the ideal with that write counted. In a
+Eltwise MAX's int32 argmax mask, Dropout's uint8 mask, in-place BatchNorm's x_norm and in-place
+Scale's copy of x: what Caffe's forward writes too), "x+st" is the forward's time over the ideal
+with that write counted, and the backward's "x+st" its time over the ideal with the state's read
+counted (the mask is an input of Caffe's backward as much as the top diff is; in-place BatchNorm's
+x_norm and in-place Scale's copy are already in their backward ideals, as x). In a
 TEST-phase net MAX pooling leaves its mask out until a Backward asks for it (the "TEST" case:
 forward only); LRN's CPU forward writes no scale in either phase (its backward recomputes it).
 
@@ -48,7 +51,7 @@ TRAIN, TEST = caffe_pb2.TRAIN, caffe_pb2.TEST
 
 class Case:
     def __init__(self, name, type_, text="", bottoms=1, tops=1, in_place=False, phase=TRAIN, reads=(),
-                 shape=None, labels=False, backward=True, state=()):
+                 shape=None, labels=False, backward=True, state=(), state_in_reads=False):
         self.name, self.type, self.text = name, type_, text
         self.bottoms, self.tops, self.in_place, self.phase = bottoms, tops, in_place, phase
         self.reads = reads          # what backward reads besides the top diffs: "x" bottom data, "y" top data
@@ -56,6 +59,7 @@ class Case:
         self.labels = labels        # bottom[1] is a label blob (SoftmaxWithLoss)
         self.backward = backward
         self.state = state          # forward's state writes: ("top" | "bottom", bytes per element) pairs
+        self.state_in_reads = state_in_reads  # backward's `reads` already count its read of the state
 
 
 def _half_channels(s):
@@ -69,9 +73,12 @@ CASES = [
     Case("BatchNorm train", "BatchNorm", reads=("x",)),
     # in place the forward keeps x_norm_ (Caffe's: a later in-place layer overwrites the top), a float per element;
     # the backward reads it in x's place
-    Case("BatchNorm train in-place", "BatchNorm", in_place=True, reads=("x",), state=(("bottom", 4),)),
+    Case("BatchNorm train in-place", "BatchNorm", in_place=True, reads=("x",), state=(("bottom", 4),),
+         state_in_reads=True),
     Case("Scale+bias", "Scale", "scale_param { bias_term: true }", reads=("x",)),
-    Case("Scale+bias in-place", "Scale", "scale_param { bias_term: true }", in_place=True, reads=("x",)),
+    # in place the forward keeps a copy of x (Caffe's temp_) for the scale's gradient: the backward's x
+    Case("Scale+bias in-place", "Scale", "scale_param { bias_term: true }", in_place=True, reads=("x",),
+         state=(("bottom", 4),), state_in_reads=True),
     Case("Bias", "Bias"),
     Case("Eltwise SUM", "Eltwise", "eltwise_param { operation: SUM }", bottoms=2),
     Case("Eltwise PROD", "Eltwise", "eltwise_param { operation: PROD }", bottoms=2, reads=("x",)),
@@ -279,7 +286,7 @@ def run(shape_names, only, repeats, warmup, compare_xp, malloc_default=False, fl
         copies = copy_times(nbytes, max(repeats, 10))
         rows = []
         head = (f"  {'case':26s} {'bottom':>17s} {'ideal f':>8s} {'fwd':>7s} {'x':>5s} {'x+st':>5s} {'ideal b':>8s} "
-                f"{'bwd':>7s} {'x':>5s}")
+                f"{'bwd':>7s} {'x':>5s} {'x+st':>5s}")
         if floor:
             head += f" | {'floor f':>7s} {'x fl':>5s} {'floor b':>7s} {'x fl':>5s}"
         if compare_xp:
@@ -312,8 +319,10 @@ def run(shape_names, only, repeats, warmup, compare_xp, malloc_default=False, fl
             ideal_f, ideal_b = fb / bw * 1e3, bb / bw * 1e3
             f, b = _median_ms([t[0] for t in cpu]), _median_ms([t[1] for t in cpu])
             with_state = _ratio(f, (fb + st) / bw * 1e3) if st else f"{'':>5s}"
+            read_state = (_ratio(b, (bb + st) / bw * 1e3) if st and case.backward and not case.state_in_reads
+                          else f"{'':>5s}")
             line = (f"  {case.name:26s} {'x'.join(map(str, shape)):>17s} {ideal_f:8.2f} {f:7.2f} {_ratio(f, ideal_f)} "
-                    f"{with_state} {ideal_b:8.2f} {b:7.2f} {_ratio(b, ideal_b)}")
+                    f"{with_state} {ideal_b:8.2f} {b:7.2f} {_ratio(b, ideal_b)} {read_state}")
             if floor:
                 ff, fbk = floors
                 line += f" | {ff:7.2f} {_ratio(f, max(ff, ideal_f))} {fbk:7.2f} {_ratio(b, max(fbk, ideal_b))}"
