@@ -1,9 +1,9 @@
-"""A/B in one process: momentum SGD's ApplyUpdate (L2 decay, momentum 0.9) fused (kernels.update.sgd_step, one
-pass per parameter) and by the array passes (Regularize, ComputeUpdateValue, Net.Update), interleaved, on
-bench_nets' LeNet and CaffeNet training nets. Also a whole solver step (clear diffs, forward, backward,
-update) each way. Run from the repo root:
+"""A/B in one process: a solver's ApplyUpdate (L2 decay 0.0005, momentum 0.9) fused (kernels.update: one pass
+per parameter) and by the array passes (Regularize, ComputeUpdateValue, Net.Update), interleaved, on
+bench_nets' training nets, for SGD, Nesterov and Adam. Also a whole solver step (clear diffs, forward,
+backward, update) each way. Run from the repo root:
 
-    python bench/ab_sgd_update.py [--rounds 5] [--nets lenet,caffenet]
+    python bench/ab_sgd_update.py [--rounds 5] [--nets lenet,caffenet] [--solvers SGD,Nesterov,Adam]
 """
 from __future__ import annotations
 
@@ -36,13 +36,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--nets", default="lenet,caffenet")
+    ap.add_argument("--solvers", default="SGD")
     args = ap.parse_args()
     kernel = sgd_solver._update
-    for name in args.nets.split(","):
+    for name, solver_type in [(n, t) for n in args.nets.split(",") for t in args.solvers.split(",")]:
         dshape, lshape, n = SHAPES[name]
         sp = caffe_pb2.SolverParameter()
         sp.net_param.CopyFrom(bench_nets.dummy_data_net(bench_nets.NETS[name][0], dshape, lshape))
-        sp.base_lr, sp.momentum, sp.weight_decay, sp.lr_policy = 0.01, 0.9, 0.0005, "fixed"
+        sp.type, sp.base_lr, sp.momentum, sp.weight_decay, sp.lr_policy = solver_type, 0.01, 0.9, 0.0005, "fixed"
         sp.max_iter, sp.display, sp.snapshot_after_train = 10 ** 6, 0, False
         solver = get_solver(sp)
         solver.net.ForwardBackward()
@@ -57,7 +58,7 @@ def main() -> int:
                     res[side][1].append(median_ms(lambda: solver.step(1), max(3, n // 5)))
         finally:
             sgd_solver._update = kernel
-        print(f"{name} ({count / 1e6:.2f} M parameters):")
+        print(f"{name} ({count / 1e6:.2f} M parameters), {solver_type}:")
         for side, (upd, step) in res.items():
             print(f"  {side:7s} ApplyUpdate {statistics.median(upd):8.2f} ms   solver step {statistics.median(step):8.2f} ms")
         ratios = [f / p for f, p in zip(res["fused"][1], res["passes"][1])]

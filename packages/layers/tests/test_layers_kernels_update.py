@@ -26,6 +26,46 @@ def _passes(w, g, h, decay, momentum, rate):
     return w, g, h
 
 
+def nesterov_passes(w, g, h, decay, momentum, rate):
+    """NesterovSolver's passes: Regularize, its ComputeUpdateValue, Net.Update."""
+    w, g, h = w.copy(), g.copy(), h.copy()
+    with np.errstate(all="ignore"):
+        if decay:
+            g = np.add(g, np.multiply(w, decay))
+        u = h.copy()
+        h = np.multiply(h, momentum)
+        h = np.add(h, np.multiply(g, rate))
+        u = np.multiply(u, -momentum)
+        u = np.add(u, np.multiply(h, type(momentum)(1) + momentum))
+        g[...] = u
+        w = np.subtract(w, g)
+    return w, g, h
+
+
+def adam_passes(w, g, m, v, decay, beta1, beta2, eps, rate_correction):
+    """AdamSolver's passes: Regularize, its ComputeUpdateValue, Net.Update."""
+    w, g, m, v = w.copy(), g.copy(), m.copy(), v.copy()
+    one = type(beta1)(1)
+    with np.errstate(all="ignore"):
+        if decay:
+            g = np.add(g, np.multiply(w, decay))
+        m = np.add(np.multiply(m, beta1), np.multiply(g, one - beta1))
+        t = np.multiply(g, g)
+        v = np.multiply(v, beta2)
+        v = np.add(v, np.multiply(t, one - beta2))
+        t = np.sqrt(v)
+        t = np.add(t, eps)
+        t = np.divide(m, t)
+        g[...] = np.multiply(t, rate_correction)
+        w = np.subtract(w, g)
+    return w, g, m, v
+
+
+def same_bits(got, want):
+    for i, (a, b) in enumerate(zip(got, want)):
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8), err_msg=f"array {i}")
+
+
 def special(rng, n, dtype):
     x = rng.standard_normal(n).astype(dtype) * dtype(rng.choice([1e-3, 1.0, 1e3]))
     if n:
@@ -49,5 +89,35 @@ def test_sgd_step_is_the_passes_bit_for_bit(n, dtype, seed, decay, momentum, rat
 
 def test_sgd_step_checks_the_lengths():
     a, b = np.zeros(4, np.float32), np.zeros(3, np.float32)
-    with pytest.raises(ValueError, match="data 4, diff 3 and history 4 elements differ"):
+    with pytest.raises(ValueError, match="sgd_step: the data has 4 elements, another array 3"):
         update.sgd_step(a, b, a.copy(), 0.0, 0.9, 0.01)
+    with pytest.raises(ValueError, match="adam_step: the data has 4 elements, another array 3"):
+        update.adam_step(a, a.copy(), a.copy(), b, 0.0, 0.9, 0.999, 1e-8, 0.01)
+    with pytest.raises(ValueError, match="nesterov_step: the data has 3 elements, another array 4"):
+        update.nesterov_step(b, a, a.copy(), 0.0, 0.9, 0.01)
+
+
+@given(n=st.sampled_from([0, 1, 7, 16385, 50001]), dtype=st.sampled_from([np.float32, np.float64]),
+       seed=st.integers(0, 2**31 - 1), decay=st.sampled_from([0.0, 0.0005, 0.1]),
+       momentum=st.sampled_from([0.0, 0.9, 0.99]), rate=st.sampled_from([0.01, 1e-5, 3.0]))
+def test_nesterov_step_is_the_passes_bit_for_bit(n, dtype, seed, decay, momentum, rate):
+    rng = np.random.default_rng(seed)
+    w, g, h = (special(rng, n, dtype) for _ in range(3))
+    decay, momentum, rate = dtype(decay), dtype(momentum), dtype(rate)
+    want = nesterov_passes(w, g, h, decay, momentum, rate)
+    update.nesterov_step(w, g, h, decay, momentum, rate)
+    same_bits((w, g, h), want)
+
+
+@given(n=st.sampled_from([0, 1, 7, 16385, 50001]), dtype=st.sampled_from([np.float32, np.float64]),
+       seed=st.integers(0, 2**31 - 1), decay=st.sampled_from([0.0, 0.0005]),
+       beta1=st.sampled_from([0.0, 0.9]), beta2=st.sampled_from([0.5, 0.999]), eps=st.sampled_from([1e-8, 0.1]),
+       rc=st.sampled_from([0.001, 0.3]))
+def test_adam_step_is_the_passes_bit_for_bit(n, dtype, seed, decay, beta1, beta2, eps, rc):
+    rng = np.random.default_rng(seed)
+    w, g, m = (special(rng, n, dtype) for _ in range(3))
+    v = np.abs(special(rng, n, dtype))  # a second moment: not negative (sqrt of a negative is NaN either way)
+    args = tuple(dtype(a) for a in (decay, beta1, beta2, eps, rc))
+    want = adam_passes(w, g, m, v, *args)
+    update.adam_step(w, g, m, v, *args)
+    same_bits((w, g, m, v), want)

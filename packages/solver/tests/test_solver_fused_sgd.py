@@ -1,6 +1,7 @@
-"""Momentum SGD's fused step (kernels.update.sgd_step: Regularize, ComputeUpdateValue and Net.Update in one
-pass) against the passes it replaces, through whole solver steps: the same data, diff and history bits; and
-the cases that keep the passes (another solver, L1 decay, a replaced Net.Update or step, debug info)."""
+"""The fused steps of momentum SGD, Nesterov and Adam (kernels.update: Regularize, ComputeUpdateValue and
+Net.Update in one pass) against the passes they replace, through whole solver steps: the same data, diff and
+history bits; and the cases that keep the passes (another solver, L1 decay, a replaced Net.Update or step,
+debug info, GPU mode)."""
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -27,18 +28,20 @@ def build(seed, share=False, **fields):
 
 
 def state(solver):
-    out = []
-    for i, p in enumerate(solver.net.learnable_params):
-        out += [p.data.copy(), p.diff.copy(), solver.history[i].data.copy()]
+    out = [h.data.copy() for h in solver.history]  # (Adam's: m, then v)
+    for p in solver.net.learnable_params:
+        out += [p.data.copy(), p.diff.copy()]
     return out
 
 
 @settings(max_examples=15)
-@given(seed=st.integers(0, 2**16), momentum=st.sampled_from([0.0, 0.9]),
+@given(solver_type=st.sampled_from(["SGD", "Nesterov", "Adam"]), seed=st.integers(0, 2**16),
+       momentum=st.sampled_from([0.0, 0.9]),
        weight_decay=st.sampled_from([0.0, 0.01]), iter_size=st.integers(1, 2), share=st.booleans(),
        clip=st.sampled_from([-1.0, 0.5]), lr_policy=st.sampled_from(["fixed", "inv"]))
-def test_the_fused_step_is_the_passes_bit_for_bit(seed, momentum, weight_decay, iter_size, share, clip, lr_policy):
-    fields = dict(type="SGD", base_lr=0.1, momentum=momentum, weight_decay=weight_decay, iter_size=iter_size,
+def test_the_fused_step_is_the_passes_bit_for_bit(solver_type, seed, momentum, weight_decay, iter_size, share, clip,
+                                                  lr_policy):
+    fields = dict(type=solver_type, base_lr=0.1, momentum2=0.99, delta=1e-6, momentum=momentum, weight_decay=weight_decay, iter_size=iter_size,
                   clip_gradients=clip, lr_policy=lr_policy, gamma=0.1, power=0.75, max_iter=10)
     fused = build(seed, share, **fields)
     assert fused._fused()
@@ -55,8 +58,10 @@ def test_the_fused_step_is_the_passes_bit_for_bit(seed, momentum, weight_decay, 
 
 
 def test_the_cases_that_keep_the_passes():
-    assert not build(1, type="Nesterov", base_lr=0.1, momentum=0.9)._fused()
-    assert not build(1, type="Adam", base_lr=0.01, momentum=0.9)._fused()
+    assert build(1, type="Nesterov", base_lr=0.1, momentum=0.9)._fused()
+    assert build(1, type="Adam", base_lr=0.01, momentum=0.9)._fused()
+    for other in ("AdaGrad", "RMSProp", "AdaDelta"):
+        assert not build(1, type=other, base_lr=0.1, momentum=0.0 if other != "AdaDelta" else 0.9)._fused()
     assert not build(1, type="SGD", base_lr=0.1, weight_decay=0.01, regularization_type="L1")._fused()
     assert build(1, type="SGD", base_lr=0.1, weight_decay=0.0, regularization_type="L1")._fused()  # no decay
     s = build(1, type="SGD", base_lr=0.1)

@@ -14,6 +14,7 @@ import math
 
 from caffe.blob import Blob
 from caffe.solver.registry import register_solver
+from caffe.solver import sgd_solver
 from caffe.solver.sgd_solver import SGDSolver
 
 
@@ -54,3 +55,16 @@ class AdamSolver(SGDSolver):
         xp.add(t, eps, out=t)
         xp.divide(m, t, out=t)
         xp.multiply(t, local_rate * correction, out=g)
+
+    _fused_compute = ComputeUpdateValue  # what _fused_step reproduces (SGDSolver._fused)
+
+    def _fused_step(self, i: int, rate) -> None:
+        p = self.net.learnable_params[i]
+        dt = p.dtype.type
+        beta1, beta2 = dt(self.param.momentum), dt(self.param.momentum2)
+        t_ = self.iter + 1
+        correction = dt(math.sqrt(1.0 - float(beta2) ** t_) / (1.0 - float(beta1) ** t_))
+        n = len(self.net.learnable_params)
+        sgd_solver._update.adam_step(*self._flat(i), self.history[i].mutable_cpu_data().reshape(-1),
+                          self.history[n + i].mutable_cpu_data().reshape(-1), self._local_decay(i), beta1, beta2,
+                          dt(self.param.delta), self.local_rate(i, rate) * correction)

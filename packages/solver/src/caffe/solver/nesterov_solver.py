@@ -3,6 +3,7 @@
     u = h;  h = lr * g + momentum * h;  g = (1 + momentum) * h - momentum * u
 """
 from caffe.solver.registry import register_solver
+from caffe.solver import sgd_solver
 from caffe.solver.sgd_solver import SGDSolver
 
 
@@ -28,3 +29,9 @@ class NesterovSolver(SGDSolver):
         xp.multiply(h, dt(1) + momentum, out=t)
         xp.add(u, t, out=u)
         xp.copyto(g, u)
+
+    _fused_compute = ComputeUpdateValue  # what _fused_step reproduces (SGDSolver._fused)
+
+    def _fused_step(self, i: int, rate) -> None:
+        sgd_solver._update.nesterov_step(*self._flat(i), self.history[i].mutable_cpu_data().reshape(-1), self._local_decay(i),
+                              self._scalar(self.param.momentum, i), self.local_rate(i, rate))

@@ -3,8 +3,8 @@
 ApplyUpdate = GetLearningRate, ClipGradients, then per learnable parameter Normalize
 (1/iter_size), Regularize (L2 / L1 weight decay times the param's decay_mult) and
 ComputeUpdateValue (momentum SGD here; the other solvers override it), then net.Update()
-(data -= diff). On the CPU, momentum SGD with L2 decay (or none) runs Regularize, ComputeUpdateValue and
-Net.Update in one pass per parameter (caffe-layers' kernels.update.sgd_step, the same bits; see _fused).
+(data -= diff). On the CPU, SGD, Nesterov and Adam with L2 decay (or none) run Regularize, ComputeUpdateValue
+and Net.Update in one pass per parameter (caffe-layers' kernels.update, the same bits; see _fused).
 
 The arithmetic runs on whichever array module holds the data (NumPy on CPU, CuPy in GPU
 mode), in place, with `out=` and preallocated `update_` / `temp_` blobs as in Caffe, so
@@ -103,24 +103,32 @@ class SGDSolver(Solver):
             self.net.Update()
 
     def _fused(self) -> bool:
-        """Whether every parameter takes kernels.update.sgd_step: Regularize, ComputeUpdateValue and Net.Update
-        in one pass, the same bits (its module doc; CaffeNet's step 95 -> 25 ms). It needs momentum SGD itself
-        (not a solver, subclass or instance that replaces a step), L2 decay, the CPU, float32 / float64 parameters, Net's own Update
-        (not one a subclass or the instance replaced: that is then called) and no net debug info (Net.Update
-        logs what it changes); otherwise the passes run."""
+        """Whether every parameter takes _fused_step: Regularize, ComputeUpdateValue and Net.Update in one pass
+        of caffe-layers' kernels.update, the same bits (its module doc; CaffeNet's SGD update 119 -> 28 ms). It
+        needs a solver whose ComputeUpdateValue is the one its _fused_step reproduces (SGD, Nesterov, Adam; not
+        one a subclass or the instance replaced, nor a replaced Regularize), L2 decay (or none), the CPU,
+        float32 / float64 parameters and history of one dtype each, Net's own Update (not one a subclass or
+        the instance replaced: that is then called) and no net debug info (Net.Update logs what it changes);
+        otherwise the passes run."""
+        params = self.net.learnable_params
         return (_update is not None and context.mode() == context.CPU and not getattr(self.net, "debug_info", False)
                 and getattr(self.Regularize, "__func__", None) is SGDSolver.Regularize
-                and getattr(self.ComputeUpdateValue, "__func__", None) is SGDSolver.ComputeUpdateValue
+                and getattr(self.ComputeUpdateValue, "__func__", None) is type(self)._fused_compute
                 and (not self.param.weight_decay or self.param.regularization_type == "L2")
                 and getattr(self.net.Update, "__func__", None) is _net_update()
-                and all(p.dtype in _FLOATS and h.dtype == p.dtype
-                        for p, h in zip(self.net.learnable_params, self.history)))
+                and all(p.dtype in _FLOATS for p in params)
+                and all(h.dtype == params[i % len(params)].dtype for i, h in enumerate(self.history)))
+
+    def _local_decay(self, i: int):
+        return self._scalar(self.param.weight_decay, i) * self._scalar(self.net.params_weight_decay[i], i)
+
+    def _flat(self, i: int):
+        """Parameter i's data and diff, flat, on the host (where the fused steps run)."""
+        p = self.net.learnable_params[i]
+        return p.mutable_cpu_data().reshape(-1), p.mutable_cpu_diff().reshape(-1)
 
     def _fused_step(self, i: int, rate) -> None:
-        p = self.net.learnable_params[i]
-        decay = self._scalar(self.param.weight_decay, i) * self._scalar(self.net.params_weight_decay[i], i)
-        _update.sgd_step(p.mutable_cpu_data().reshape(-1), p.mutable_cpu_diff().reshape(-1),
-                         self.history[i].mutable_cpu_data().reshape(-1), decay,
+        _update.sgd_step(*self._flat(i), self.history[i].mutable_cpu_data().reshape(-1), self._local_decay(i),
                          self._scalar(self.param.momentum, i), self.local_rate(i, rate))
 
     def ClipGradients(self) -> None:
@@ -184,6 +192,8 @@ class SGDSolver(Solver):
         xp.multiply(g, local_rate, out=t)
         xp.add(h, t, out=h)
         xp.copyto(g, h)
+
+    _fused_compute = ComputeUpdateValue  # what _fused_step reproduces
 
     # -- snapshots of the solver state ---------------------------------------------------
     def SnapshotSolverState(self, model_filename: str) -> str:
