@@ -281,3 +281,127 @@ def test_exact_forward_keeps_its_float32_block_for_the_weight_diff():
     assert lowerings == {True: 1, False: 2}
     for new, old in zip(results[True], results[False]):
         np.testing.assert_array_equal(new, old)
+
+
+# ---- dots_nt: the exact layers' weight gradient ----------------------------------------------------------------
+
+def dots_reference(a, b):
+    """float32(s) per (m, n): the 8 partial sums over k = j (mod 8), each in increasing k from +0 (cumsum adds
+    left to right), then p0 + p1 + ... + p7: the kernel's order, so its bits."""
+    M, N = a.shape[0], b.shape[0]
+    out = np.empty((M, N), np.float64)
+    for m in range(M):
+        for n in range(N):
+            prod = a[m].astype(np.float64) * b[n].astype(np.float64)
+            p = [np.cumsum(np.concatenate([[0.0], prod[j::8]]))[-1] for j in range(8)]
+            s = p[0]
+            for j in range(1, 8):
+                s += p[j]
+            out[m, n] = s
+    return out.astype(np.float32)
+
+
+@given(M=st.integers(1, 9), N=st.integers(1, 9), K=st.sampled_from([0, 1, 7, 8, 9, 31, 64, 100]),
+       pad=st.integers(0, 3), off=st.integers(0, 5), seed=st.integers(0, 2**31 - 1),
+       mode=st.sampled_from(["avx512", "avx2", "scalar"]), special=st.booleans())
+def test_dots_nt_is_the_partial_sums_rounded_once(M, N, K, pad, off, seed, mode, special):
+    rng = np.random.default_rng(seed)
+    a = rng.normal(size=(M, K + pad)).astype(np.float32)
+    b = rng.normal(size=(N, K + pad)).astype(np.float32) * np.float32(rng.choice([1e-3, 1.0, 1e3]))
+    if special and K:
+        a[rng.integers(0, M), rng.integers(0, K)] = rng.choice([np.inf, -np.inf, np.nan, -0.0])
+    base = rng.normal(size=M * N + off).astype(np.float32)
+    want = base.copy()
+    with np.errstate(all="ignore"):
+        want[off:] += dots_reference(a[:, :K], b[:, :K]).reshape(-1)
+    old512 = eg.AVX512
+    eg.AVX512 = mode == "avx512"
+    try:
+        out = base.copy()
+        eg.dots_nt(np.concatenate([np.zeros(off, np.float32), a.reshape(-1)]), off, K + pad, b.reshape(-1), 0,
+                   K + pad, out, off, N, M, N, K, mode != "scalar")
+    finally:
+        eg.AVX512 = old512
+    np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))
+
+
+def test_dots_nt_rejects_what_does_not_fit():
+    a = np.zeros(10, np.float32)
+    with pytest.raises(ValueError, match=r"dots_nt: a \(10 elements\) does not hold 3 rows of 4 from offset 0, 4 apart"):
+        eg.dots_nt(a, 0, 4, a, 0, 4, np.zeros(9, np.float32), 0, 3, 3, 2, 4)
+    with pytest.raises(ValueError, match=r"out \(5 elements\) does not hold 2 rows of 3"):
+        eg.dots_nt(a, 0, 4, a, 0, 4, np.zeros(5, np.float32), 0, 3, 2, 3, 2)
+
+
+@pytest.mark.parametrize("text, shape, small", [
+    ("num_output: 5 kernel_size: 5", (4, 1, 12, 12), False),                  # LeNet conv1-like, one block
+    ("num_output: 5 kernel_size: 5", (4, 1, 12, 12), True),                   # bands of rows of one image
+    ("num_output: 6 kernel_size: 3 stride: 2 pad: 1 group: 2", (3, 6, 9, 8), False),  # groups, K = 27
+    ("num_output: 6 kernel_size: 3 stride: 2 pad: 1 group: 2", (3, 6, 9, 8), True),
+    ("num_output: 7 kernel_size: 1", (3, 20, 6, 5), False),                   # 1x1, K = 20
+])
+def test_conv_exact_weight_diff_is_the_float64_sum_rounded_once(text, shape, small):
+    """The weight diff of an exact layer (conv_cpu.EXACT_WGRAD): accumulated onto the diff block by block, each
+    block's term the float64 sum over its positions rounded once (dots_nt's order is within float64 rounding of
+    the exact sum, so it rounds the same but at ties); with EXACT_WGRAD off, the float32 GEMM's (close, not
+    equal)."""
+    x = np.random.default_rng(3).normal(size=shape).astype(np.float32)
+    results = {}
+    for exact in (True, False):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(conv_cpu, "EXACT_WGRAD", exact)
+            if small:
+                mp.setattr(conv_cpu, "COL_BLOCK_BYTES", 600)
+                mp.setattr(conv_cpu, "MIN_BLOCK_COLS", 8)
+            calls = []
+            real = conv_cpu._eg.dots_nt if conv_cpu._eg is not None else None
+            if real is not None:
+                mp.setattr(conv_cpu._eg, "dots_nt", lambda *a: (calls.append(1), real(*a)))
+            context.set_random_seed(3)
+            layer = make_layer("Convolution", f"convolution_param {{ {text} {FILL} }}")
+            bottom, top = blobs_from_arrays([x], np.float32), empty_tops(1, np.float32)
+            layer.SetUp(bottom, top)
+            assert layer.exact_forward(np.float32)
+            layer.Forward(bottom, top)
+            top[0].diff[...] = np.random.default_rng(4).normal(size=top[0].shape).astype(np.float32)
+            layer.blobs[0].diff[...] = 0.25  # accumulated onto
+            layer.Backward(top, [False], bottom)
+            results[exact] = layer.blobs[0].diff.copy()
+            assert bool(calls) == (exact and conv_cpu.EXACT_GEMM)
+            plan = layer.cpu_blocks(shape[0], np.float32, exact=False)
+            blocks, OW = plan.blocks, plan.OW  # (a 1x1 layer's blocks count positions as one row of P)
+    # the float64 reference: per output channel o and filter tap r, fsum over images and positions
+    w = layer.blobs[0]
+    g = layer.group
+    col_rows = []
+    for n in range(shape[0]):
+        col_rows.append(conv_reference_columns(layer, x[n]))  # (g kd, P)
+    col = np.concatenate(col_rows, axis=1).astype(np.float64)
+    dy = np.random.default_rng(4).normal(size=top[0].shape).astype(np.float32)
+    Co, P = dy.shape[1], dy.shape[2] * dy.shape[3]
+    og, kd = Co // g, layer.kernel_dim
+    want = np.full((Co, kd), 0.25, np.float32)
+    for n0, n1, oh0, oh1 in blocks:  # the block's positions, image by image
+        pos = np.concatenate([np.arange(n * P + oh0 * OW, n * P + oh1 * OW) for n in range(n0, n1)])
+        rows = dy.transpose(1, 0, 2, 3).reshape(Co, -1)[:, pos].astype(np.float64)
+        term = np.concatenate([rows[gi * og:(gi + 1) * og] @ col[gi * kd:(gi + 1) * kd, pos].T for gi in range(g)])
+        want += term.astype(np.float32)
+    assert len(blocks) > 1 if small else len(blocks) == 1
+    want = want.reshape(w.shape)
+    np.testing.assert_array_equal(results[True], want)
+    np.testing.assert_allclose(results[False], want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def conv_reference_columns(layer, image):
+    """im2col of one image (C, H, W) in plain NumPy: (C kh kw, OH OW), Caffe's row order."""
+    geo = layer.geom
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geo.kernel, geo.stride, geo.pad, geo.dilation
+    OH, OW = geo.col_shape
+    C, H, W = image.shape
+    padded = np.zeros((C, H + 2 * ph, W + 2 * pw), np.float32)
+    padded[:, ph:ph + H, pw:pw + W] = image
+    cols = np.empty((C, kh, kw, OH, OW), np.float32)
+    for i in range(kh):
+        for j in range(kw):
+            cols[:, i, j] = padded[:, i * dh:i * dh + sh * OH:sh, j * dw:j * dw + sw * OW:sw][:, :OH, :OW]
+    return cols.reshape(C * kh * kw, OH * OW)

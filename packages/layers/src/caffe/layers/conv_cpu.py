@@ -45,6 +45,8 @@ has AVX2 and FMA (EXACT_GEMM) the exact forward is kernels.exact_gemm: float64 t
 the float32 data as they are loaded, the bias, the rounding and the activation in the tile's store
 (a 1x1 layer's blob read in place, any other's float32 column block); elsewhere the column block is
 lowered straight into float64, multiplied by a float64 GEMM and stored rounded (rows_to_batch_f32).
+Such a layer's weight gradient sums in float64 too (EXACT_WGRAD: kernels.exact_gemm.dots_nt, each block's
+term rounded once onto the diff; without AVX2 and FMA a float64 GEMM).
 """
 from __future__ import annotations
 
@@ -77,6 +79,14 @@ except ImportError:  # pragma: no cover - a source tree without the build
 # The exact short-K forward by kernels.exact_gemm (module doc) where it is vectorized; False, or
 # CAFFE_CONV_EXACT_GEMM=0 in the environment: the float64 lowering and GEMM (benchmarks A/B the two).
 EXACT_GEMM = os.environ.get("CAFFE_CONV_EXACT_GEMM", "1") != "0" and _eg is not None and _eg.supported()
+
+# The weight gradient of a float32 layer whose forward is exact (kernel_dim <= conv_base.EXACT_FORWARD_MAX_K: LeNet's
+# and MobileNet's conv1) sums in float64 too, rounded once: its (C_out, kernel_dim) products are small and their
+# sums long (every output position of the batch: 36,864 at LeNet conv1), where float32 sgemm both rounds the
+# most and runs slowest. kernels.exact_gemm.dots_nt: LeNet conv1's 0.88-0.95 ms (np.matmul) -> 0.23 ms; the
+# LeNet 100-iteration trace then follows Caffe closer (losses within 2.7e-6 instead of 4.8e-6). False, or
+# CAFFE_CONV_EXACT_WGRAD=0: the float32 GEMM (benchmarks A/B the two).
+EXACT_WGRAD = os.environ.get("CAFFE_CONV_EXACT_WGRAD", "1") != "0"
 
 # A block's column buffer holds about this many bytes, but at least MIN_BLOCK_COLS columns. Measured on
 # the 2-core development machine (512 KiB L2 per core, 32 MiB L3): one thread's sgemm gains nothing from
@@ -359,6 +369,8 @@ def blocked_backward(layer, dout, weight, im=None, weight_diff=None, im_diff=Non
     wd3 = weight_diff.reshape(g, og, kd) if weight_diff is not None else None
     bsum = np.zeros(Co, np.float64) if bias_diff is not None else None
     want_rows = weight_diff is not None or im_diff is not None or bias_diff is not None
+    exact_wgrad = (weight_diff is not None and EXACT_WGRAD and weight_diff.dtype == np.float32
+                   and _exact(layer, dout.dtype))
     for n0, n1, oh0, oh1 in b.blocks:
         nb, p0, Pb = n1 - n0, oh0 * b.OW, (oh1 - oh0) * b.OW
         rows = None
@@ -375,7 +387,12 @@ def blocked_backward(layer, dout, weight, im=None, weight_diff=None, im_diff=Non
         if weight_diff is not None or (fwd_out is not None and (not exact_fwd or bf.kernel)):
             one = len(b.blocks) == 1 and kept is not None and kept.dtype == dout.dtype
             col = kept if one else _lowered(layer, b, im, n0, n1, oh0, oh1, dout.dtype)
-        if weight_diff is not None and b.gemm512_backward and weight_diff.dtype == np.float32:
+        if weight_diff is not None and exact_wgrad:
+            if nb == 1:  # rows is dout[n0]'s band of positions p0 .. p0 + Pb - 1, read in place
+                _exact_wgrad(layer, dout.reshape(-1), n0 * Co * P + p0, P, col, Pb, weight_diff)
+            else:
+                _exact_wgrad(layer, rows.reshape(-1), 0, nb * Pb, col, nb * Pb, weight_diff)
+        elif weight_diff is not None and b.gemm512_backward and weight_diff.dtype == np.float32:
             for gi in range(g):  # accumulated in place (beta 1): dout's rows times the transposed column block
                 _gm.gemm(rows[gi * og:(gi + 1) * og], col[gi * kd:(gi + 1) * kd].T, wd3[gi], None, 1)
         elif weight_diff is not None:
@@ -392,6 +409,24 @@ def blocked_backward(layer, dout, weight, im=None, weight_diff=None, im_diff=Non
             _data_block(layer, b, w3, rows, im_diff, n0, n1, oh0, oh1)
     if bsum is not None:
         bias_diff += bsum.astype(bias_diff.dtype, copy=False)
+
+
+def _exact_wgrad(layer, a, a_off, lda, col, K, weight_diff):
+    """weight_diff (G og, kd) += dout's rows (og x K per group: flat a from a_off, lda apart) @ col_g^T, each
+    sum of K products in float64, rounded once (kernels.exact_gemm.dots_nt; without AVX2 and FMA a float64
+    GEMM, the same up to its summation order)."""
+    g, kd = layer.group, layer.kernel_dim
+    og = weight_diff.shape[0] // g
+    wd = weight_diff.reshape(-1)
+    cflat = col.reshape(-1)
+    for gi in range(g):
+        if EXACT_GEMM:
+            _eg.dots_nt(a, a_off + gi * og * lda, lda, cflat, gi * kd * K, K, wd, gi * og * kd, kd, og, kd, K)
+        else:
+            rows = np.lib.stride_tricks.as_strided(a[a_off + gi * og * lda:], (og, K), (lda * 4, 4))
+            acc = rows.astype(np.float64) @ col[gi * kd:(gi + 1) * kd].astype(np.float64).T
+            wd3 = wd.reshape(g, og, kd)
+            wd3[gi] += acc.astype(np.float32)
 
 
 def _data_block(layer, b: Blocks, w3, rows, im_diff, n0, n1, oh0, oh1):

@@ -10,7 +10,8 @@
              chosen at run time for the convolutions' GEMMs (the 1x1 plan's, and the blocked plan's but
              a valid layer's) where NumPy's OpenBLAS runs AVX2 kernels (conv_cpu.GEMM512)
   exact_gemm the exact short-K convolution forward: float64 sums of float32 products, rounded
-             once, from float32 data (AVX2 + FMA; conv_cpu.EXACT_GEMM)
+             once, from float32 data (AVX2 + FMA; conv_cpu.EXACT_GEMM); and such a layer's weight
+             gradient, long float64 sums rounded once (dots_nt; conv_cpu.EXACT_WGRAD)
   pooling    2-D MAX / AVE pooling forward and backward
   elementwise    the neuron layers, Eltwise, Dropout (its SplitMix64 mask), Split's sum, Concat/Slice copies
   channelwise    per-channel operands on (outer, dim, inner): Scale(+Bias), Bias, PReLU, BatchNorm global stats

@@ -40,6 +40,12 @@ doubles) takes each task's first columns, 24 at a time, with the same sums. Each
 straight into out. The sum's order is k = 0, 1, ... from +0, then + bias: the products are exact, so FMA
 and a separate multiply and add give the same bits, and the scalar path (a CPU without AVX2/FMA, or
 simd=False) sums in the same order with the same results.
+
+dots_nt (below) is the same family's other product: the weight gradient of such a layer, dW += dout (C_out x K)
+@ col (kd x K)^T, whose K (every output position of the batch) is long while C_out x kd is small: its sums in
+float64 as 8 partial sums (k mod 8, each in increasing k from +0) added in order, rounded once (conv_cpu's
+EXACT_WGRAD). The products are exact, so the AVX-512 4 x 4 tile, the AVX2 2 x 2 tile and the scalar loop
+agree bit for bit.
 """
 from cython.parallel cimport parallel, prange
 from libc.stdlib cimport malloc, free
@@ -315,6 +321,119 @@ cdef extern from *:
             }
         }
     }
+
+    /* ---- dots_nt: the weight gradient of an exact (short-K) layer: long dot products of float32 rows ----
+       s(m, n) = sum_k a[m][k] b[n][k] in float64 as 8 partial sums p_j over the k = j (mod 8) in increasing k
+       (each from +0), then s = p0 + p1 + ... + p7 in that order; out[m][n] += float32(s). The products are exact
+       in float64, so FMA or not gives the same bits, and so do the AVX-512 tile (a zmm of the 8 partial sums
+       per output), the AVX2 tile (two ymm) and the scalar loop. */
+    static inline double eg_dot8_tail(double p[8]) {
+        double s = p[0];
+        int j;
+        for (j = 1; j < 8; j++)
+            s += p[j];
+        return s;
+    }
+    static double eg_dot8_scalar(const float* a, const float* b, ptrdiff_t K) {
+        double p[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        ptrdiff_t k;
+        int j;
+        for (k = 0; k + 8 <= K; k += 8)
+            for (j = 0; j < 8; j++)
+                p[j] += (double)a[k + j] * (double)b[k + j];
+        for (j = 0; k + j < K; j++)
+            p[j] += (double)a[k + j] * (double)b[k + j];
+        return eg_dot8_tail(p);
+    }
+    #if EG_X86
+    /* 4 x 4 outputs (rows a[i], b[j]; an edge tile repeats its last row and drops those outputs) */
+    static EG_TARGET512 void eg_dots_tile512(const float* const* a, const float* const* b, ptrdiff_t K, double s[4][4]) {
+        __m512d acc[4][4], av[4], bv[4];
+        ptrdiff_t k;
+        int i, j;
+        for (i = 0; i < 4; i++)
+            for (j = 0; j < 4; j++)
+                acc[i][j] = _mm512_setzero_pd();
+        for (k = 0; k + 8 <= K; k += 8) {
+            for (i = 0; i < 4; i++)
+                av[i] = _mm512_cvtps_pd(_mm256_loadu_ps(a[i] + k));
+            for (j = 0; j < 4; j++)
+                bv[j] = _mm512_cvtps_pd(_mm256_loadu_ps(b[j] + k));
+            for (i = 0; i < 4; i++)
+                for (j = 0; j < 4; j++)
+                    acc[i][j] = _mm512_fmadd_pd(av[i], bv[j], acc[i][j]);
+        }
+        double p[8];
+        int t;
+        for (i = 0; i < 4; i++)
+            for (j = 0; j < 4; j++) {
+                _mm512_storeu_pd(p, acc[i][j]);
+                for (t = 0; k + t < K; t++)  /* the last K % 8, in the scalar loop's order */
+                    p[t] += (double)a[i][k + t] * (double)b[j][k + t];
+                s[i][j] = eg_dot8_tail(p);
+            }
+    }
+    /* 2 x 2 outputs, each partial-sum vector in two ymm (lanes 0-3, 4-7) */
+    static EG_TARGET void eg_dots_tile256(const float* const* a, const float* const* b, ptrdiff_t K, double s[2][2]) {
+        __m256d lo[2][2], hi[2][2], al[2], ah[2], bl[2], bh[2];
+        ptrdiff_t k;
+        int i, j;
+        for (i = 0; i < 2; i++)
+            for (j = 0; j < 2; j++)
+                lo[i][j] = hi[i][j] = _mm256_setzero_pd();
+        for (k = 0; k + 8 <= K; k += 8) {
+            for (i = 0; i < 2; i++) {
+                al[i] = _mm256_cvtps_pd(_mm_loadu_ps(a[i] + k));
+                ah[i] = _mm256_cvtps_pd(_mm_loadu_ps(a[i] + k + 4));
+                bl[i] = _mm256_cvtps_pd(_mm_loadu_ps(b[i] + k));
+                bh[i] = _mm256_cvtps_pd(_mm_loadu_ps(b[i] + k + 4));
+            }
+            for (i = 0; i < 2; i++)
+                for (j = 0; j < 2; j++) {
+                    lo[i][j] = _mm256_fmadd_pd(al[i], bl[j], lo[i][j]);
+                    hi[i][j] = _mm256_fmadd_pd(ah[i], bh[j], hi[i][j]);
+                }
+        }
+        double p[8];
+        int t;
+        for (i = 0; i < 2; i++)
+            for (j = 0; j < 2; j++) {
+                _mm256_storeu_pd(p, lo[i][j]);
+                _mm256_storeu_pd(p + 4, hi[i][j]);
+                for (t = 0; k + t < K; t++)  /* the last K % 8, in the scalar loop's order */
+                    p[t] += (double)a[i][k + t] * (double)b[j][k + t];
+                s[i][j] = eg_dot8_tail(p);
+            }
+    }
+    #endif
+    /* tile number t of the (M / r) x (N / r) tiles of side r (4: AVX-512, 2: AVX2, 1: scalar) */
+    static void eg_dots_task(const float* a, ptrdiff_t lda, const float* b, ptrdiff_t ldb, float* out, ptrdiff_t ldo,
+                             ptrdiff_t M, ptrdiff_t N, ptrdiff_t K, int simd, ptrdiff_t t) {
+        int r = simd == 2 ? 4 : simd == 1 ? 2 : 1, i, j;
+        ptrdiff_t ntn = (N + r - 1) / r, m0 = (t / ntn) * r, n0 = (t % ntn) * r;
+        const float* ar[4];
+        const float* br[4];
+        double s[4][4];
+        for (i = 0; i < r; i++) {
+            ar[i] = a + (m0 + i < M ? m0 + i : M - 1) * lda;
+            br[i] = b + (n0 + i < N ? n0 + i : N - 1) * ldb;
+        }
+    #if EG_X86
+        if (simd == 2) {
+            eg_dots_tile512(ar, br, K, s);
+        } else if (simd == 1) {
+            double s2[2][2];
+            eg_dots_tile256(ar, br, K, s2);
+            for (i = 0; i < 2; i++)
+                for (j = 0; j < 2; j++)
+                    s[i][j] = s2[i][j];
+        } else
+    #endif
+            s[0][0] = eg_dot8_scalar(ar[0], br[0], K);
+        for (i = 0; i < r && m0 + i < M; i++)
+            for (j = 0; j < r && n0 + j < N; j++)
+                out[(m0 + i) * ldo + n0 + j] += (float)s[i][j];
+    }
     """
     ctypedef struct eg_args:
         const float* w
@@ -331,6 +450,8 @@ cdef extern from *:
     int eg_avx512_supported() nogil
     void eg_pack_weights(eg_args* e) nogil
     void eg_task(const eg_args* e, Py_ssize_t t, double* panel) nogil
+    void eg_dots_task(const float* a, Py_ssize_t lda, const float* b, Py_ssize_t ldb, float* out, Py_ssize_t ldo,
+                      Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, int simd, Py_ssize_t t) nogil
     int EG_MR, EG_NR
 
 
@@ -422,3 +543,39 @@ def gemm(const float[::1] w, const float[::1] col, float[::1] out, const float[:
                     free(panel)
     finally:
         free(e.wp)
+
+
+def _fits(str name, Py_ssize_t size, Py_ssize_t off, Py_ssize_t ld, Py_ssize_t rows, Py_ssize_t cols):
+    if off < 0 or ld < cols or (rows > 0 and cols > 0 and off + (rows - 1) * ld + cols > size):
+        raise ValueError(f"exact_gemm.dots_nt: {name} ({size} elements) does not hold {rows} rows of {cols} from "
+                         f"offset {off}, {ld} apart")
+
+
+def dots_nt(const float[::1] a, Py_ssize_t a_off, Py_ssize_t lda, const float[::1] b, Py_ssize_t b_off,
+            Py_ssize_t ldb, float[::1] out, Py_ssize_t out_off, Py_ssize_t ldo, Py_ssize_t M, Py_ssize_t N,
+            Py_ssize_t K, bint simd=True):
+    """out[out_off + m ldo + n] += float32(sum_k a[a_off + m lda + k] b[b_off + n ldb + k]) for m < M, n < N:
+    the weight gradient of an exact (short-K) layer, dW += dout (M x K) @ col (N x K)^T, its long sums in
+    float64 (the C block's doc: 8 partial sums, k mod 8, then in order). simd=False: the scalar loop (the
+    same bits)."""
+    cdef Py_ssize_t t, ntask, r
+    cdef int mode
+    if min(M, N, K) < 0:
+        raise ValueError("exact_gemm.dots_nt: sizes must not be negative")
+    _fits("a", a.shape[0], a_off, lda, M, K)
+    _fits("b", b.shape[0], b_off, ldb, N, K)
+    _fits("out", out.shape[0], out_off, ldo, M, N)
+    if M == 0 or N == 0:
+        return
+    mode = (2 if AVX512 and eg_avx512_supported() else 1) if simd and eg_supported() else 0
+    r = 4 if mode == 2 else 2 if mode == 1 else 1
+    ntask = ((M + r - 1) // r) * ((N + r - 1) // r)
+    cdef const float* ap = &a[a_off] if K else <const float*>NULL
+    cdef const float* bp = &b[b_off] if K else <const float*>NULL
+    cdef float* op = &out[out_off]
+    cdef int nt = _threads(M * N * K // 16)
+    if nt > ntask:
+        nt = <int>ntask
+    with nogil:
+        for t in prange(ntask, schedule="dynamic", num_threads=nt):
+            eg_dots_task(ap, lda, bp, ldb, op, ldo, M, N, K, mode, t)
