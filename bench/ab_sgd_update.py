@@ -1,6 +1,6 @@
-"""A/B in one process: a solver's ApplyUpdate (L2 decay 0.0005, momentum 0.9) fused (kernels.update: one pass
+"""A/B in one process: a solver's ApplyUpdate (L2 decay 0.0005, momentum 0.9 where it takes one) fused (kernels.update: one pass
 per parameter) and by the array passes (Regularize, ComputeUpdateValue, Net.Update), interleaved, on
-bench_nets' training nets, for SGD, Nesterov and Adam. Also a whole solver step (clear diffs, forward,
+bench_nets' training nets, for any of the six solvers (--solvers). Also a whole solver step (clear diffs, forward,
 backward, update) each way. Run from the repo root:
 
     python bench/ab_sgd_update.py [--rounds 5] [--nets lenet,caffenet] [--solvers SGD,Nesterov,Adam]
@@ -43,7 +43,8 @@ def main() -> int:
         dshape, lshape, n = SHAPES[name]
         sp = caffe_pb2.SolverParameter()
         sp.net_param.CopyFrom(bench_nets.dummy_data_net(bench_nets.NETS[name][0], dshape, lshape))
-        sp.type, sp.base_lr, sp.momentum, sp.weight_decay, sp.lr_policy = solver_type, 0.01, 0.9, 0.0005, "fixed"
+        sp.type, sp.base_lr, sp.weight_decay, sp.lr_policy = solver_type, 0.01, 0.0005, "fixed"
+        sp.momentum = 0.0 if solver_type in ("AdaGrad", "RMSProp") else 0.9  # (those two take none in Caffe)
         sp.max_iter, sp.display, sp.snapshot_after_train = 10 ** 6, 0, False
         solver = get_solver(sp)
         solver.net.ForwardBackward()

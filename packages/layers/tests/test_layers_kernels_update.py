@@ -1,4 +1,4 @@
-"""kernels.update.sgd_step against the passes it replaces (caffe-solver's SGDSolver: Regularize,
+"""kernels.update's steps against the passes they replace (caffe-solver's solvers: Regularize, each solver's
 ComputeUpdateValue, Net.Update), in NumPy with the parameter's dtype: the same bits, NaN and infinities too."""
 import numpy as np
 import pytest
@@ -61,6 +61,48 @@ def adam_passes(w, g, m, v, decay, beta1, beta2, eps, rate_correction):
     return w, g, m, v
 
 
+def adagrad_passes(w, g, h, decay, delta, rate):
+    w, g, h = w.copy(), g.copy(), h.copy()
+    with np.errstate(all="ignore"):
+        if decay:
+            g = np.add(g, np.multiply(w, decay))
+        h = np.add(h, np.square(g))
+        u = np.divide(g, np.add(np.sqrt(h), delta))
+        g[...] = np.multiply(u, rate)
+        w = np.subtract(w, g)
+    return w, g, h
+
+
+def rmsprop_passes(w, g, h, decay, rms_decay, delta, rate):
+    w, g, h = w.copy(), g.copy(), h.copy()
+    with np.errstate(all="ignore"):
+        if decay:
+            g = np.add(g, np.multiply(w, decay))
+        u = np.square(g)
+        h = np.multiply(h, rms_decay)
+        u = np.multiply(u, type(rms_decay)(1) - rms_decay)
+        h = np.add(h, u)
+        u = np.divide(g, np.add(np.sqrt(h), delta))
+        g[...] = np.multiply(u, rate)
+        w = np.subtract(w, g)
+    return w, g, h
+
+
+def adadelta_passes(w, g, h, h2, decay, momentum, delta, rate):
+    w, g, h, h2 = w.copy(), g.copy(), h.copy(), h2.copy()
+    one_minus = type(momentum)(1) - momentum
+    with np.errstate(all="ignore"):
+        if decay:
+            g = np.add(g, np.multiply(w, decay))
+        h = np.add(np.multiply(h, momentum), np.multiply(np.square(g), one_minus))
+        u = np.sqrt(np.divide(np.add(h2, delta), np.add(h, delta)))
+        g = np.multiply(g, u)
+        h2 = np.add(np.multiply(h2, momentum), np.multiply(np.square(g), one_minus))
+        g = np.multiply(g, rate)
+        w = np.subtract(w, g)
+    return w, g, h, h2
+
+
 def same_bits(got, want):
     for i, (a, b) in enumerate(zip(got, want)):
         np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8), err_msg=f"array {i}")
@@ -121,3 +163,26 @@ def test_adam_step_is_the_passes_bit_for_bit(n, dtype, seed, decay, beta1, beta2
     want = adam_passes(w, g, m, v, *args)
     update.adam_step(w, g, m, v, *args)
     same_bits((w, g, m, v), want)
+
+
+@pytest.mark.parametrize("kind", ["adagrad", "rmsprop", "adadelta"])
+@given(n=st.sampled_from([0, 1, 7, 16385, 50001]), dtype=st.sampled_from([np.float32, np.float64]),
+       seed=st.integers(0, 2**31 - 1), decay=st.sampled_from([0.0, 0.0005]), a=st.sampled_from([0.5, 0.9, 0.98]),
+       delta=st.sampled_from([1e-8, 1e-6, 0.1]), rate=st.sampled_from([0.01, 1.0]))
+def test_the_adaptive_steps_are_the_passes_bit_for_bit(kind, n, dtype, seed, decay, a, delta, rate):
+    rng = np.random.default_rng(seed)
+    w, g = (special(rng, n, dtype) for _ in range(2))
+    h, h2 = (np.abs(special(rng, n, dtype)) for _ in range(2))  # squares' averages: not negative
+    decay, a, delta, rate = dtype(decay), dtype(a), dtype(delta), dtype(rate)
+    if kind == "adagrad":
+        want = adagrad_passes(w, g, h, decay, delta, rate)
+        update.adagrad_step(w, g, h, decay, delta, rate)
+        same_bits((w, g, h), want)
+    elif kind == "rmsprop":
+        want = rmsprop_passes(w, g, h, decay, a, delta, rate)
+        update.rmsprop_step(w, g, h, decay, a, delta, rate)
+        same_bits((w, g, h), want)
+    else:
+        want = adadelta_passes(w, g, h, h2, decay, a, delta, rate)
+        update.adadelta_step(w, g, h, h2, decay, a, delta, rate)
+        same_bits((w, g, h, h2), want)

@@ -1,10 +1,10 @@
-"""The fused steps of momentum SGD, Nesterov and Adam (kernels.update: Regularize, ComputeUpdateValue and
-Net.Update in one pass) against the passes they replace, through whole solver steps: the same data, diff and
+"""The fused steps of the six solvers (kernels.update: Regularize, ComputeUpdateValue and Net.Update in one
+pass) against the passes they replace, through whole solver steps: the same data, diff and
 history bits; and the cases that keep the passes (another solver, L1 decay, a replaced Net.Update or step,
 debug info, GPU mode)."""
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 pytest.importorskip("caffe.net", reason="caffe-net (caffe.net.Net) is not installed")
 pytest.importorskip("caffe.layers.kernels.update", reason="the compiled kernels are not built")
@@ -35,13 +35,30 @@ def state(solver):
 
 
 @settings(max_examples=15)
-@given(solver_type=st.sampled_from(["SGD", "Nesterov", "Adam"]), seed=st.integers(0, 2**16),
+@given(solver_type=st.sampled_from(["SGD", "Nesterov", "Adam", "AdaGrad", "RMSProp", "AdaDelta"]),
+       seed=st.integers(0, 2**16),
        momentum=st.sampled_from([0.0, 0.9]),
        weight_decay=st.sampled_from([0.0, 0.01]), iter_size=st.integers(1, 2), share=st.booleans(),
        clip=st.sampled_from([-1.0, 0.5]), lr_policy=st.sampled_from(["fixed", "inv"]))
+@example(solver_type="SGD", seed=0, momentum=0.9, weight_decay=0.01, iter_size=1, share=False,
+         clip=0.5, lr_policy="fixed")
+@example(solver_type="Nesterov", seed=1, momentum=0.9, weight_decay=0.01, iter_size=2, share=True,
+         clip=-1.0, lr_policy="inv")
+@example(solver_type="Adam", seed=2, momentum=0.9, weight_decay=0.01, iter_size=1, share=False,
+         clip=-1.0, lr_policy="fixed")
+@example(solver_type="AdaGrad", seed=3, momentum=0.9, weight_decay=0.01, iter_size=2, share=True,
+         clip=0.5, lr_policy="inv")
+@example(solver_type="RMSProp", seed=4, momentum=0.9, weight_decay=0.01, iter_size=1, share=False,
+         clip=-1.0, lr_policy="fixed")
+@example(solver_type="AdaDelta", seed=5, momentum=0.9, weight_decay=0.01, iter_size=2, share=True,
+         clip=-1.0, lr_policy="inv")
 def test_the_fused_step_is_the_passes_bit_for_bit(solver_type, seed, momentum, weight_decay, iter_size, share, clip,
                                                   lr_policy):
-    fields = dict(type=solver_type, base_lr=0.1, momentum2=0.99, delta=1e-6, momentum=momentum, weight_decay=weight_decay, iter_size=iter_size,
+    if solver_type in ("AdaGrad", "RMSProp"):
+        momentum = 0.0  # (Caffe refuses momentum for these)
+    elif solver_type == "AdaDelta" and momentum == 0.0:
+        momentum = 0.95
+    fields = dict(type=solver_type, base_lr=0.1, momentum2=0.99, delta=1e-6, rms_decay=0.98, momentum=momentum, weight_decay=weight_decay, iter_size=iter_size,
                   clip_gradients=clip, lr_policy=lr_policy, gamma=0.1, power=0.75, max_iter=10)
     fused = build(seed, share, **fields)
     assert fused._fused()
@@ -61,7 +78,13 @@ def test_the_cases_that_keep_the_passes():
     assert build(1, type="Nesterov", base_lr=0.1, momentum=0.9)._fused()
     assert build(1, type="Adam", base_lr=0.01, momentum=0.9)._fused()
     for other in ("AdaGrad", "RMSProp", "AdaDelta"):
-        assert not build(1, type=other, base_lr=0.1, momentum=0.0 if other != "AdaDelta" else 0.9)._fused()
+        assert build(1, type=other, base_lr=0.1, momentum=0.0 if other != "AdaDelta" else 0.9)._fused()
+
+    class Mine(sgd_solver.SGDSolver):  # a solver of one's own (its step replaced): the passes
+        def ComputeUpdateValue(self, i, rate):
+            super().ComputeUpdateValue(i, rate)
+    context.set_random_seed(1)
+    assert not Mine(solver_param(least_squares_net(NUM, DIM), base_lr=0.1, lr_policy="fixed"))._fused()
     assert not build(1, type="SGD", base_lr=0.1, weight_decay=0.01, regularization_type="L1")._fused()
     assert build(1, type="SGD", base_lr=0.1, weight_decay=0.0, regularization_type="L1")._fused()  # no decay
     s = build(1, type="SGD", base_lr=0.1)

@@ -10,6 +10,7 @@ gradients, [N, 2N) the running mean of squared updates (momentum is the decay):
 """
 from caffe.blob import Blob
 from caffe.solver.registry import register_solver
+from caffe.solver import sgd_solver
 from caffe.solver.sgd_solver import SGDSolver
 
 
@@ -53,3 +54,12 @@ class AdaDeltaSolver(SGDSolver):
         xp.multiply(u, one_minus, out=u)
         xp.add(h2, u, out=h2)
         xp.multiply(g, local_rate, out=g)
+
+    _fused_compute = ComputeUpdateValue  # what _fused_step reproduces (SGDSolver._fused)
+
+    def _fused_step(self, i: int, rate) -> None:
+        n = len(self.net.learnable_params)
+        sgd_solver._update.adadelta_step(*self._flat(i), self.history[i].mutable_cpu_data().reshape(-1),
+                                         self.history[n + i].mutable_cpu_data().reshape(-1), self._local_decay(i),
+                                         self._scalar(self.param.momentum, i), self._scalar(self.param.delta, i),
+                                         self.local_rate(i, rate))

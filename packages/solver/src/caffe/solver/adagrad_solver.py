@@ -4,6 +4,7 @@
 """
 from caffe.solver.params import SolverError
 from caffe.solver.registry import register_solver
+from caffe.solver import sgd_solver
 from caffe.solver.sgd_solver import SGDSolver
 
 
@@ -30,3 +31,10 @@ class AdaGradSolver(SGDSolver):
         xp.add(u, delta, out=u)
         xp.divide(g, u, out=u)
         xp.multiply(u, local_rate, out=g)
+
+    _fused_compute = ComputeUpdateValue  # what _fused_step reproduces (SGDSolver._fused)
+
+    def _fused_step(self, i: int, rate) -> None:
+        sgd_solver._update.adagrad_step(*self._flat(i), self.history[i].mutable_cpu_data().reshape(-1),
+                                        self._local_decay(i), self._scalar(self.param.delta, i),
+                                        self.local_rate(i, rate))

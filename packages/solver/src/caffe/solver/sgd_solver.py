@@ -3,8 +3,8 @@
 ApplyUpdate = GetLearningRate, ClipGradients, then per learnable parameter Normalize
 (1/iter_size), Regularize (L2 / L1 weight decay times the param's decay_mult) and
 ComputeUpdateValue (momentum SGD here; the other solvers override it), then net.Update()
-(data -= diff). On the CPU, SGD, Nesterov and Adam with L2 decay (or none) run Regularize, ComputeUpdateValue
-and Net.Update in one pass per parameter (caffe-layers' kernels.update, the same bits; see _fused).
+(data -= diff). On the CPU, every solver with L2 decay (or none) runs Regularize, ComputeUpdateValue and
+Net.Update in one pass per parameter (caffe-layers' kernels.update, the same bits; see _fused).
 
 The arithmetic runs on whichever array module holds the data (NumPy on CPU, CuPy in GPU
 mode), in place, with `out=` and preallocated `update_` / `temp_` blobs as in Caffe, so
@@ -105,7 +105,7 @@ class SGDSolver(Solver):
     def _fused(self) -> bool:
         """Whether every parameter takes _fused_step: Regularize, ComputeUpdateValue and Net.Update in one pass
         of caffe-layers' kernels.update, the same bits (its module doc; CaffeNet's SGD update 119 -> 28 ms). It
-        needs a solver whose ComputeUpdateValue is the one its _fused_step reproduces (SGD, Nesterov, Adam; not
+        needs a solver whose ComputeUpdateValue is the one its _fused_step reproduces (the six solvers' own, not
         one a subclass or the instance replaced, nor a replaced Regularize), L2 decay (or none), the CPU,
         float32 / float64 parameters and history of one dtype each, Net's own Update (not one a subclass or
         the instance replaced: that is then called) and no net debug info (Net.Update logs what it changes);

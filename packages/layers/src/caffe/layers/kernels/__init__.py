@@ -18,7 +18,7 @@
   normalization  BatchNorm with batch statistics (sums in double), LRN across channels
   softmax        Softmax forward / backward, SoftmaxWithLoss's gradient
   rng            the gaussian fill (gaussian / msra fillers, DummyData): counter-based Box-Muller from a seed
-  update         the solvers' parameter updates in one pass (SGD, Nesterov, Adam: caffe-solver's on the CPU)
+  update         the solvers' parameter updates in one pass (the six solvers: caffe-solver's on the CPU)
   skinny_gemm    InnerProduct's three products at a short batch (1-16 rows): one pass over the
                  weights (float32)
   *_avx2, *_avx512  the same sources compiled for AVX2 / AVX-512 (elementwise_avx2.pyx ...), chosen at

@@ -1,7 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 # distutils: extra_compile_args = -fno-math-errno -fno-trapping-math -ffp-contract=off
-"""The solvers' parameter updates in one pass over a parameter's data, diff and history (caffe-solver's SGD,
-Nesterov and Adam solvers call them on the CPU; here because this package builds the compiled kernels).
+"""The solvers' parameter updates in one pass over a parameter's data, diff and history (caffe-solver's six
+solvers call them on the CPU; here because this package builds the compiled kernels).
 
 Caffe's momentum SGD step for one parameter is five array passes (Regularize: t = decay w, g += t;
 ComputeUpdateValue: h = momentum h + rate g, g = h; Net::Update: w -= g), each reading and writing whole
@@ -124,5 +124,87 @@ def adam_step(real[::1] w, real[::1] g, real[::1] m, real[::1] v, real decay, re
                 u = (mi / (_sqrt(vi) + eps)) * rate_correction
                 mp[i] = mi
                 vp[i] = vi
+                gp[i] = u
+                wp[i] = wp[i] - u
+
+
+def adagrad_step(real[::1] w, real[::1] g, real[::1] h, real decay, real delta, real rate):
+    """AdaGradSolver's step, per element in its order: g += decay * w (unless decay == 0); h = h + g * g;
+    g = (g / (sqrt(h) + delta)) * rate; w -= g."""
+    cdef Py_ssize_t n = _check("adagrad_step", w.shape[0], (g, h)), c, i, lo, hi
+    if n == 0:
+        return
+    cdef real* wp = &w[0]
+    cdef real* gp = &g[0]
+    cdef real* hp = &h[0]
+    cdef real gi, hn, u
+    cdef bint decayed = decay != 0
+    cdef int nt = _threads(n)
+    with nogil:
+        for c in prange((n + CHUNK - 1) // CHUNK, schedule="static", num_threads=nt):
+            lo = c * CHUNK
+            hi = lo + CHUNK if lo + CHUNK < n else n
+            for i in range(lo, hi):
+                gi = gp[i] + wp[i] * decay if decayed else gp[i]
+                hn = hp[i] + gi * gi
+                u = (gi / (_sqrt(hn) + delta)) * rate
+                hp[i] = hn
+                gp[i] = u
+                wp[i] = wp[i] - u
+
+
+def rmsprop_step(real[::1] w, real[::1] g, real[::1] h, real decay, real rms_decay, real delta, real rate):
+    """RMSPropSolver's step, per element in its order: g += decay * w (unless decay == 0);
+    h = rms_decay * h + (1 - rms_decay) * (g * g); g = (g / (sqrt(h) + delta)) * rate; w -= g."""
+    cdef Py_ssize_t n = _check("rmsprop_step", w.shape[0], (g, h)), c, i, lo, hi
+    if n == 0:
+        return
+    cdef real* wp = &w[0]
+    cdef real* gp = &g[0]
+    cdef real* hp = &h[0]
+    cdef real gi, hn, u
+    cdef real keep = <real>1 - rms_decay
+    cdef bint decayed = decay != 0
+    cdef int nt = _threads(n)
+    with nogil:
+        for c in prange((n + CHUNK - 1) // CHUNK, schedule="static", num_threads=nt):
+            lo = c * CHUNK
+            hi = lo + CHUNK if lo + CHUNK < n else n
+            for i in range(lo, hi):
+                gi = gp[i] + wp[i] * decay if decayed else gp[i]
+                hn = hp[i] * rms_decay + (gi * gi) * keep
+                u = (gi / (_sqrt(hn) + delta)) * rate
+                hp[i] = hn
+                gp[i] = u
+                wp[i] = wp[i] - u
+
+
+def adadelta_step(real[::1] w, real[::1] g, real[::1] h, real[::1] h2, real decay, real momentum, real delta,
+                  real rate):
+    """AdaDeltaSolver's step, per element in its order: g += decay * w (unless decay == 0);
+    h = momentum * h + (1 - momentum) * (g * g); g = g * sqrt((h2 + delta) / (h + delta));
+    h2 = momentum * h2 + (1 - momentum) * (g * g); g = g * rate; w -= g."""
+    cdef Py_ssize_t n = _check("adadelta_step", w.shape[0], (g, h, h2)), c, i, lo, hi
+    if n == 0:
+        return
+    cdef real* wp = &w[0]
+    cdef real* gp = &g[0]
+    cdef real* hp = &h[0]
+    cdef real* h2p = &h2[0]
+    cdef real gi, hn, u
+    cdef real one_minus = <real>1 - momentum
+    cdef bint decayed = decay != 0
+    cdef int nt = _threads(n)
+    with nogil:
+        for c in prange((n + CHUNK - 1) // CHUNK, schedule="static", num_threads=nt):
+            lo = c * CHUNK
+            hi = lo + CHUNK if lo + CHUNK < n else n
+            for i in range(lo, hi):
+                gi = gp[i] + wp[i] * decay if decayed else gp[i]
+                hn = hp[i] * momentum + (gi * gi) * one_minus
+                u = gi * _sqrt((h2p[i] + delta) / (hn + delta))
+                h2p[i] = h2p[i] * momentum + (u * u) * one_minus
+                hp[i] = hn
+                u = u * rate
                 gp[i] = u
                 wp[i] = wp[i] - u
