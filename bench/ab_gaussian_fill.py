@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -28,15 +27,6 @@ def numpy_normal(rng, mean, std, shape, dt, out=None):
     if out is not None:
         out[...] = values.reshape(-1)
     return values
-
-
-def median_ms(fn, n):
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
 
 
 def main() -> int:
@@ -57,8 +47,8 @@ def main() -> int:
         for _ in range(args.rounds):
             for name, fn in sides.items():
                 filler._normal = fn
-                fb[name].append(median_ms(net.ForwardBackward, args.steps))
-                data[name].append(median_ms(lambda: layer.Forward(bottom, top), 100))
+                fb[name].append(bench_nets.median_ms(net.ForwardBackward, args.steps))
+                data[name].append(bench_nets.median_ms(lambda: layer.Forward(bottom, top), 100))
     finally:
         filler._normal = sides["kernels.rng"]
     for name in sides:

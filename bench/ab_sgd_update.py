@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -21,15 +20,6 @@ from caffe.solver import get_solver, sgd_solver  # noqa: E402
 
 SHAPES = {"lenet": ((64, 1, 28, 28), (64,), 50), "caffenet": ((8, 3, 227, 227), (8,), 5),
           "cifar10_quick": ((100, 3, 32, 32), (100,), 20)}
-
-
-def median_ms(fn, n):
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
 
 
 def main() -> int:
@@ -55,8 +45,8 @@ def main() -> int:
                 for side, mod in (("fused", kernel), ("passes", None)):
                     sgd_solver._update = mod
                     assert solver._fused() == (mod is not None)
-                    res[side][0].append(median_ms(solver.ApplyUpdate, n))
-                    res[side][1].append(median_ms(lambda: solver.step(1), max(3, n // 5)))
+                    res[side][0].append(bench_nets.median_ms(solver.ApplyUpdate, n))
+                    res[side][1].append(bench_nets.median_ms(lambda: solver.step(1), max(3, n // 5)))
         finally:
             sgd_solver._update = kernel
         print(f"{name} ({count / 1e6:.2f} M parameters), {solver_type}:")

@@ -126,27 +126,27 @@ def in_process(net_param, repeats: int, warmup: int) -> tuple[float, object]:
     return time_steps(net, repeats, warmup), net
 
 
-def time_steps(net, repeats: int, warmup: int) -> float:
-    """Median ms of net.ForwardBackward() over repeats calls after warmup."""
+def median_ms(fn, repeats: int, warmup: int = 0) -> float:
+    """Median ms of fn() over repeats calls after warmup (the A/B scripts use it too)."""
     times = []
     for r in range(warmup + repeats):
         t = time.perf_counter()
-        net.ForwardBackward()
+        fn()
         if r >= warmup:
             times.append((time.perf_counter() - t) * 1e3)
     return statistics.median(times)
+
+
+def time_steps(net, repeats: int, warmup: int) -> float:
+    """Median ms of net.ForwardBackward() over repeats calls after warmup."""
+    return median_ms(net.ForwardBackward, repeats, warmup)
 
 
 def dummy_data_ms(net, repeats: int) -> float:
     """Median ms of the DummyData layer's forward alone (its gaussian refill)."""
     i = [layer.type for layer in net.layers].index("DummyData")
     layer, bottom, top = net.layers[i], net.bottom_vecs[i], net.top_vecs[i]
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        layer.Forward(bottom, top)
-        times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
+    return median_ms(lambda: layer.Forward(bottom, top), repeats)
 
 
 def torch_twin_ms(net, net_param, runner, tmp: Path):
