@@ -238,6 +238,33 @@ def test_update_and_clear_param_diffs():
     assert all(not p.diff.any() for p in net.learnable_params)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_clear_param_diffs_zeroes_large_and_small_diffs_to_plus_zero(dtype, monkeypatch):
+    """Diffs of 1 MB and more are cleared by libc's memset (net._MEMSET_MIN_BYTES), smaller ones by NumPy: either
+    way every element is +0.0, whatever it held (NaN, -0.0, inf), shared diffs included."""
+    from caffe.net import net as net_module
+    text = "\n".join([
+        'name: "wide"', input_layer("input", {"data": (2, 600)}),
+        'layer { name: "ip" type: "InnerProduct" bottom: "data" top: "a" param { name: "w" } '
+        'inner_product_param { num_output: 500 } }',
+        'layer { name: "ip2" type: "InnerProduct" bottom: "data" top: "b" param { name: "w" } '
+        'inner_product_param { num_output: 500 } }',
+        'layer { name: "small" type: "InnerProduct" bottom: "data" top: "c" inner_product_param { num_output: 3 } }',
+    ])
+    for threshold in (1 << 20, 1 << 40):  # the memset path for the 500 x 600 weights, then NumPy's for all
+        monkeypatch.setattr(net_module, "_MEMSET_MIN_BYTES", threshold)
+        net = Net(text, caffe.TRAIN, dtype=dtype)
+        for p in net.learnable_params:
+            d = p.diff
+            d[...] = -1.5
+            d.reshape(-1)[:3] = [np.nan, -0.0, np.inf]
+        assert net.params["ip2"][0].diff[0, 0] != net.params["ip2"][0].diff[0, 0]  # shared with ip's: NaN
+        net.ClearParamDiffs()
+        for p in net.learnable_params:
+            assert not p.diff.any() and not np.signbit(p.diff).any()
+        assert not net.params["ip2"][0].diff.any()
+
+
 def test_callbacks_run_around_every_layer():
     net = make_tiny()
     calls = []
