@@ -27,7 +27,7 @@ from caffe.solver import state_io
 
 log = logging.getLogger("caffe.solver")
 
-try:  # the fused momentum-SGD step (built with caffe-layers' kernels)
+try:  # the solvers' fused steps (built with caffe-layers' kernels)
     from caffe.layers.kernels import update as _update
 except ImportError:  # pragma: no cover - a source tree without the build
     _update = None
@@ -120,6 +120,7 @@ class SGDSolver(Solver):
                 and all(h.dtype == params[i % len(params)].dtype for i, h in enumerate(self.history)))
 
     def _local_decay(self, i: int):
+        """weight_decay times the parameter's decay_mult, in its dtype."""
         return self._scalar(self.param.weight_decay, i) * self._scalar(self.net.params_weight_decay[i], i)
 
     def _flat(self, i: int):
@@ -159,7 +160,7 @@ class SGDSolver(Solver):
 
     def Regularize(self, i: int) -> None:
         p = self.net.learnable_params[i]
-        local_decay = self._scalar(self.param.weight_decay, i) * self._scalar(self.net.params_weight_decay[i], i)
+        local_decay = self._local_decay(i)
         if not local_decay:
             return
         xp = self._xp()
