@@ -154,3 +154,18 @@ def test_a_non_contiguous_target_gets_the_same_values(seed):
     want = np.empty(24, np.float32)
     filler._fill_normal(context.rng(), 0.0, 1.0, want)
     np.testing.assert_array_equal(data.reshape(-1), want)
+
+
+@given(seed=SEEDS, first=st.integers(1, 2**40), n=st.integers(0, 20))
+def test_splitmix_outputs_are_the_definition(seed, first, n):
+    """caffe.layers.splitmix.outputs against SplitMix64 written out on Python integers."""
+    from caffe.layers import splitmix
+    M = (1 << 64) - 1
+    want = []
+    for k in range(first, first + n):
+        z = (seed + k * 0x9E3779B97F4A7C15) & M
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M
+        want.append(z ^ (z >> 31))
+    got = splitmix.outputs(seed, np.arange(first, first + n, dtype=np.uint64))
+    assert [int(v) for v in got] == want

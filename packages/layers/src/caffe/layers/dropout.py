@@ -16,13 +16,10 @@ the seed crosses to the device) and applies it there.
 import numpy as np
 
 from caffe.blob import context
-from caffe.layers import _cpu
+from caffe.layers import _cpu, splitmix
 from caffe.layers.layer import NeuronLayer
 from caffe.layers.registry import register_layer
 from caffe.proto import caffe_pb2
-
-_GAMMA = np.uint64(0x9E3779B97F4A7C15)
-
 
 def mask_threshold(ratio: float) -> int:
     """The 16-bit threshold below which an element is dropped: P(keep) = 1 - ratio (within 2^-17)."""
@@ -32,11 +29,7 @@ def mask_threshold(ratio: float) -> int:
 def mask_reference(seed: int, count: int, threshold: int, xp=np):
     """The dropout mask (uint8 0/1) in NumPy (or CuPy: the same bits drawn on the device): what
     kernels.elementwise.dropout_forward draws."""
-    with np.errstate(over="ignore"):
-        z = np.uint64(seed) + (xp.arange((count + 3) // 4, dtype=np.uint64) + np.uint64(1)) * _GAMMA
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z = z ^ (z >> np.uint64(31))
+    z = splitmix.outputs(seed, xp.arange(1, (count + 3) // 4 + 1, dtype=np.uint64))
     bits = (z[:, None] >> (xp.arange(4, dtype=np.uint64) * np.uint64(16))) & np.uint64(0xFFFF)
     return (bits.reshape(-1)[:count] >= np.uint64(threshold)).astype(np.uint8)
 

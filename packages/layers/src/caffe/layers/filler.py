@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from caffe.blob import context
-from caffe.layers import _cpu
+from caffe.layers import _cpu, splitmix
 
 
 class FillerError(ValueError):
@@ -56,14 +56,7 @@ def _uniform(rng, low, high, shape, dt):
     return _draw(lambda k: rng.uniform(low, high, size=k), shape, dt)
 
 
-_GAMMA = np.uint64(0x9E3779B97F4A7C15)
 _ONE = np.uint64(0x3FF0000000000000)  # the bits of 1.0
-
-
-def _splitmix(z):
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
 
 
 def _poly(x, coefs):
@@ -102,10 +95,8 @@ def box_muller_reference(a, b, xp=np):
 
 def splitmix_words(seed: int, pairs_from: int, pairs_to: int, xp=np):
     """The words (a, b) of pairs pairs_from .. pairs_to - 1: SplitMix64 outputs 2j + 1 and 2j + 2 of seed."""
-    j = xp.arange(pairs_from, pairs_to, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        w = np.uint64(seed) + (np.uint64(2) * j + np.uint64(1)) * _GAMMA
-        return _splitmix(w), _splitmix(w + _GAMMA)
+    first = np.uint64(2) * xp.arange(pairs_from, pairs_to, dtype=np.uint64) + np.uint64(1)
+    return splitmix.outputs(seed, first), splitmix.outputs(seed, first + np.uint64(1))
 
 
 def gaussian_reference(seed: int, count: int, mean: float = 0.0, std: float = 1.0, first: int = 0, xp=np):

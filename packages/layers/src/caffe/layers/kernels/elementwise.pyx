@@ -1138,10 +1138,7 @@ def eltwise_backward(int op, list bottoms, list bottom_diffs, const double[::1] 
 # depends only on (seed, index): the same on any thread count, and reproducible in NumPy
 # (caffe.layers.dropout.mask_reference).
 
-cdef inline uint64_t _splitmix(uint64_t z) noexcept nogil:
-    z = (z ^ (z >> 30)) * <uint64_t>0xbf58476d1ce4e5b9ULL
-    z = (z ^ (z >> 27)) * <uint64_t>0x94d049bb133111ebULL
-    return z ^ (z >> 31)
+include "_splitmix.pxi"
 
 
 cdef extern from *:
@@ -1170,7 +1167,7 @@ cdef void _dropout_piece(const real* x, real* y, uint8_t* mask, Py_ssize_t lo, P
     cdef uint8_t* mk = mask + lo
     if CAFFE_DROPOUT_LE and n <= 4 * CHUNK_QUADS:
         for p in range((n + 3) // 4):
-            bits[p] = _splitmix(seed + (first + <uint64_t>p) * <uint64_t>0x9e3779b97f4a7c15ULL)
+            bits[p] = caffe_splitmix64(seed + (first + <uint64_t>p) * CAFFE_SPLITMIX_GAMMA)
         if threshold > 65535:  # (ratio within 2^-17 of 1: nothing is kept)
             for p in range(n):
                 mk[p] = 0
@@ -1180,13 +1177,13 @@ cdef void _dropout_piece(const real* x, real* y, uint8_t* mask, Py_ssize_t lo, P
                 mk[p] = h[p] >= t16
     else:
         for p in range(n4):  # whole groups of four: no branch, so the compiler can vectorize it
-            r = _splitmix(seed + (first + <uint64_t>p) * <uint64_t>0x9e3779b97f4a7c15ULL)
+            r = caffe_splitmix64(seed + (first + <uint64_t>p) * CAFFE_SPLITMIX_GAMMA)
             mk[4 * p] = (r & 0xFFFF) >= t
             mk[4 * p + 1] = ((r >> 16) & 0xFFFF) >= t
             mk[4 * p + 2] = ((r >> 32) & 0xFFFF) >= t
             mk[4 * p + 3] = (r >> 48) >= t
         if n4 * 4 < n:
-            r = _splitmix(seed + (first + <uint64_t>n4) * <uint64_t>0x9e3779b97f4a7c15ULL)
+            r = caffe_splitmix64(seed + (first + <uint64_t>n4) * CAFFE_SPLITMIX_GAMMA)
             for q in range(n - n4 * 4):
                 mk[4 * n4 + q] = ((r >> (16 * q)) & 0xFFFF) >= t
     if apply:

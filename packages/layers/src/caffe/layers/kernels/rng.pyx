@@ -19,13 +19,13 @@ in the NumPy reference. The float64 values are rounded once for a float32 blob: 
 the blob's dtype. |value - mean| <= 8.49 std (u1 >= 2^-52).
 
 NumPy's Generator.normal (its ziggurat) took 9-13 ns a value on the 2-core development machine (DummyData's
-refill of LeNet's 64x1x28x28 batch: 0.5-0.7 ms of an 8-10 ms training step); see the figures in
-packages/layers/bench/README.md.
+refill of LeNet's 64x1x28x28 batch: 0.5-0.7 ms of an 8-10 ms training step); this build takes 0.04 ms there
+(bench/README.md, session 15; bench/ab_gaussian_fill.py).
 """
 from cython.parallel cimport prange
-from libc.stdint cimport uint64_t
 
 include "_threads.pxi"
+include "_splitmix.pxi"
 
 ctypedef fused real:
     float
@@ -35,13 +35,6 @@ cdef extern from *:
     """
     #include <stdint.h>
     #include <string.h>
-    #define CAFFE_RNG_GAMMA 0x9e3779b97f4a7c15ULL
-    /* a pair's two SplitMix64 outputs: numbers 2j + 1 and 2j + 2 of the stream started at seed */
-    static inline uint64_t caffe_rng_mix(uint64_t z) {
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-        return z ^ (z >> 31);
-    }
     static inline double caffe_rng_as_double(uint64_t b) {
         double d;
         memcpy(&d, &b, 8);
@@ -100,7 +93,8 @@ cdef extern from *:
         *z0 = r * c;
         *z1 = r * sv;
     }
-    /* values lo .. hi - 1 of the fill (lo even): out[i - lo] = mean + std * z_i. The words of up to
+    /* values lo .. hi - 1 of the fill (lo even): out[i - lo] = mean + std * z_i, pair j from SplitMix64 outputs
+       2j + 1 and 2j + 2 (_splitmix.pxi). The words of up to
        CAFFE_RNG_BLOCK pairs first, then their transforms: two loops that each vectorize (the AVX2 build has no
        64-bit vector product, so its words come from scalar code while the transforms take 4 pairs at once). */
     #define CAFFE_RNG_BLOCK 256
@@ -113,10 +107,10 @@ cdef extern from *:
             pairs = (hi - i0 + 1) / 2;                                                                  \\
             if (pairs > CAFFE_RNG_BLOCK)                                                                \\
                 pairs = CAFFE_RNG_BLOCK;                                                                \\
-            uint64_t w = seed + (uint64_t)(i0 + 1) * CAFFE_RNG_GAMMA;                                   \\
+            uint64_t w = seed + (uint64_t)(i0 + 1) * CAFFE_SPLITMIX_GAMMA;                                   \\
             for (j = 0; j < pairs; j++) {                                                               \\
-                wa[j] = caffe_rng_mix(w + (uint64_t)(2 * j) * CAFFE_RNG_GAMMA);                         \\
-                wb[j] = caffe_rng_mix(w + (uint64_t)(2 * j + 1) * CAFFE_RNG_GAMMA);                     \\
+                wa[j] = caffe_splitmix64(w + (uint64_t)(2 * j) * CAFFE_SPLITMIX_GAMMA);                         \\
+                wb[j] = caffe_splitmix64(w + (uint64_t)(2 * j + 1) * CAFFE_SPLITMIX_GAMMA);                     \\
             }                                                                                           \\
             for (j = 0; j < pairs; j++)                                                                 \\
                 caffe_rng_box_muller(wa[j], wb[j], z0 + j, z1 + j);                                     \\
