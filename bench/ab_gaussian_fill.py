@@ -21,12 +21,9 @@ from caffe.layers import filler  # noqa: E402
 from caffe.net import Net  # noqa: E402
 
 
-def numpy_normal(rng, mean, std, shape, dt, out=None):
+def numpy_normal(rng, mean, std, out):
     """The fill before: float64 draws of NumPy's ziggurat, rounded to the blob's dtype."""
-    values = filler._draw(lambda k: rng.normal(mean, std, size=k), shape, dt)
-    if out is not None:
-        out[...] = values.reshape(-1)
-    return values
+    out[...] = filler._draw(lambda k: rng.normal(mean, std, size=k), out.shape, out.dtype)
 
 
 def main() -> int:

@@ -343,13 +343,15 @@ def test_dots_nt_rejects_what_does_not_fit():
 def test_conv_exact_weight_diff_is_the_float64_sum_rounded_once(text, shape, small):
     """The weight diff of an exact layer (conv_cpu.EXACT_WGRAD): accumulated onto the diff block by block, each
     block's term the float64 sum over its positions rounded once (dots_nt's order is within float64 rounding of
-    the exact sum, so it rounds the same but at ties); with EXACT_WGRAD off, the float32 GEMM's (close, not
-    equal)."""
+    the exact sum, so it rounds the same but at ties), by dots_nt or, without AVX2 and FMA (EXACT_GEMM off), by
+    a float64 GEMM; with EXACT_WGRAD off, the float32 GEMM's (close, not equal)."""
     x = np.random.default_rng(3).normal(size=shape).astype(np.float32)
     results = {}
-    for exact in (True, False):
+    for exact in (True, "float64 GEMM", False):
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(conv_cpu, "EXACT_WGRAD", exact)
+            mp.setattr(conv_cpu, "EXACT_WGRAD", bool(exact))
+            if exact == "float64 GEMM":
+                mp.setattr(conv_cpu, "EXACT_GEMM", False)
             if small:
                 mp.setattr(conv_cpu, "COL_BLOCK_BYTES", 600)
                 mp.setattr(conv_cpu, "MIN_BLOCK_COLS", 8)
@@ -367,7 +369,7 @@ def test_conv_exact_weight_diff_is_the_float64_sum_rounded_once(text, shape, sma
             layer.blobs[0].diff[...] = 0.25  # accumulated onto
             layer.Backward(top, [False], bottom)
             results[exact] = layer.blobs[0].diff.copy()
-            assert bool(calls) == (exact and conv_cpu.EXACT_GEMM)
+            assert bool(calls) == (exact is True and conv_cpu.EXACT_GEMM)
             plan = layer.cpu_blocks(shape[0], np.float32, exact=False)
             blocks, OW = plan.blocks, plan.OW  # (a 1x1 layer's blocks count positions as one row of P)
     # the float64 reference: per output channel o and filter tap r, fsum over images and positions
@@ -389,6 +391,7 @@ def test_conv_exact_weight_diff_is_the_float64_sum_rounded_once(text, shape, sma
     assert len(blocks) > 1 if small else len(blocks) == 1
     want = want.reshape(w.shape)
     np.testing.assert_array_equal(results[True], want)
+    np.testing.assert_array_equal(results["float64 GEMM"], want)
     np.testing.assert_allclose(results[False], want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 

@@ -369,8 +369,7 @@ def blocked_backward(layer, dout, weight, im=None, weight_diff=None, im_diff=Non
     wd3 = weight_diff.reshape(g, og, kd) if weight_diff is not None else None
     bsum = np.zeros(Co, np.float64) if bias_diff is not None else None
     want_rows = weight_diff is not None or im_diff is not None or bias_diff is not None
-    exact_wgrad = (weight_diff is not None and EXACT_WGRAD and weight_diff.dtype == np.float32
-                   and _exact(layer, dout.dtype))
+    exact_wgrad = weight_diff is not None and EXACT_WGRAD and _exact(layer, dout.dtype)  # (float32 only)
     for n0, n1, oh0, oh1 in b.blocks:
         nb, p0, Pb = n1 - n0, oh0 * b.OW, (oh1 - oh0) * b.OW
         rows = None
@@ -418,15 +417,14 @@ def _exact_wgrad(layer, a, a_off, lda, col, K, weight_diff):
     g, kd = layer.group, layer.kernel_dim
     og = weight_diff.shape[0] // g
     wd = weight_diff.reshape(-1)
-    cflat = col.reshape(-1)
     for gi in range(g):
+        off = a_off + gi * og * lda
         if EXACT_GEMM:
-            _eg.dots_nt(a, a_off + gi * og * lda, lda, cflat, gi * kd * K, K, wd, gi * og * kd, kd, og, kd, K)
+            _eg.dots_nt(a, off, lda, col.reshape(-1), gi * kd * K, K, wd, gi * og * kd, kd, og, kd, K)
         else:
-            rows = np.lib.stride_tricks.as_strided(a[a_off + gi * og * lda:], (og, K), (lda * 4, 4))
+            rows = np.lib.stride_tricks.as_strided(a[off:], (og, K), (lda * a.itemsize, a.itemsize))
             acc = rows.astype(np.float64) @ col[gi * kd:(gi + 1) * kd].astype(np.float64).T
-            wd3 = wd.reshape(g, og, kd)
-            wd3[gi] += acc.astype(np.float32)
+            wd[gi * og * kd:(gi + 1) * og * kd] += acc.astype(np.float32).reshape(-1)
 
 
 def _data_block(layer, b: Blocks, w3, rows, im_diff, n0, n1, oh0, oh1):

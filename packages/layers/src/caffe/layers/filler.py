@@ -107,26 +107,24 @@ def gaussian_reference(seed: int, count: int, mean: float = 0.0, std: float = 1.
     return mean + std * z[lo:lo + count]
 
 
-def _normal(rng, mean, std, shape, dt, out=None):
-    """Gaussian values of a seed drawn from rng (module doc), into `out` (flat, of dtype dt) when given."""
+def _normal(rng, mean, std, out) -> None:
+    """out (flat, float32 or float64) = gaussian values (mean, std) of a seed drawn from rng (module doc)."""
     seed = int(rng.integers(0, 2 ** 63))
-    n = int(np.prod(shape, dtype=np.int64))
-    if out is None:
-        out = np.empty(n, dtype=dt)
     if _cpu.rng is not None and out.dtype in _cpu.FLOATS:
         _cpu.rng.gaussian_fill(out, seed, float(mean), float(std))
-    else:  # in chunks (a float64 temporary of the chunk's size only)
-        for i in range(0, n, _CHUNK):
-            out[i:i + _CHUNK] = gaussian_reference(seed, min(_CHUNK, n - i), mean, std, first=i)
-    return out.reshape(shape)
+        return
+    for i in range(0, out.size, _CHUNK):  # (a float64 temporary of a chunk's size only)
+        out[i:i + _CHUNK] = gaussian_reference(seed, min(_CHUNK, out.size - i), mean, std, first=i)
 
 
 def _fill_normal(rng, mean, std, data) -> None:
     """data = gaussian values (mean, std), written in place where data is one contiguous run."""
     if data.flags.c_contiguous:
-        _normal(rng, mean, std, data.shape, data.dtype, out=data.reshape(-1))
-    else:
-        data[...] = _normal(rng, mean, std, data.shape, data.dtype)
+        _normal(rng, mean, std, data.reshape(-1))
+        return
+    flat = np.empty(data.size, data.dtype)
+    _normal(rng, mean, std, flat)
+    data[...] = flat.reshape(data.shape)
 
 
 def fill(blob, param) -> None:

@@ -58,8 +58,5 @@ class AdaDeltaSolver(SGDSolver):
     _fused_compute = ComputeUpdateValue  # what _fused_step reproduces (SGDSolver._fused)
 
     def _fused_step(self, i: int, rate) -> None:
-        n = len(self.net.learnable_params)
-        sgd_solver._update.adadelta_step(*self._flat(i), self.history[i].mutable_cpu_data().reshape(-1),
-                                         self.history[n + i].mutable_cpu_data().reshape(-1), self._local_decay(i),
-                                         self._scalar(self.param.momentum, i), self._scalar(self.param.delta, i),
-                                         self.local_rate(i, rate))
+        sgd_solver._update.adadelta_step(*self._flat(i, 2), self._local_decay(i), self._scalar(self.param.momentum, i),
+                                         self._scalar(self.param.delta, i), self.local_rate(i, rate))

@@ -29,17 +29,20 @@ class AdamSolver(SGDSolver):
     def AdamPreSolve(self) -> None:
         self.history += [Blob(tuple(p.shape), dtype=p.dtype) for p in self.net.learnable_params]
 
+    def _rates(self, i: int, rate):
+        """(beta1, beta2, eps, the rate times the bias correction) in parameter i's dtype."""
+        dt = self.net.learnable_params[i].dtype.type
+        beta1, beta2 = dt(self.param.momentum), dt(self.param.momentum2)
+        t_ = self.iter + 1
+        correction = dt(math.sqrt(1.0 - float(beta2) ** t_) / (1.0 - float(beta1) ** t_))
+        return beta1, beta2, dt(self.param.delta), self.local_rate(i, rate) * correction
+
     def ComputeUpdateValue(self, i: int, rate) -> None:
         xp = self._xp()
         p = self.net.learnable_params[i]
         dt = p.dtype.type
         n = len(self.net.learnable_params)
-        beta1 = dt(self.param.momentum)
-        beta2 = dt(self.param.momentum2)
-        eps = dt(self.param.delta)
-        local_rate = self.local_rate(i, rate)
-        t_ = self.iter + 1
-        correction = dt(math.sqrt(1.0 - float(beta2) ** t_) / (1.0 - float(beta1) ** t_))
+        beta1, beta2, eps, rate_correction = self._rates(i, rate)
         g = p.mutable_diff_xp(xp)
         m = self.history[i].mutable_data_xp(xp)
         v = self.history[n + i].mutable_data_xp(xp)
@@ -54,17 +57,9 @@ class AdamSolver(SGDSolver):
         xp.sqrt(v, out=t)                        # g = lr * correction * m / (sqrt(v) + eps)
         xp.add(t, eps, out=t)
         xp.divide(m, t, out=t)
-        xp.multiply(t, local_rate * correction, out=g)
+        xp.multiply(t, rate_correction, out=g)
 
     _fused_compute = ComputeUpdateValue  # what _fused_step reproduces (SGDSolver._fused)
 
     def _fused_step(self, i: int, rate) -> None:
-        p = self.net.learnable_params[i]
-        dt = p.dtype.type
-        beta1, beta2 = dt(self.param.momentum), dt(self.param.momentum2)
-        t_ = self.iter + 1
-        correction = dt(math.sqrt(1.0 - float(beta2) ** t_) / (1.0 - float(beta1) ** t_))
-        n = len(self.net.learnable_params)
-        sgd_solver._update.adam_step(*self._flat(i), self.history[i].mutable_cpu_data().reshape(-1),
-                          self.history[n + i].mutable_cpu_data().reshape(-1), self._local_decay(i), beta1, beta2,
-                          dt(self.param.delta), self.local_rate(i, rate) * correction)
+        sgd_solver._update.adam_step(*self._flat(i, 2), self._local_decay(i), *self._rates(i, rate))

@@ -33,5 +33,5 @@ class NesterovSolver(SGDSolver):
     _fused_compute = ComputeUpdateValue  # what _fused_step reproduces (SGDSolver._fused)
 
     def _fused_step(self, i: int, rate) -> None:
-        sgd_solver._update.nesterov_step(*self._flat(i), self.history[i].mutable_cpu_data().reshape(-1), self._local_decay(i),
-                              self._scalar(self.param.momentum, i), self.local_rate(i, rate))
+        sgd_solver._update.nesterov_step(*self._flat(i), self._local_decay(i), self._scalar(self.param.momentum, i),
+                                         self.local_rate(i, rate))

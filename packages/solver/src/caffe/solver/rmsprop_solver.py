@@ -40,6 +40,5 @@ class RMSPropSolver(SGDSolver):
     _fused_compute = ComputeUpdateValue  # what _fused_step reproduces (SGDSolver._fused)
 
     def _fused_step(self, i: int, rate) -> None:
-        sgd_solver._update.rmsprop_step(*self._flat(i), self.history[i].mutable_cpu_data().reshape(-1),
-                                        self._local_decay(i), self._scalar(self.param.rms_decay, i),
+        sgd_solver._update.rmsprop_step(*self._flat(i), self._local_decay(i), self._scalar(self.param.rms_decay, i),
                                         self._scalar(self.param.delta, i), self.local_rate(i, rate))

@@ -123,14 +123,16 @@ class SGDSolver(Solver):
         """weight_decay times the parameter's decay_mult, in its dtype."""
         return self._scalar(self.param.weight_decay, i) * self._scalar(self.net.params_weight_decay[i], i)
 
-    def _flat(self, i: int):
-        """Parameter i's data and diff, flat, on the host (where the fused steps run)."""
-        p = self.net.learnable_params[i]
-        return p.mutable_cpu_data().reshape(-1), p.mutable_cpu_diff().reshape(-1)
+    def _flat(self, i: int, histories: int = 1):
+        """Parameter i's data, diff and history (`histories` of them: history[i], history[N + i], ...), flat,
+        on the host, where the fused steps run."""
+        p, n = self.net.learnable_params[i], len(self.net.learnable_params)
+        return (p.mutable_cpu_data().reshape(-1), p.mutable_cpu_diff().reshape(-1),
+                *(self.history[k * n + i].mutable_cpu_data().reshape(-1) for k in range(histories)))
 
     def _fused_step(self, i: int, rate) -> None:
-        _update.sgd_step(*self._flat(i), self.history[i].mutable_cpu_data().reshape(-1), self._local_decay(i),
-                         self._scalar(self.param.momentum, i), self.local_rate(i, rate))
+        _update.sgd_step(*self._flat(i), self._local_decay(i), self._scalar(self.param.momentum, i),
+                         self.local_rate(i, rate))
 
     def ClipGradients(self) -> None:
         clip = self.param.clip_gradients

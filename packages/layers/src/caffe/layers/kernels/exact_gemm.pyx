@@ -327,9 +327,14 @@ cdef extern from *:
        (each from +0), then s = p0 + p1 + ... + p7 in that order; out[m][n] += float32(s). The products are exact
        in float64, so FMA or not gives the same bits, and so do the AVX-512 tile (a zmm of the 8 partial sums
        per output), the AVX2 tile (two ymm) and the scalar loop. */
-    static inline double eg_dot8_tail(double p[8]) {
-        double s = p[0];
+    /* the partial sums p of terms 0 .. k - 1 (k a multiple of 8), finished: the last K - k terms, then
+       p0 + p1 + ... + p7 */
+    static inline double eg_dot8_finish(double p[8], const float* a, const float* b, ptrdiff_t k, ptrdiff_t K) {
+        double s;
         int j;
+        for (j = 0; k + j < K; j++)
+            p[j] += (double)a[k + j] * (double)b[k + j];
+        s = p[0];
         for (j = 1; j < 8; j++)
             s += p[j];
         return s;
@@ -341,9 +346,7 @@ cdef extern from *:
         for (k = 0; k + 8 <= K; k += 8)
             for (j = 0; j < 8; j++)
                 p[j] += (double)a[k + j] * (double)b[k + j];
-        for (j = 0; k + j < K; j++)
-            p[j] += (double)a[k + j] * (double)b[k + j];
-        return eg_dot8_tail(p);
+        return eg_dot8_finish(p, a, b, k, K);
     }
     #if EG_X86
     /* 4 x 4 outputs (rows a[i], b[j]; an edge tile repeats its last row and drops those outputs) */
@@ -364,13 +367,10 @@ cdef extern from *:
                     acc[i][j] = _mm512_fmadd_pd(av[i], bv[j], acc[i][j]);
         }
         double p[8];
-        int t;
         for (i = 0; i < 4; i++)
             for (j = 0; j < 4; j++) {
                 _mm512_storeu_pd(p, acc[i][j]);
-                for (t = 0; k + t < K; t++)  /* the last K % 8, in the scalar loop's order */
-                    p[t] += (double)a[i][k + t] * (double)b[j][k + t];
-                s[i][j] = eg_dot8_tail(p);
+                s[i][j] = eg_dot8_finish(p, a[i], b[j], k, K);
             }
     }
     /* 2 x 2 outputs, each partial-sum vector in two ymm (lanes 0-3, 4-7) */
@@ -395,14 +395,11 @@ cdef extern from *:
                 }
         }
         double p[8];
-        int t;
         for (i = 0; i < 2; i++)
             for (j = 0; j < 2; j++) {
                 _mm256_storeu_pd(p, lo[i][j]);
                 _mm256_storeu_pd(p + 4, hi[i][j]);
-                for (t = 0; k + t < K; t++)  /* the last K % 8, in the scalar loop's order */
-                    p[t] += (double)a[i][k + t] * (double)b[j][k + t];
-                s[i][j] = eg_dot8_tail(p);
+                s[i][j] = eg_dot8_finish(p, a[i], b[j], k, K);
             }
     }
     #endif
