@@ -8,8 +8,8 @@ from hypothesis import given, strategies as st
 update = pytest.importorskip("caffe.layers.kernels.update")
 
 
-def passes(w, g, h, decay, momentum, rate):
-    """The solver's array passes, in its order (each operation rounded to the dtype)."""
+def sgd_passes(w, g, h, decay, momentum, rate):
+    """SGDSolver's array passes, in its order (each operation rounded to the dtype)."""
     w, g, h = w.copy(), g.copy(), h.copy()
     with np.errstate(all="ignore"):
         return _passes(w, g, h, decay, momentum, rate)
@@ -121,16 +121,32 @@ def special(rng, n, dtype):
     return x
 
 
+# rule: (the kernel, its passes, which of its histories are squares' averages (not negative: a sqrt of a
+# negative one is NaN either way), the names of its scalars after decay)
+RULES = {
+    "sgd": (update.sgd_step, sgd_passes, (False,), ("a", "rate")),
+    "nesterov": (update.nesterov_step, nesterov_passes, (False,), ("a", "rate")),
+    "adam": (update.adam_step, adam_passes, (False, True), ("a", "b", "delta", "rate")),
+    "adagrad": (update.adagrad_step, adagrad_passes, (True,), ("delta", "rate")),
+    "rmsprop": (update.rmsprop_step, rmsprop_passes, (True,), ("a", "delta", "rate")),
+    "adadelta": (update.adadelta_step, adadelta_passes, (True, True), ("a", "delta", "rate")),
+}
+
+
+@pytest.mark.parametrize("rule", sorted(RULES))
 @given(n=st.sampled_from([0, 1, 7, 16383, 16384, 16385, 50001]), dtype=st.sampled_from([np.float32, np.float64]),
        seed=st.integers(0, 2**31 - 1), decay=st.sampled_from([0.0, 0.0005, 0.1, -0.0]),
-       momentum=st.sampled_from([0.0, 0.9, 0.99]), rate=st.sampled_from([0.01, 1e-5, 0.0, 3.0]))
-def test_sgd_step_is_the_passes_bit_for_bit(n, dtype, seed, decay, momentum, rate):
+       a=st.sampled_from([0.0, 0.5, 0.9, 0.99]), b=st.sampled_from([0.5, 0.999]),
+       delta=st.sampled_from([1e-8, 1e-6, 0.1]), rate=st.sampled_from([0.01, 1e-5, 0.0, 3.0]))
+def test_each_step_is_its_passes_bit_for_bit(rule, n, dtype, seed, decay, a, b, delta, rate):
+    kernel, passes, squares, names = RULES[rule]
     rng = np.random.default_rng(seed)
-    w, g, h = (special(rng, n, dtype) for _ in range(3))
-    decay, momentum, rate = dtype(decay), dtype(momentum), dtype(rate)
-    want = passes(w, g, h, decay, momentum, rate)
-    update.sgd_step(w, g, h, decay, momentum, rate)
-    same_bits((w, g, h), want)
+    w, g = (special(rng, n, dtype) for _ in range(2))
+    hist = [np.abs(special(rng, n, dtype)) if sq else special(rng, n, dtype) for sq in squares]
+    scalars = [dtype(decay)] + [dtype({"a": a, "b": b, "delta": delta, "rate": rate}[k]) for k in names]
+    want = passes(w, g, *hist, *scalars)
+    kernel(w, g, *hist, *scalars)
+    same_bits((w, g, *hist), want)
 
 
 def test_sgd_step_checks_the_lengths():
@@ -143,50 +159,3 @@ def test_sgd_step_checks_the_lengths():
         update.nesterov_step(b, a, a.copy(), 0.0, 0.9, 0.01)
 
 
-@given(n=st.sampled_from([0, 1, 7, 16385, 50001]), dtype=st.sampled_from([np.float32, np.float64]),
-       seed=st.integers(0, 2**31 - 1), decay=st.sampled_from([0.0, 0.0005, 0.1]),
-       momentum=st.sampled_from([0.0, 0.9, 0.99]), rate=st.sampled_from([0.01, 1e-5, 3.0]))
-def test_nesterov_step_is_the_passes_bit_for_bit(n, dtype, seed, decay, momentum, rate):
-    rng = np.random.default_rng(seed)
-    w, g, h = (special(rng, n, dtype) for _ in range(3))
-    decay, momentum, rate = dtype(decay), dtype(momentum), dtype(rate)
-    want = nesterov_passes(w, g, h, decay, momentum, rate)
-    update.nesterov_step(w, g, h, decay, momentum, rate)
-    same_bits((w, g, h), want)
-
-
-@given(n=st.sampled_from([0, 1, 7, 16385, 50001]), dtype=st.sampled_from([np.float32, np.float64]),
-       seed=st.integers(0, 2**31 - 1), decay=st.sampled_from([0.0, 0.0005]),
-       beta1=st.sampled_from([0.0, 0.9]), beta2=st.sampled_from([0.5, 0.999]), eps=st.sampled_from([1e-8, 0.1]),
-       rc=st.sampled_from([0.001, 0.3]))
-def test_adam_step_is_the_passes_bit_for_bit(n, dtype, seed, decay, beta1, beta2, eps, rc):
-    rng = np.random.default_rng(seed)
-    w, g, m = (special(rng, n, dtype) for _ in range(3))
-    v = np.abs(special(rng, n, dtype))  # a second moment: not negative (sqrt of a negative is NaN either way)
-    args = tuple(dtype(a) for a in (decay, beta1, beta2, eps, rc))
-    want = adam_passes(w, g, m, v, *args)
-    update.adam_step(w, g, m, v, *args)
-    same_bits((w, g, m, v), want)
-
-
-@pytest.mark.parametrize("kind", ["adagrad", "rmsprop", "adadelta"])
-@given(n=st.sampled_from([0, 1, 7, 16385, 50001]), dtype=st.sampled_from([np.float32, np.float64]),
-       seed=st.integers(0, 2**31 - 1), decay=st.sampled_from([0.0, 0.0005]), a=st.sampled_from([0.5, 0.9, 0.98]),
-       delta=st.sampled_from([1e-8, 1e-6, 0.1]), rate=st.sampled_from([0.01, 1.0]))
-def test_the_adaptive_steps_are_the_passes_bit_for_bit(kind, n, dtype, seed, decay, a, delta, rate):
-    rng = np.random.default_rng(seed)
-    w, g = (special(rng, n, dtype) for _ in range(2))
-    h, h2 = (np.abs(special(rng, n, dtype)) for _ in range(2))  # squares' averages: not negative
-    decay, a, delta, rate = dtype(decay), dtype(a), dtype(delta), dtype(rate)
-    if kind == "adagrad":
-        want = adagrad_passes(w, g, h, decay, delta, rate)
-        update.adagrad_step(w, g, h, decay, delta, rate)
-        same_bits((w, g, h), want)
-    elif kind == "rmsprop":
-        want = rmsprop_passes(w, g, h, decay, a, delta, rate)
-        update.rmsprop_step(w, g, h, decay, a, delta, rate)
-        same_bits((w, g, h), want)
-    else:
-        want = adadelta_passes(w, g, h, h2, decay, a, delta, rate)
-        update.adadelta_step(w, g, h, h2, decay, a, delta, rate)
-        same_bits((w, g, h, h2), want)
