@@ -24,6 +24,8 @@
   *_avx2, *_avx512  the same sources compiled for AVX2 / AVX-512 (elementwise_avx2.pyx ...), chosen at
              import by caffe.layers._cpu where the CPU has them
   _threads   (Cython include) how many OpenMP threads a kernel takes
+  _splitmix  (Cython include) SplitMix64, Dropout's and the gaussian fill's generator (caffe.layers.splitmix
+             is the same in NumPy)
   _vmath     (Cython include) libm functions declared SIMD-callable (glibc's libmvec)
   _vexp      (Cython include) the AVX-512 float32 exp's reduction and polynomial (elementwise, softmax)
   _stream    (Cython include) non-temporal copies, the store fence, prefetching a range (normalization, softmax)
