@@ -1,5 +1,5 @@
 """The AVX2 builds of the kernels (elementwise_avx2, softmax_avx2, normalization_avx2, pooling_avx2) and the
-AVX-512 ones (elementwise_avx512, softmax_avx512) against the baseline builds: the same source, so the same
+AVX-512 ones (elementwise_avx512, softmax_avx512, lowering_avx512, ...) against the baseline builds: the same source, so the same
 results up to libm's ulps (bit for bit elsewhere); and which build the layers load."""
 import importlib
 import os
@@ -141,6 +141,44 @@ def test_pooling_builds_agree_bit_for_bit(build, hw, k, s, pad, dtype, seed):
         np.testing.assert_array_equal(g, e)
 
 
+@given(data=st.data(), dtype=DTYPES, seed=SEEDS, layout=st.sampled_from(["batch", "image"]))
+def test_lowering_builds_agree_bit_for_bit(data, dtype, seed, layout):
+    """lowering_avx512 against the baseline lowering: im2col (into float32 / float64, and float32 widened), col2im
+    (overwriting, accumulating), over bands of output rows, with rows of 1 to ~45 (the vectors of 16 and 8 and the
+    masked end) and every stride, pad and dilation the kernels take: the same bits (copies and single adds)."""
+    base, avx = _pair("lowering", "avx512")
+    draw = data.draw
+    kh, kw = draw(st.integers(1, 5)), draw(st.integers(1, 5))
+    sh, sw, dh, dw = draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    ph, pw = draw(st.integers(0, 2)), draw(st.integers(0, 2))
+    H = draw(st.integers(max(1, dh * (kh - 1) + 1 - 2 * ph), 20))
+    W = draw(st.integers(max(1, dw * (kw - 1) + 1 - 2 * pw), 48))
+    N, C = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    OH, OW = (H + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (W + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    oh0 = draw(st.integers(0, OH - 1))
+    oh1 = draw(st.integers(oh0 + 1, OH))
+    rows, Pb = C * kh * kw, (oh1 - oh0) * OW
+    rs, ns = (N * Pb, Pb) if layout == "batch" else (Pb, rows * Pb)
+    geo = (N, C, H, W, kh, kw, ph, pw, sh, sw, dh, dw, OH, OW, rs, ns, oh0, oh1)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(N * C * H * W).astype(dtype)
+    c = rng.standard_normal(rows * N * Pb).astype(dtype)
+    start = rng.standard_normal(x.size).astype(dtype)
+    res = []
+    for mod in (base, avx):
+        col = np.full(rows * N * Pb, np.nan, dtype)
+        mod.im2col_2d(x, col, *geo)
+        wide = np.full(col.size, np.nan)
+        if dtype == np.float32:
+            mod.im2col_2d_f64(x, wide, *geo)
+        over, acc = np.full(x.size, np.nan, dtype), start.copy()
+        mod.col2im_2d(c, over, *geo)
+        mod.col2im_2d(c, acc, *geo, True)
+        res.append((col, wide, over, acc))
+    for g, e in zip(res[1], res[0]):
+        np.testing.assert_array_equal(g.view(np.uint8), e.view(np.uint8))
+
+
 @given(shape=st.sampled_from([(3, 7, 5), (2, 1000, 1), (2, 33, 300), (2, 21, 4099), (1, 64, 3 * 1024 + 5)]), seed=SEEDS,
        stream=st.booleans())
 def test_softmax_avx512_float32_is_the_avx2_bits(shape, seed, stream):
@@ -228,6 +266,8 @@ def test_the_layers_load_the_avx512_builds_where_the_cpu_has_avx512():
     assert pooling._k.__name__ == "caffe.layers.kernels.pooling_avx512"
     assert _cpu.channelwise.__name__ == "caffe.layers.kernels.channelwise_avx512"
     assert _cpu.rng.__name__ == "caffe.layers.kernels.rng_avx512"
+    from caffe.layers import conv_base, conv_cpu
+    assert conv_cpu._k.__name__ == conv_base._k.__name__ == "caffe.layers.kernels.lowering_avx512"
 
 
 @pytest.mark.parametrize("env, suffix", [({"CAFFE_KERNELS_AVX512": "0"}, "_avx2"), ({"CAFFE_KERNELS_AVX2": "0"}, ""),
@@ -243,15 +283,17 @@ def test_the_switches_choose_the_builds(env, suffix):
         suffix = ""
     full = {k: v for k, v in os.environ.items() if not k.startswith(("CAFFE_KERNELS_", "CAFFE_CONV_DENSE"))}
     full.update(env)
-    out = subprocess.run([sys.executable, "-c", "from caffe.layers import _cpu, pooling; "
+    out = subprocess.run([sys.executable, "-c", "from caffe.layers import _cpu, pooling, conv_cpu; "
                           "from caffe.layers.kernels import conv_direct_avx2 as cd; "
                           "print(_cpu.elementwise.__name__, _cpu.softmax.__name__, _cpu.channelwise.__name__, "
-                          "_cpu.normalization.__name__, pooling._k.__name__, cd.AVX512)"],
+                          "_cpu.normalization.__name__, pooling._k.__name__, conv_cpu._k.__name__, cd.AVX512)"],
                          env=full, capture_output=True, text=True, check=True).stdout.split()
-    # (channelwise has no AVX2 build: the baseline one unless AVX-512)
+    # (channelwise and lowering have no AVX2 build: the baseline ones unless AVX-512)
+    wide_only = "_avx512" if suffix == "_avx512" else ""
     assert out == [f"caffe.layers.kernels.elementwise{suffix}", f"caffe.layers.kernels.softmax{suffix}",
-                   f"caffe.layers.kernels.channelwise{'_avx512' if suffix == '_avx512' else ''}",
+                   f"caffe.layers.kernels.channelwise{wide_only}",
                    f"caffe.layers.kernels.normalization{suffix}", f"caffe.layers.kernels.pooling{suffix}",
+                   f"caffe.layers.kernels.lowering{wide_only}",
                    str(widest == "_avx512" and env.get("CAFFE_KERNELS_AVX512") != "0")]
 
 

@@ -1,10 +1,16 @@
 """Im2col layer and the Cython kernels (im2col/col2im, pooling) against direct NumPy references."""
+import importlib
+
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
 from caffe.layers import LayerError, conv_base, pooling
+from caffe.layers import _cpu
 from caffe.layers.kernels import lowering as _kernels_im2col, pooling as _kernels_pool
+
+# the lowering builds this CPU runs: the baseline, and lowering_avx512 where the CPU has AVX-512 (conv_cpu loads it)
+LOWERING_BUILDS = ["lowering"] + (["lowering_avx512"] if _cpu.cpu_has_avx2() and _cpu.cpu_has_avx512() else [])
 from caffe.layers.strategies import random_array
 from caffe.layers.testing import check_cpu_gpu_parity, check_layer_gradient, gpu_available, layer_param, \
     make_layer, run_forward
@@ -24,6 +30,24 @@ def ref_im2col(x, kernel, stride, pad, dil):
                 if all(0 <= src[i] < S[i] for i in range(nd)):
                     col[(n, c) + kk + o] = x[(n, c) + src]
     return col.reshape((N, C * int(np.prod(kernel))) + out)
+
+
+def ref_col2im(col, x_shape, kernel, stride, pad, dil):
+    """Caffe's col2im_nd_cpu by definition, the adjoint of ref_im2col: x[n, c, o * s - p + k * d] += col[n, c, k..., o...]
+    in float64. col: (N, C * prod(kernel), *out)."""
+    N, C = x_shape[:2]
+    S = x_shape[2:]
+    nd = len(S)
+    out = col.shape[2:]
+    col = col.reshape((N, C) + tuple(kernel) + tuple(out)).astype(np.float64)
+    x = np.zeros(x_shape)
+    for n, c in np.ndindex(N, C):
+        for kk in np.ndindex(*kernel):
+            for o in np.ndindex(*out):
+                src = tuple(o[i] * stride[i] - pad[i] + kk[i] * dil[i] for i in range(nd))
+                if all(0 <= src[i] < S[i] for i in range(nd)):
+                    x[(n, c) + src] += col[(n, c) + kk + o]
+    return x
 
 
 @st.composite
@@ -136,10 +160,13 @@ def test_cython_im2col_col2im_parallel_shapes(shape, kernel, stride, pad, dil, l
     np.testing.assert_allclose(back_fast, back_generic, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("build", LOWERING_BUILDS)
 @given(g=geometry(max_nd=2).filter(lambda g: len(g["kernel"]) == 2), dtype=st.sampled_from([np.float32, np.float64]),
        data=st.data())
-def test_cython_lowering_of_a_block_of_output_rows(g, dtype, data):
-    """im2col_2d / col2im_2d on a band of output rows (convolution's cache blocks) against the full lowering."""
+def test_cython_lowering_of_a_block_of_output_rows(build, g, dtype, data):
+    """im2col_2d / col2im_2d on a band of output rows (convolution's cache blocks) against the full lowering and
+    (im2col) the definition."""
+    _kernels_im2col = importlib.import_module(f"caffe.layers.kernels.{build}")
     x = random_array(g["seed"], g["shape"]).astype(dtype)
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = g["kernel"], g["stride"], g["pad"], g["dil"]
     N, C, H, W = g["shape"]
@@ -153,6 +180,8 @@ def test_cython_lowering_of_a_block_of_output_rows(g, dtype, data):
     _kernels_im2col.im2col_2d(x.ravel(), full.ravel(), *geo, N * P, P)
     block = np.full((rows, N * Pb), np.nan, dtype)
     _kernels_im2col.im2col_2d(x.ravel(), block.ravel(), *geo, N * Pb, Pb, oh0, oh1)
+    ref = ref_im2col(x.astype(np.float64), g["kernel"], g["stride"], g["pad"], g["dil"]).reshape(N, rows, P)
+    np.testing.assert_array_equal(full, ref.transpose(1, 0, 2).reshape(rows, N * P))
     expect = full.reshape(rows, N, P)[:, :, oh0 * OW:oh1 * OW].reshape(rows, N * Pb)
     np.testing.assert_array_equal(block, expect)
     if dtype == np.float32:  # the exact short-K forward lowers straight into float64
@@ -160,6 +189,10 @@ def test_cython_lowering_of_a_block_of_output_rows(g, dtype, data):
         _kernels_im2col.im2col_2d_f64(x.ravel(), wide.ravel(), *geo, N * Pb, Pb, oh0, oh1)
         np.testing.assert_array_equal(wide, expect.astype(np.float64))
     c = random_array(g["seed"] + 3, (rows, N * Pb)).astype(dtype)
+    cfull = c.reshape(rows, N, Pb).transpose(1, 0, 2).reshape(N, rows, oh1 - oh0, OW)  # the band, zero elsewhere
+    cfull = np.concatenate([np.zeros((N, rows, oh0, OW), dtype), cfull, np.zeros((N, rows, OH - oh1, OW), dtype)], 2)
+    tol = 1e-12 if dtype == np.float64 else 1e-5
+    definition = ref_col2im(cfull, x.shape, g["kernel"], g["stride"], g["pad"], g["dil"])
     start = random_array(g["seed"] + 4, x.shape).astype(dtype)
     im = start.copy()
     _kernels_im2col.col2im_2d(c.ravel(), im.ravel(), *geo, N * Pb, Pb, oh0, oh1, True)
@@ -167,11 +200,44 @@ def test_cython_lowering_of_a_block_of_output_rows(g, dtype, data):
     padded[:, :, oh0 * OW:oh1 * OW] = c.reshape(rows, N, Pb)
     ref = np.empty_like(x)
     _kernels_im2col.col2im_2d(padded.ravel(), ref.ravel(), *geo, N * P, P)
-    tol = 1e-12 if dtype == np.float64 else 1e-5
+    np.testing.assert_allclose(ref, definition, rtol=tol, atol=tol)
     np.testing.assert_allclose(im, start + ref, rtol=tol, atol=tol)
     over = start.copy()
     _kernels_im2col.col2im_2d(c.ravel(), over.ravel(), *geo, N * Pb, Pb, oh0, oh1)  # overwrite
     np.testing.assert_allclose(over, ref, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("build", LOWERING_BUILDS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_cython_lowering_of_every_row_length(build, dtype):
+    """Rows of 1 to 40 positions (the kernels copy and add rows in vectors of 16 / 8 / 4 / 2 and a masked or scalar
+    end): im2col, its float64 widening and col2im against the definitions, at stride 1 with a column pad (rows that
+    start inside a row) and at stride 2."""
+    mod = importlib.import_module(f"caffe.layers.kernels.{build}")
+    for W in range(1, 41):
+        for (kh, kw), (sh, sw), (ph, pw) in (((2, 3), (1, 1), (0, 1)), ((1, 2), (2, 1), (0, 0)), ((2, 1), (1, 2), (1, 0))):
+            if W + 2 * pw < kw:
+                continue
+            N, C, H = 2, 2, 3
+            OH, OW = (H + 2 * ph - kh) // sh + 1, (W + 2 * pw - kw) // sw + 1
+            x = random_array(W, (N, C, H, W)).astype(dtype)
+            rows, P = C * kh * kw, OH * OW
+            geo = (N, C, H, W, kh, kw, ph, pw, sh, sw, 1, 1, OH, OW, N * P, P)
+            col = np.full((rows, N * P), np.nan, dtype)
+            mod.im2col_2d(x.ravel(), col.ravel(), *geo)
+            ref = ref_im2col(x.astype(np.float64), (kh, kw), (sh, sw), (ph, pw), (1, 1)).reshape(N, rows, P)
+            np.testing.assert_array_equal(col, ref.transpose(1, 0, 2).reshape(rows, N * P))
+            if dtype == np.float32:
+                wide = np.full((rows, N * P), np.nan)
+                mod.im2col_2d_f64(x.ravel(), wide.ravel(), *geo)
+                np.testing.assert_array_equal(wide, col.astype(np.float64))
+            c = random_array(W + 1, (rows, N * P)).astype(dtype)
+            back = np.full(x.shape, np.nan, dtype)
+            mod.col2im_2d(c.ravel(), back.ravel(), *geo)
+            definition = ref_col2im(c.reshape(rows, N, OH, OW).transpose(1, 0, 2, 3), x.shape, (kh, kw), (sh, sw),
+                                    (ph, pw), (1, 1))
+            tol = 1e-12 if dtype == np.float64 else 1e-5
+            np.testing.assert_allclose(back, definition, rtol=tol, atol=tol)
 
 
 @given(nb=st.integers(1, 4), C=st.integers(1, 5), P=st.integers(1, 40), data=st.data(), bias=st.booleans(),

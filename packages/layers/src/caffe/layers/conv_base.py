@@ -49,10 +49,7 @@ from caffe.layers.layer import Layer, dtype_of
 
 from caffe.layers import conv_cpu, conv_device
 
-try:  # the compiled CPU kernels (built by the package's hatch hook)
-    from caffe.layers.kernels import lowering as _k
-except ImportError:  # pragma: no cover - a source tree without the build
-    _k = None
+_k = conv_cpu._k  # the compiled lowering the CPU plans use (None without the build)
 
 # The CPU plans (1x1, direct, blocked); False runs the generic batched path everywhere.
 CPU_PATHS = True

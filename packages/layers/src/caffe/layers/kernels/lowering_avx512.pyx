@@ -1,0 +1,17 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""kernels.lowering compiled for AVX-512 (16 floats per instruction).
+
+The same source (included below); conv_base and conv_cpu load this module instead of lowering when the CPU has
+AVX-512 (F, DQ, VL, BW): its row copies and adds are 512-bit vectors with a masked one at each row's end. Copies
+and single adds only, so the baseline module's results, bit for bit. Elsewhere than x86-64 GCC it is the baseline
+module again.
+"""
+cdef extern from *:
+    """
+    #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC target("avx512f,avx512dq,avx512vl,avx512bw,prefer-vector-width=512")
+    #pragma GCC optimize("fp-contract=off")
+    #endif
+    """
+
+include "lowering.pyx"
