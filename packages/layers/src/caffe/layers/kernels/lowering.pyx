@@ -52,13 +52,15 @@ cpdef enum Act:
 cdef extern from *:
     """
     #include <stddef.h>
+    #if defined(__SSE2__)
     #include <immintrin.h>
+    #endif
     /* GCC would turn these loops into calls of memmove (-ftree-loop-distribute-patterns): a call per row of 8 */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC optimize("no-tree-loop-distribute-patterns")
     #endif
     /* Each helper walks a row in 16-float (AVX-512) or 4-float (SSE2) vectors, then 8 floats (AVX-512), then the
-       rest in one masked 8-float vector (AVX-512) or one by one. The AVX-512 tail is 256 bits wide: a masked
+       rest in one masked 8-float vector (AVX-512) or one by one (the only loop without SSE2: other CPUs). The AVX-512 tail is 256 bits wide: a masked
        64-byte load overlapping an earlier masked store (col2im's next row, 48 bytes on at LeNet conv2) is not
        forwarded and waits for it (col2im took 1.8x main's time with 512-bit tails). */
     #if defined(__AVX512F__) && defined(__AVX512VL__)
@@ -78,8 +80,10 @@ cdef extern from *:
         if (n > 0)
             _mm256_mask_storeu_ps(d, CAFFE_LOWER_M8(n), _mm256_maskz_loadu_ps(CAFFE_LOWER_M8(n), s));
     #else
+    #if defined(__SSE2__)
         for (; n >= 4; n -= 4, d += 4, s += 4)
             _mm_storeu_ps(d, _mm_loadu_ps(s));
+    #endif
         for (; n > 0; n--)
             *d++ = *s++;
     #endif
@@ -95,10 +99,12 @@ cdef extern from *:
         if (n > 0)
             _mm256_mask_storeu_pd(d, (__mmask8)((1u << n) - 1u), _mm256_maskz_loadu_pd((__mmask8)((1u << n) - 1u), s));
     #else
+    #if defined(__SSE2__)
         for (; n >= 2; n -= 2, d += 2, s += 2)
             _mm_storeu_pd(d, _mm_loadu_pd(s));
-        if (n > 0)
-            *d = *s;
+    #endif
+        for (; n > 0; n--)
+            *d++ = *s++;
     #endif
     }
     /* float32 widened to float64 (the exact short-K forward's lowering) */
@@ -126,8 +132,10 @@ cdef extern from *:
             _mm256_mask_storeu_ps(d, m, _mm256_add_ps(_mm256_maskz_loadu_ps(m, d), _mm256_maskz_loadu_ps(m, s)));
         }
     #else
+    #if defined(__SSE2__)
         for (; n >= 4; n -= 4, d += 4, s += 4)
             _mm_storeu_ps(d, _mm_add_ps(_mm_loadu_ps(d), _mm_loadu_ps(s)));
+    #endif
         for (; n > 0; n--)
             *d++ += *s++;
     #endif
@@ -145,10 +153,12 @@ cdef extern from *:
             _mm256_mask_storeu_pd(d, m, _mm256_add_pd(_mm256_maskz_loadu_pd(m, d), _mm256_maskz_loadu_pd(m, s)));
         }
     #else
+    #if defined(__SSE2__)
         for (; n >= 2; n -= 2, d += 2, s += 2)
             _mm_storeu_pd(d, _mm_add_pd(_mm_loadu_pd(d), _mm_loadu_pd(s)));
-        if (n > 0)
-            *d += *s;
+    #endif
+        for (; n > 0; n--)
+            *d++ += *s++;
     #endif
     }
     """
