@@ -337,6 +337,49 @@ def test_max_pooling_3x3_stride2_kernel_every_width_and_pad(build):
                 _check_k3s2(mod, x, pad, ceil, f"{build} W {W} pad {pad} ceil {ceil}")
 
 
+def _scatter_reference(dy, mask, planes, HW, PHW):
+    """Caffe's MAX backward: dx = 0, then dx[argmax] += dy in output order (indices outside the plane dropped)."""
+    dx = np.zeros(planes * HW, dy.dtype)
+    for p in range(planes):
+        plane = dx[p * HW:(p + 1) * HW]
+        for k in range(PHW):
+            i = mask[p * PHW + k]
+            if 0 <= i < HW:
+                plane[i] = plane[i] + dy[p * PHW + k]
+    return dx
+
+
+@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_max_pooling_2x2_backward_rows_are_the_scatters_bits(build, dtype):
+    """2x2 / stride 2 windows tiling the plane: the backward writes each output row's two image rows (float32 rows of
+    8 and more outputs in the AVX2 / AVX-512 builds) instead of zeroing and scattering: the scatter's bits for every
+    row width 1-40 (blocks of 8, the last one overlapping), dy with -0 (0 + -0 is +0), NaN and inf, and masks edited
+    between forward and backward (an argmax in another window, -1, past the plane: that plane by the scatter)."""
+    mod = build_module("pooling", build)
+    rng = np.random.default_rng(5)
+    for PW in range(1, 41):
+        PH, planes = 1 + PW % 3, 3
+        H, W = 2 * PH, 2 * PW
+        x = rng.integers(-3, 4, planes * H * W).astype(dtype)  # ties: the first maximum
+        y, mask = np.empty(planes * PH * PW, dtype), np.empty(planes * PH * PW, np.int32)
+        mod.max_pool_forward(x, y, mask, planes, H, W, PH, PW, 2, 2, 2, 2, 0, 0)
+        dy = rng.standard_normal(y.size).astype(dtype)
+        dy[rng.integers(0, dy.size, 4)] = rng.choice([-0.0, np.nan, np.inf, -np.inf], 4)
+        for edit in (None, "other window", "negative", "past the plane"):
+            m = mask.copy()
+            if edit == "other window":  # plane 1's first output takes plane 1's last pixel
+                m[PH * PW] = H * W - 1
+            elif edit == "negative":
+                m[rng.integers(0, m.size)] = -1
+            elif edit == "past the plane":
+                m[-1] = H * W + 3
+            dx = np.full(planes * H * W, 5, dtype)
+            mod.max_pool_backward(dy, m, dx, planes, H * W, PH * PW, W, PW)
+            want = _scatter_reference(dy, m, planes, H * W, PH * PW)
+            np.testing.assert_array_equal(_bits(dx), _bits(want), err_msg=f"PW {PW}, mask edit {edit}")
+
+
 def test_max_pooling_backward_drops_an_argmax_outside_the_plane():
     # A mask top edited between forward and backward (Caffe's backward reads the argmax back from it): an index past
     # the plane is dropped (it was written into the next plane's dx), a negative one skipped, as before.

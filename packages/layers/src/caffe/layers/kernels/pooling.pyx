@@ -274,8 +274,47 @@ cdef extern from *:
             pw += 8;
         }
     }
+    /* MAX 2x2 / stride 2 backward on whole windows, one output row (PW >= 8, blocks of eight, the last ending at the
+       row's end): dx rows r0, r1 = dy at each window's argmax, 0 at its other three pixels (Caffe's dx = 0, then
+       dx[argmax] += dy: one add to +0, so -0 becomes +0 here too), with no scatter and no zeroing pass. Returns 0,
+       having written part of the rows, where an argmax is not one of its window's four pixels (a mask top edited
+       before the backward): the caller then redoes the plane by the scatter. */
+    static inline int caffe_pool_back_2x2_row8(const float* dy, const int* mask, float* r0, float* r1,
+                                               Py_ssize_t PW, int top0, int W) {
+        const __m256i lane2 = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+        const __m256i o1 = _mm256_set1_epi32(1), oW = _mm256_set1_epi32(W), oW1 = _mm256_set1_epi32(W + 1);
+        Py_ssize_t pw = 0;
+        for (;;) {
+            if (pw + 8 > PW)
+                pw = PW - 8;
+            __m256i rel = _mm256_sub_epi32(_mm256_loadu_si256((const __m256i*)(mask + pw)),
+                                           _mm256_add_epi32(_mm256_set1_epi32(top0 + 2 * (int)pw), lane2));
+            __m256 d = _mm256_add_ps(_mm256_setzero_ps(), _mm256_loadu_ps(dy + pw));
+            __m256 e00 = _mm256_castsi256_ps(_mm256_cmpeq_epi32(rel, _mm256_setzero_si256()));
+            __m256 e01 = _mm256_castsi256_ps(_mm256_cmpeq_epi32(rel, o1));
+            __m256 e10 = _mm256_castsi256_ps(_mm256_cmpeq_epi32(rel, oW));
+            __m256 e11 = _mm256_castsi256_ps(_mm256_cmpeq_epi32(rel, oW1));
+            if (_mm256_movemask_ps(_mm256_or_ps(_mm256_or_ps(e00, e01), _mm256_or_ps(e10, e11))) != 0xFF)
+                return 0;
+            __m256 a = _mm256_and_ps(d, e00), b = _mm256_and_ps(d, e01);  /* row r0: even, odd columns */
+            __m256 lo = _mm256_unpacklo_ps(a, b), hi = _mm256_unpackhi_ps(a, b);
+            _mm256_storeu_ps(r0 + 2 * pw, _mm256_permute2f128_ps(lo, hi, 0x20));
+            _mm256_storeu_ps(r0 + 2 * pw + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+            a = _mm256_and_ps(d, e10);
+            b = _mm256_and_ps(d, e11);
+            lo = _mm256_unpacklo_ps(a, b);
+            hi = _mm256_unpackhi_ps(a, b);
+            _mm256_storeu_ps(r1 + 2 * pw, _mm256_permute2f128_ps(lo, hi, 0x20));
+            _mm256_storeu_ps(r1 + 2 * pw + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+            if (pw + 8 >= PW)
+                return 1;
+            pw += 8;
+        }
+    }
     #else
     #define CAFFE_POOL_AVX2 0
+    static inline int caffe_pool_back_2x2_row8(const float* dy, const int* mask, float* r0, float* r1,
+                                               Py_ssize_t PW, int top0, int W) { return 0; }
     static inline void caffe_poolv_vrows_f8(const float* h0, Py_ssize_t rows, Py_ssize_t PW, float* yr) {}
     static inline void caffe_pool_2x2_f8(const float* r0, const float* r1, float* y, int* mask, int top0,
                                          int W) {}
@@ -288,6 +327,8 @@ cdef extern from *:
     #endif
     """
     bint CAFFE_POOL_AVX2
+    int caffe_pool_back_2x2_row8(const float* dy, const int* mask, float* r0, float* r1, Py_ssize_t PW, int top0,
+                                 int W) nogil
     void caffe_pool_h_k3s2_f8(const float* src, float* hm, int* hc) nogil
     void caffe_poolv_h_k3s2_f8(const float* src, float* hm) nogil
     void caffe_poolv_2x2_f8(const float* r0, const float* r1, float* y) nogil
@@ -1033,6 +1074,23 @@ cdef inline void _ave_plane(const real* x, real* y, Py_ssize_t H, Py_ssize_t W,
             yr[pw] = yr[pw] / (hsize * _ave_extent(pw, kw, sw, pad_w, W))
 
 
+cdef inline void _max_back_plane_2x2(const real* dy, const int* mask, real* dx, Py_ssize_t W, Py_ssize_t PH,
+                                     Py_ssize_t PW) noexcept nogil:
+    """_max_back_plane for 2x2 / stride 2 windows that tile the plane (max_pool_forward's whole_2x2): float32 rows of
+    at least 8 outputs by caffe_pool_back_2x2_row8, the same bits; the rest, and a plane whose mask has an argmax
+    outside its window, by the scatter."""
+    cdef Py_ssize_t ph
+    if real is float:
+        if CAFFE_POOL_AVX2 and PW >= 8:
+            for ph in range(PH):
+                if not caffe_pool_back_2x2_row8(dy + ph * PW, mask + ph * PW, dx + 2 * ph * W, dx + (2 * ph + 1) * W,
+                                                PW, <int>(2 * ph * W), <int>W):
+                    break
+            else:
+                return
+    _max_back_plane(dy, mask, dx, 4 * PH * PW, PH * PW)
+
+
 cdef inline void _max_back_plane(const real* dy, const int* mask, real* dx, Py_ssize_t HW,
                                  Py_ssize_t PHW) noexcept nogil:
     cdef Py_ssize_t k
@@ -1434,9 +1492,13 @@ def ave_pool_forward(const real[::1] x, real[::1] y, Py_ssize_t planes,
 
 
 def max_pool_backward(const real[::1] dy, const int[::1] mask, real[::1] dx,
-                      Py_ssize_t planes, Py_ssize_t HW, Py_ssize_t PHW):
-    """dx = 0, then dx[mask] += dy, plane by plane."""
+                      Py_ssize_t planes, Py_ssize_t HW, Py_ssize_t PHW, Py_ssize_t W=0, Py_ssize_t PW=0):
+    """dx = 0, then dx[mask] += dy, plane by plane. W and PW given (> 0): the windows are 2x2 / stride 2 and tile
+    the plane (HW = 4 PHW, W = 2 PW: max_pool_forward's whole_2x2), which the kernel then writes row by row."""
     cdef Py_ssize_t p
+    # (only where the rows have a vector path: float32 rows of 8 and more in the AVX2 / AVX-512 builds)
+    cdef bint whole_2x2 = (W > 0 and PW >= 8 and W == 2 * PW and HW == 4 * PHW and PHW % PW == 0 and real is float
+                           and CAFFE_POOL_AVX2)
     if planes * HW == 0:
         return
     _check(dx.shape[0], planes * HW, "bottom diff")
@@ -1451,8 +1513,12 @@ def max_pool_backward(const real[::1] dy, const int[::1] mask, real[::1] dx,
     cdef int nt = _threads(planes * (HW + PHW))
     cdef Py_ssize_t g = _grab(HW + PHW)
     with nogil:
-        for p in prange(planes, schedule="dynamic", chunksize=g, num_threads=nt):
-            _max_back_plane(dyp + p * PHW, mp + p * PHW, dxp + p * HW, HW, PHW)
+        if whole_2x2:
+            for p in prange(planes, schedule="dynamic", chunksize=g, num_threads=nt):
+                _max_back_plane_2x2(dyp + p * PHW, mp + p * PHW, dxp + p * HW, W, PHW // PW, PW)
+        else:
+            for p in prange(planes, schedule="dynamic", chunksize=g, num_threads=nt):
+                _max_back_plane(dyp + p * PHW, mp + p * PHW, dxp + p * HW, HW, PHW)
 
 
 def ave_pool_backward(const real[::1] dy, real[::1] dx, Py_ssize_t planes,
