@@ -52,6 +52,7 @@ cpdef enum Act:
 cdef extern from *:
     """
     #include <stddef.h>
+    #include <string.h>
     #if defined(__SSE2__)
     #include <immintrin.h>
     #endif
@@ -89,6 +90,10 @@ cdef extern from *:
         if (n & 1)
             d[0] = s[0];
     #else
+        if (n >= 64) {  /* long runs (a "same" layer's image rows, one run per image): libc's copy, wider than SSE2 */
+            memcpy(d, s, (size_t)n * sizeof(float));
+            return;
+        }
     #if defined(__SSE2__)
         for (; n >= 4; n -= 4, d += 4, s += 4)
             _mm_storeu_ps(d, _mm_loadu_ps(s));
@@ -108,6 +113,10 @@ cdef extern from *:
         if (n > 0)
             _mm256_mask_storeu_pd(d, (__mmask8)((1u << n) - 1u), _mm256_maskz_loadu_pd((__mmask8)((1u << n) - 1u), s));
     #else
+        if (n >= 32) {
+            memcpy(d, s, (size_t)n * sizeof(double));
+            return;
+        }
     #if defined(__SSE2__)
         for (; n >= 2; n -= 2, d += 2, s += 2)
             _mm_storeu_pd(d, _mm_loadu_pd(s));
