@@ -44,11 +44,13 @@ cpdef enum Act:
     ACT_CLIP = 2
 
 
-# The short row copies and adds of im2col / col2im (LeNet conv2: rows of 8): restrict-qualified loops, and in the
-# AVX-512 build (lowering_avx512) 16-float vectors with one masked vector for the row's end. A copy or an add per
-# element, so the same bits in every build. LeNet conv2's im2col (64x20x12x12, 5x5: 8 MB of rows of 8) took 0.65 ms
-# in the Cython loops, 0.38-0.41 as restrict loops, 0.28 with the AVX-512 vectors (the loops' 256-bit AVX2 form,
-# split into 128-bit halves by GCC's generic tuning, was slower than SSE2's: no AVX2 build).
+# The row copies and adds of im2col / col2im (LeNet conv2's rows are 8 positions long): C helpers, in the baseline
+# build by 4 floats (SSE2) and libc's memcpy for long runs, in the AVX-512 build (lowering_avx512) by 16, then 8, 4, 2
+# and 1, never masked (a masked load after an overlapping masked store is not forwarded, and masked loads that miss
+# the cache are slow on Zen 5: col2im and the 1x1 / 2 im2col measured 1.7-1.8x slower with masked row ends); the
+# loops over a block's images and rows in C too. A copy or one add per element: the same bits in every build.
+# Measured (packages/layers/bench/ab_lowering.py; bench/README.md, session 16): LeNet conv2's im2col 0.67 -> 0.28 ms,
+# col2im 0.48 -> 0.30-0.34. GCC's own 256-bit AVX2 forms measured no faster than SSE2's: no AVX2 build.
 cdef extern from *:
     """
     #include <stddef.h>
@@ -60,37 +62,17 @@ cdef extern from *:
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC optimize("no-tree-loop-distribute-patterns")
     #endif
-    /* Each helper walks a row in 16-float (AVX-512) or 4-float (SSE2) vectors, then 8 floats (AVX-512), then the
-       rest in one masked 8-float vector (AVX-512) or one by one (the only loop without SSE2: other CPUs). The AVX-512 tail is 256 bits wide: a masked
-       64-byte load overlapping an earlier masked store (col2im's next row, 48 bytes on at LeNet conv2) is not
-       forwarded and waits for it (col2im took 1.8x main's time with 512-bit tails). */
     #if defined(__AVX512F__) && defined(__AVX512VL__)
     #define CAFFE_LOWER_V512 1
-    #define CAFFE_LOWER_M8(n) ((__mmask8)((1u << (n)) - 1u))
     #else
     #define CAFFE_LOWER_V512 0
     #endif
+    /* d[k] = s[k], k < n: by 4 floats, and by libc's memcpy for long runs (a "same" layer's image rows, one run per
+       image), in both builds: 16- and 8-float vectors measured slower here (0.29 against 0.22 ms at LeNet conv2, rows
+       of 8 floats 48 bytes apart: a wider load crosses a cache line more often; 0.27-0.41 against 0.23-0.32 with
+       long runs) */
     static inline void caffe_lower_copy_f(float* __restrict d, const float* __restrict s, ptrdiff_t n) {
-    #if CAFFE_LOWER_V512
-        for (; n >= 16; n -= 16, d += 16, s += 16)
-            _mm512_storeu_ps(d, _mm512_loadu_ps(s));
-        if (n >= 8) {
-            _mm256_storeu_ps(d, _mm256_loadu_ps(s));
-            n -= 8, d += 8, s += 8;
-        }
-        if (n & 4) {  /* (n < 8 now: the rest by 4, 2 and 1, no loop) */
-            _mm_storeu_ps(d, _mm_loadu_ps(s));
-            d += 4, s += 4;
-        }
-        if (n & 2) {
-            d[0] = s[0];
-            d[1] = s[1];
-            d += 2, s += 2;
-        }
-        if (n & 1)
-            d[0] = s[0];
-    #else
-        if (n >= 64) {  /* long runs (a "same" layer's image rows, one run per image): libc's copy, wider than SSE2 */
+        if (n >= 64) {
             memcpy(d, s, (size_t)n * sizeof(float));
             return;
         }
@@ -100,91 +82,22 @@ cdef extern from *:
     #endif
         for (; n > 0; n--)
             *d++ = *s++;
-    #endif
     }
+    /* float64 (rarer: plain loops, vectorized as GCC sees fit, and memcpy for long runs) */
     static inline void caffe_lower_copy_d(double* __restrict d, const double* __restrict s, ptrdiff_t n) {
-    #if CAFFE_LOWER_V512
-        for (; n >= 8; n -= 8, d += 8, s += 8)
-            _mm512_storeu_pd(d, _mm512_loadu_pd(s));
-        if (n >= 4) {
-            _mm256_storeu_pd(d, _mm256_loadu_pd(s));
-            n -= 4, d += 4, s += 4;
-        }
-        if (n > 0)
-            _mm256_mask_storeu_pd(d, (__mmask8)((1u << n) - 1u), _mm256_maskz_loadu_pd((__mmask8)((1u << n) - 1u), s));
-    #else
         if (n >= 32) {
             memcpy(d, s, (size_t)n * sizeof(double));
             return;
         }
-    #if defined(__SSE2__)
-        for (; n >= 2; n -= 2, d += 2, s += 2)
-            _mm_storeu_pd(d, _mm_loadu_pd(s));
-    #endif
         for (; n > 0; n--)
             *d++ = *s++;
-    #endif
     }
-    /* float32 widened to float64 (the exact short-K forward's lowering) */
+    /* float32 widened to float64 (the exact short-K forward's lowering where kernels.exact_gemm is not used) */
     static inline void caffe_lower_copy_fd(double* __restrict d, const float* __restrict s, ptrdiff_t n) {
-    #if CAFFE_LOWER_V512
-        for (; n >= 8; n -= 8, d += 8, s += 8)
-            _mm512_storeu_pd(d, _mm512_cvtps_pd(_mm256_loadu_ps(s)));
-        if (n > 0)
-            _mm512_mask_storeu_pd(d, CAFFE_LOWER_M8(n), _mm512_cvtps_pd(_mm256_maskz_loadu_ps(CAFFE_LOWER_M8(n), s)));
-    #else
         for (; n > 0; n--)
             *d++ = (double)*s++;
-    #endif
     }
-    /* `planes` x `rows` rows of n: d[p dn + r ds + k] = s[p sn + r ss + k] (+= for the adds): the loops over a block's
-       images and rows of im2col's valid layers and of col2im, in C (the Cython loops around the row helpers cost
-       40-50 cycles a row in the AVX-512 build: LeNet conv2's im2col 0.48 ms against 0.10 in a C loop) */
-    #define CAFFE_LOWER_PLANES(name, td, ts, row)                                                            \
-        static inline void name(td* __restrict d, ptrdiff_t dn, const ts* __restrict s, ptrdiff_t sn,      \
-                                ptrdiff_t planes, ptrdiff_t ds, ptrdiff_t ss, ptrdiff_t rows, ptrdiff_t n) { \
-            ptrdiff_t p, r;                                                                                \
-            for (p = 0; p < planes; p++)                                                                   \
-                for (r = 0; r < rows; r++)                                                                 \
-                    row(d + p * dn + r * ds, s + p * sn + r * ss, n);                                      \
-        }
-    CAFFE_LOWER_PLANES(caffe_lower_copy_planes_f, float, float, caffe_lower_copy_f)
-    CAFFE_LOWER_PLANES(caffe_lower_copy_planes_d, double, double, caffe_lower_copy_d)
-    CAFFE_LOWER_PLANES(caffe_lower_copy_planes_fd, double, float, caffe_lower_copy_fd)
-    /* The AVX-512 build's d[k] = s[k * stride], k < n (im2col's strided rows; the baseline build keeps its loop,
-       which GCC vectorizes well for SSE2): stride 2 (rows of 16 and more) by a permute of two loads of 16; other
-       strides and shorter rows one by one, kept scalar (GCC 12 vectorized the loop for AVX-512 into element
-       inserts: ResNet-50 conv1's im2col took 6.0 ms instead of the baseline's 4.4, CaffeNet's 3.4 instead of 2.5) */
-    #if defined(__GNUC__) && !defined(__clang__)
-    __attribute__((noinline, optimize("no-tree-vectorize")))
-    #endif
-    static void caffe_lower_strided_scalar_f(float* __restrict d, const float* __restrict s, ptrdiff_t n,
-                                             ptrdiff_t stride) {
-        ptrdiff_t k;
-        for (k = 0; k < n; k++)
-            d[k] = s[k * stride];
-    }
-    static inline void caffe_lower_strided_f(float* __restrict d, const float* __restrict s, ptrdiff_t n,
-                                             ptrdiff_t stride) {
-    #if CAFFE_LOWER_V512
-        if (stride == 2 && n >= 16) {  /* blocks of 16, the last one ending at the row's end (plain loads only:
-                                          masked ones that miss the cache are slow on Zen 5) */
-            const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 17, 19, 21, 23, 25, 27, 29, 31);
-            ptrdiff_t k = 0;
-            for (;;) {
-                if (k + 16 > n)
-                    k = n - 16;
-                /* s[2k .. 2k + 15] and s[2k + 15 .. 2k + 30]: never past s[2 n - 2] */
-                _mm512_storeu_ps(d + k, _mm512_permutex2var_ps(_mm512_loadu_ps(s + 2 * k), even,
-                                                               _mm512_loadu_ps(s + 2 * k + 15)));
-                if (k + 16 >= n)
-                    return;
-                k += 16;
-            }
-        }
-    #endif
-        caffe_lower_strided_scalar_f(d, s, n, stride);
-    }
+    /* d[k] += s[k], k < n */
     static inline void caffe_lower_add_f(float* __restrict d, const float* __restrict s, ptrdiff_t n) {
     #if CAFFE_LOWER_V512
         for (; n >= 16; n -= 16, d += 16, s += 16)
@@ -193,7 +106,7 @@ cdef extern from *:
             _mm256_storeu_ps(d, _mm256_add_ps(_mm256_loadu_ps(d), _mm256_loadu_ps(s)));
             n -= 8, d += 8, s += 8;
         }
-        if (n & 4) {  /* (n < 8 now: the rest by 4, 2 and 1, no loop) */
+        if (n & 4) {
             _mm_storeu_ps(d, _mm_add_ps(_mm_loadu_ps(d), _mm_loadu_ps(s)));
             d += 4, s += 4;
         }
@@ -214,30 +127,124 @@ cdef extern from *:
     #endif
     }
     static inline void caffe_lower_add_d(double* __restrict d, const double* __restrict s, ptrdiff_t n) {
-    #if CAFFE_LOWER_V512
-        for (; n >= 8; n -= 8, d += 8, s += 8)
-            _mm512_storeu_pd(d, _mm512_add_pd(_mm512_loadu_pd(d), _mm512_loadu_pd(s)));
-        if (n >= 4) {
-            _mm256_storeu_pd(d, _mm256_add_pd(_mm256_loadu_pd(d), _mm256_loadu_pd(s)));
-            n -= 4, d += 4, s += 4;
-        }
-        if (n > 0) {
-            __mmask8 m = (__mmask8)((1u << n) - 1u);
-            _mm256_mask_storeu_pd(d, m, _mm256_add_pd(_mm256_maskz_loadu_pd(m, d), _mm256_maskz_loadu_pd(m, s)));
-        }
-    #else
-    #if defined(__SSE2__)
-        for (; n >= 2; n -= 2, d += 2, s += 2)
-            _mm_storeu_pd(d, _mm_add_pd(_mm_loadu_pd(d), _mm_loadu_pd(s)));
-    #endif
         for (; n > 0; n--)
             *d++ += *s++;
-    #endif
     }
+    /* d[k] = 0, k < n (a "same" layer's padding rows and its rows' first or last columns, 1 or 2): memset for long
+       runs, short ones by 4 floats and single stores, no loop GCC would vectorize with masked AVX-512 stores (the
+       AVX-512 build's "same" im2col took 1.2-1.5x the baseline build's time with the Cython zeroing loops; the other
+       paths keep their loops, which measured faster there than these) */
+    static inline void caffe_lower_zero_f(float* d, ptrdiff_t n) {
+        if (n >= 32) {
+            memset(d, 0, (size_t)n * sizeof(float));
+            return;
+        }
+    #if defined(__SSE2__)
+        for (; n >= 4; n -= 4, d += 4)
+            _mm_storeu_ps(d, _mm_setzero_ps());
+    #else
+        for (; n >= 4; n -= 4, d += 4)
+            d[0] = d[1] = d[2] = d[3] = 0;
+    #endif
+        if (n & 2) {
+            d[0] = d[1] = 0;
+            d += 2;
+        }
+        if (n & 1)
+            d[0] = 0;
+    }
+    static inline void caffe_lower_zero_d(double* d, ptrdiff_t n) {
+        if (n >= 16) {
+            memset(d, 0, (size_t)n * sizeof(double));
+            return;
+        }
+        for (; n >= 2; n -= 2, d += 2)
+            d[0] = d[1] = 0;
+        if (n & 1)
+            d[0] = 0;
+    }
+    /* `planes` x `rows` rows of n: d[p dn + r ds + k] = s[p sn + r ss + k] (+= for the adds): the loops over a block's
+       images and rows of im2col's valid layers and of col2im, in C (the Cython loops around the row helpers cost
+       40-50 cycles a row in the AVX-512 build: LeNet conv2's im2col 0.48 ms against 0.10 in a C loop) */
+    #define CAFFE_LOWER_PLANES(name, td, ts, row)                                                            \
+        static inline void name(td* __restrict d, ptrdiff_t dn, const ts* __restrict s, ptrdiff_t sn,      \
+                                ptrdiff_t planes, ptrdiff_t ds, ptrdiff_t ss, ptrdiff_t rows, ptrdiff_t n) { \
+            ptrdiff_t p, r;                                                                                \
+            for (p = 0; p < planes; p++)                                                                   \
+                for (r = 0; r < rows; r++)                                                                 \
+                    row(d + p * dn + r * ds, s + p * sn + r * ss, n);                                      \
+        }
+    CAFFE_LOWER_PLANES(caffe_lower_copy_planes_f, float, float, caffe_lower_copy_f)
+    CAFFE_LOWER_PLANES(caffe_lower_copy_planes_d, double, double, caffe_lower_copy_d)
+    CAFFE_LOWER_PLANES(caffe_lower_copy_planes_fd, double, float, caffe_lower_copy_fd)
     CAFFE_LOWER_PLANES(caffe_lower_add_planes_f, float, float, caffe_lower_add_f)
     CAFFE_LOWER_PLANES(caffe_lower_add_planes_d, double, double, caffe_lower_add_d)
+    /* The AVX-512 build's d[k] = s[k * stride], k < n (im2col's strided rows; the baseline build keeps its loop,
+       which GCC vectorizes well for SSE2): stride 2 (rows of 16 and more) by a permute of two loads of 16; other
+       strides and shorter rows one by one, kept scalar (GCC 12 vectorized the loop for AVX-512 into element
+       inserts: ResNet-50 conv1's im2col took 6.0 ms instead of the baseline's 4.4, CaffeNet's 3.4 instead of 2.5) */
+    #if defined(__GNUC__) && !defined(__clang__)
+    __attribute__((noinline, optimize("no-tree-vectorize")))
+    #endif
+    static void caffe_lower_strided_scalar_f(float* __restrict d, const float* __restrict s, ptrdiff_t n,
+                                             ptrdiff_t stride) {
+        ptrdiff_t k;
+        for (k = 0; k < n; k++)
+            d[k] = s[k * stride];
+    }
+    static inline void caffe_lower_strided_f(float* __restrict d, const float* __restrict s, ptrdiff_t n,
+                                             ptrdiff_t stride);
+    /* `rows` output rows of OW (ds apart) from image rows ss apart: columns [lo, hi) d[k] = s[k * stride], the
+       others 0 (the AVX-512 build's strided im2col rows, the loop in C, scalar but for stride 2) */
+    #if defined(__GNUC__) && !defined(__clang__)
+    __attribute__((noinline, optimize("no-tree-vectorize")))
+    #endif
+    static void caffe_lower_strided_rows_f(float* __restrict d, ptrdiff_t ds, const float* __restrict s, ptrdiff_t ss,
+                                           ptrdiff_t rows, ptrdiff_t OW, ptrdiff_t lo, ptrdiff_t hi,
+                                           ptrdiff_t stride) {
+        ptrdiff_t r, k;
+        for (r = 0; r < rows; r++, d += ds, s += ss) {
+            for (k = 0; k < lo; k++)
+                d[k] = 0;
+            if (stride == 2 && hi - lo >= 16)
+                caffe_lower_strided_f(d + lo, s + lo * stride, hi - lo, stride);
+            else
+                for (k = lo; k < hi; k++)
+                    d[k] = s[k * stride];
+            for (k = hi; k < OW; k++)
+                d[k] = 0;
+        }
+    }
+    static inline void caffe_lower_strided_f(float* __restrict d, const float* __restrict s, ptrdiff_t n,
+                                             ptrdiff_t stride) {
+    #if CAFFE_LOWER_V512
+        if (stride == 2 && n >= 16) {  /* blocks of 16, the last one ending at the row's end (plain loads only) */
+            const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 17, 19, 21, 23, 25, 27, 29, 31);
+            ptrdiff_t k = 0;
+            for (;;) {
+                if (k + 16 > n)
+                    k = n - 16;
+                /* s[2k .. 2k + 15] and s[2k + 15 .. 2k + 30]: never past s[2 n - 2] */
+                _mm512_storeu_ps(d + k, _mm512_permutex2var_ps(_mm512_loadu_ps(s + 2 * k), even,
+                                                               _mm512_loadu_ps(s + 2 * k + 15)));
+                if (k + 16 >= n)
+                    return;
+                k += 16;
+            }
+        }
+    #endif
+        caffe_lower_strided_scalar_f(d, s, n, stride);
+    }
     """
+    bint CAFFE_LOWER_V512
+    void caffe_lower_zero_f(float* d, Py_ssize_t n) nogil
+    void caffe_lower_zero_d(double* d, Py_ssize_t n) nogil
     void caffe_lower_copy_f(float* d, const float* s, Py_ssize_t n) nogil
+    void caffe_lower_copy_d(double* d, const double* s, Py_ssize_t n) nogil
+    void caffe_lower_copy_fd(double* d, const float* s, Py_ssize_t n) nogil
+    void caffe_lower_strided_f(float* d, const float* s, Py_ssize_t n, Py_ssize_t stride) nogil
+    void caffe_lower_strided_rows_f(float* d, Py_ssize_t ds, const float* s, Py_ssize_t ss, Py_ssize_t rows,
+                                    Py_ssize_t OW, Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t stride) nogil
     void caffe_lower_copy_planes_f(float* d, Py_ssize_t dn, const float* s, Py_ssize_t sn, Py_ssize_t planes,
                                    Py_ssize_t ds, Py_ssize_t ss, Py_ssize_t rows, Py_ssize_t n) nogil
     void caffe_lower_copy_planes_d(double* d, Py_ssize_t dn, const double* s, Py_ssize_t sn, Py_ssize_t planes,
@@ -248,12 +255,16 @@ cdef extern from *:
                                   Py_ssize_t ds, Py_ssize_t ss, Py_ssize_t rows, Py_ssize_t n) nogil
     void caffe_lower_add_planes_d(double* d, Py_ssize_t dn, const double* s, Py_ssize_t sn, Py_ssize_t planes,
                                   Py_ssize_t ds, Py_ssize_t ss, Py_ssize_t rows, Py_ssize_t n) nogil
-    void caffe_lower_copy_d(double* d, const double* s, Py_ssize_t n) nogil
-    void caffe_lower_copy_fd(double* d, const float* s, Py_ssize_t n) nogil
-    void caffe_lower_add_f(float* d, const float* s, Py_ssize_t n) nogil
-    void caffe_lower_strided_f(float* d, const float* s, Py_ssize_t n, Py_ssize_t stride) nogil
-    bint CAFFE_LOWER_V512
-    void caffe_lower_add_d(double* d, const double* s, Py_ssize_t n) nogil
+
+
+cdef inline void _zero(real_out* d, Py_ssize_t n) noexcept nogil:
+    """d[k] = 0, k < n."""
+    if n <= 0:
+        return
+    if real_out is float:
+        caffe_lower_zero_f(d, n)
+    else:
+        caffe_lower_zero_d(d, n)
 
 
 cdef inline void _copy_row(real_out* d, const real* s, Py_ssize_t n) noexcept nogil:
@@ -291,23 +302,13 @@ cdef inline void _copy_planes(real_out* d, Py_ssize_t dn, const real* s, Py_ssiz
 
 cdef inline void _add_planes(real* d, Py_ssize_t dn, const real* s, Py_ssize_t sn, Py_ssize_t planes,
                              Py_ssize_t ds, Py_ssize_t ss, Py_ssize_t rows, Py_ssize_t n) noexcept nogil:
-    """_add_row over `planes` x `rows` rows: d + p dn + r ds += s + p sn + r ss."""
+    """d + p dn + r ds += s + p sn + r ss, n each, over `planes` x `rows` rows (they never overlap)."""
     if planes <= 0 or rows <= 0 or n <= 0:
         return
     if real is float:
         caffe_lower_add_planes_f(d, dn, s, sn, planes, ds, ss, rows, n)
     else:
         caffe_lower_add_planes_d(d, dn, s, sn, planes, ds, ss, rows, n)
-
-
-cdef inline void _add_row(real* d, const real* s, Py_ssize_t n) noexcept nogil:
-    """d[k] += s[k], k < n; d and s never overlap."""
-    if n <= 0:
-        return
-    if real is float:
-        caffe_lower_add_f(d, s, n)
-    else:
-        caffe_lower_add_d(d, s, n)
 
 
 cdef inline real_out _act(real_out y, int act, real_out a, real_out b) noexcept nogil:
@@ -369,10 +370,8 @@ cdef inline void _im2col_rows(const real* im, real_out* dst, Py_ssize_t n0, Py_s
             b = a
         for n in range(n0, n1):
             d = dst + n * n_stride - oh0 * OW
-            for k in range(oh0 * OW, a * OW):
-                d[k] = 0
-            for k in range(b * OW, oh1 * OW):
-                d[k] = 0
+            _zero(d + oh0 * OW, (a - oh0) * OW)
+            _zero(d + b * OW, (oh1 - b) * OW)
             if b == a:
                 continue
             d = d + a * OW
@@ -382,10 +381,8 @@ cdef inline void _im2col_rows(const real* im, real_out* dst, Py_ssize_t n0, Py_s
             _copy_row(d + k0, src + k0, k1 - k0)
             if lo > 0 or hi < OW:
                 for r in range(b - a):
-                    for ow in range(lo):
-                        d[r * OW + ow] = 0
-                    for ow in range(hi, OW):
-                        d[r * OW + ow] = 0
+                    _zero(d + r * OW, lo)
+                    _zero(d + r * OW + hi, OW - hi)
         return
     # the output rows a..b-1 read image rows (h = oh * stride_h - pad_h + i * dil_h inside [0, H)); the others are 0
     _col_range(i * dil_h - pad_h, H, stride_h, oh1, &a, &b)
@@ -406,13 +403,14 @@ cdef inline void _im2col_rows(const real* im, real_out* dst, Py_ssize_t n0, Py_s
             d[k] = 0
         src = im + n * plane_stride + (a * stride_h - pad_h + i * dil_h) * W + w0
         d = d + a * OW
+        if real is float and real_out is float and CAFFE_LOWER_V512 and stride_w > 1:
+            caffe_lower_strided_rows_f(d, OW, src, stride_h * W, b - a, OW, lo, hi, stride_w)
+            continue
         for r in range(b - a):
             for ow in range(lo):
                 d[ow] = 0
             if stride_w == 1:
                 _copy_row(d + lo, src + lo, hi - lo)
-            elif real is float and real_out is float and CAFFE_LOWER_V512:
-                caffe_lower_strided_f(d + lo, src + lo * stride_w, hi - lo, stride_w)
             else:
                 for ow in range(lo, hi):
                     d[ow] = src[ow * stride_w]
