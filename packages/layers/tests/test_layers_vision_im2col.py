@@ -240,6 +240,31 @@ def test_cython_lowering_of_every_row_length(build, dtype):
             np.testing.assert_allclose(back, definition, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("build", LOWERING_BUILDS)
+def test_cython_lowering_writes_nothing_past_its_band(build):
+    """A band of output rows that ends inside the top padding (a 'same'-width layer with more padding rows than the
+    band has: all of it zero) writes only its band: the lowering once zeroed up to the first row that reads the
+    image, past the band and the buffer (found by the block property's long profile as heap corruption)."""
+    mod = importlib.import_module(f"caffe.layers.kernels.{build}")
+    guard = 256
+    for dtype in (np.float32, np.float64):
+        for (H, W, kh, kw, ph, pw, dh), (oh0, oh1) in (((3, 5, 1, 1, 2, 0, 1), (0, 1)), ((3, 6, 3, 3, 3, 1, 1), (0, 2)),
+                                                      ((1, 4, 3, 1, 2, 0, 2), (0, 1)), ((2, 7, 2, 3, 3, 1, 1), (1, 2))):
+            N, C = 2, 2
+            OH, OW = H + 2 * ph - dh * (kh - 1), W + 2 * pw - (kw - 1)
+            rows, Pb = C * kh * kw, (oh1 - oh0) * OW
+            x = random_array(H * W, (N, C, H, W)).astype(dtype)
+            for rs, ns in ((N * Pb, Pb), (Pb, rows * Pb)):  # the batch and the image layouts
+                buf = np.full(rows * N * Pb + 2 * guard, 7.0, dtype)
+                mod.im2col_2d(x.ravel(), buf[guard:-guard], N, C, H, W, kh, kw, ph, pw, 1, 1, dh, 1, OH, OW, rs, ns,
+                              oh0, oh1)
+                assert (buf[:guard] == 7).all() and (buf[-guard:] == 7).all(), (H, W, kh, kw, ph, pw, oh0, oh1)
+                full = ref_im2col(x.astype(np.float64), (kh, kw), (1, 1), (ph, pw), (dh, 1)).reshape(N, rows, OH, OW)
+                band = full[:, :, oh0:oh1].reshape(N, rows, Pb)
+                want = band.transpose(1, 0, 2).reshape(-1) if rs == N * Pb else band.reshape(-1)
+                np.testing.assert_array_equal(buf[guard:-guard], want)
+
+
 @given(nb=st.integers(1, 4), C=st.integers(1, 5), P=st.integers(1, 40), data=st.data(), bias=st.booleans(),
        dtype=st.sampled_from([np.float32, np.float64]))
 def test_cython_layout_changes_of_a_block_of_positions(nb, C, P, data, bias, dtype):
