@@ -57,8 +57,9 @@ import numpy as np
 from caffe.layers import _cpu
 
 # the compiled lowering (built by the package's hatch hook; None in a source tree without the build): lowering_avx512
-# where the CPU has AVX-512 (its row copies and adds in 512/256-bit vectors, the same bits; LeNet conv2's im2col
-# 0.67 -> 0.39 ms, col2im 0.51 -> 0.39-0.45); no AVX2 build (its 256-bit loops measured no faster than SSE2's)
+# where the CPU has AVX-512 (col2im's row adds in 512-bit vectors, im2col's stride-2 rows by permutes, its other strided
+# rows kept scalar; the same bits as the baseline build), which is the baseline elsewhere: no AVX2 build (GCC's 256-bit
+# loops measured no faster than SSE2's). Figures: packages/layers/bench/README.md, session 16.
 _k = _cpu._load("lowering", avx2=False, avx512=_cpu.USE_AVX512)
 # depthwise_avx2 where the CPU has AVX2 (4 doubles a vector instead of SSE2's 2; the same bits: no FMA):
 # 0.72-0.76x the time of the baseline build at MobileNet's stride-1 shapes

@@ -179,23 +179,29 @@ cdef extern from *:
     CAFFE_LOWER_PLANES(caffe_lower_copy_planes_fd, double, float, caffe_lower_copy_fd)
     CAFFE_LOWER_PLANES(caffe_lower_add_planes_f, float, float, caffe_lower_add_f)
     CAFFE_LOWER_PLANES(caffe_lower_add_planes_d, double, double, caffe_lower_add_d)
-    /* The AVX-512 build's d[k] = s[k * stride], k < n (im2col's strided rows; the baseline build keeps its loop,
-       which GCC vectorizes well for SSE2): stride 2 (rows of 16 and more) by a permute of two loads of 16; other
-       strides and shorter rows one by one, kept scalar (GCC 12 vectorized the loop for AVX-512 into element
-       inserts: ResNet-50 conv1's im2col took 6.0 ms instead of the baseline's 4.4, CaffeNet's 3.4 instead of 2.5) */
-    #if defined(__GNUC__) && !defined(__clang__)
-    __attribute__((noinline, optimize("no-tree-vectorize")))
-    #endif
-    static void caffe_lower_strided_scalar_f(float* __restrict d, const float* __restrict s, ptrdiff_t n,
-                                             ptrdiff_t stride) {
-        ptrdiff_t k;
-        for (k = 0; k < n; k++)
-            d[k] = s[k * stride];
+    /* The AVX-512 build's strided rows (the baseline build keeps its Cython loops, which GCC vectorizes well for
+       SSE2), in C loops kept scalar: GCC 12 vectorized those loops for AVX-512 into element inserts (ResNet-50
+       conv1's im2col took 6.0 ms instead of the baseline's 4.4, CaffeNet's 3.4 instead of 2.5; the strided col2im
+       1.0-1.17x). Stride 2 with rows of 16 and more by a permute of two plain loads of 16 a block, the last block
+       ending at the row's end (d[k] = s[2 k], k < n; s[2k .. 2k + 15] and s[2k + 15 .. 2k + 30]: never past
+       s[2 n - 2]). */
+    #if CAFFE_LOWER_V512
+    static inline void caffe_lower_stride2_f(float* __restrict d, const float* __restrict s, ptrdiff_t n) {
+        const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 17, 19, 21, 23, 25, 27, 29, 31);
+        ptrdiff_t k = 0;
+        for (;;) {
+            if (k + 16 > n)
+                k = n - 16;
+            _mm512_storeu_ps(d + k, _mm512_permutex2var_ps(_mm512_loadu_ps(s + 2 * k), even,
+                                                           _mm512_loadu_ps(s + 2 * k + 15)));
+            if (k + 16 >= n)
+                return;
+            k += 16;
+        }
     }
-    static inline void caffe_lower_strided_f(float* __restrict d, const float* __restrict s, ptrdiff_t n,
-                                             ptrdiff_t stride);
-    /* `rows` output rows of OW (ds apart) from image rows ss apart: columns [lo, hi) d[k] = s[k * stride], the
-       others 0 (the AVX-512 build's strided im2col rows, the loop in C, scalar but for stride 2) */
+    #endif
+    /* im2col: `rows` output rows of OW (ds apart) from image rows ss apart: columns [lo, hi) d[k] = s[k * stride],
+       the others 0 */
     #if defined(__GNUC__) && !defined(__clang__)
     __attribute__((noinline, optimize("no-tree-vectorize")))
     #endif
@@ -206,17 +212,18 @@ cdef extern from *:
         for (r = 0; r < rows; r++, d += ds, s += ss) {
             for (k = 0; k < lo; k++)
                 d[k] = 0;
+    #if CAFFE_LOWER_V512
             if (stride == 2 && hi - lo >= 16)
-                caffe_lower_strided_f(d + lo, s + lo * stride, hi - lo, stride);
+                caffe_lower_stride2_f(d + lo, s + lo * stride, hi - lo);
             else
+    #endif
                 for (k = lo; k < hi; k++)
                     d[k] = s[k * stride];
             for (k = hi; k < OW; k++)
                 d[k] = 0;
         }
     }
-    /* col2im's strided rows in the AVX-512 build: `planes` x `rows` rows, d[k * stride] += s[k], k < n, scalar (the
-       Cython loop, vectorized by GCC into element inserts, read 1.0-1.17x the baseline build's time) */
+    /* col2im: `planes` x `rows` rows of n, d[k * stride] += s[k] */
     #if defined(__GNUC__) && !defined(__clang__)
     __attribute__((noinline, optimize("no-tree-vectorize")))
     #endif
@@ -232,26 +239,6 @@ cdef extern from *:
                     dr[k * stride] += sr[k];
             }
     }
-    static inline void caffe_lower_strided_f(float* __restrict d, const float* __restrict s, ptrdiff_t n,
-                                             ptrdiff_t stride) {
-    #if CAFFE_LOWER_V512
-        if (stride == 2 && n >= 16) {  /* blocks of 16, the last one ending at the row's end (plain loads only) */
-            const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 17, 19, 21, 23, 25, 27, 29, 31);
-            ptrdiff_t k = 0;
-            for (;;) {
-                if (k + 16 > n)
-                    k = n - 16;
-                /* s[2k .. 2k + 15] and s[2k + 15 .. 2k + 30]: never past s[2 n - 2] */
-                _mm512_storeu_ps(d + k, _mm512_permutex2var_ps(_mm512_loadu_ps(s + 2 * k), even,
-                                                               _mm512_loadu_ps(s + 2 * k + 15)));
-                if (k + 16 >= n)
-                    return;
-                k += 16;
-            }
-        }
-    #endif
-        caffe_lower_strided_scalar_f(d, s, n, stride);
-    }
     """
     bint CAFFE_LOWER_V512
     void caffe_lower_zero_f(float* d, Py_ssize_t n) nogil
@@ -259,7 +246,6 @@ cdef extern from *:
     void caffe_lower_copy_f(float* d, const float* s, Py_ssize_t n) nogil
     void caffe_lower_copy_d(double* d, const double* s, Py_ssize_t n) nogil
     void caffe_lower_copy_fd(double* d, const float* s, Py_ssize_t n) nogil
-    void caffe_lower_strided_f(float* d, const float* s, Py_ssize_t n, Py_ssize_t stride) nogil
     void caffe_lower_strided_rows_f(float* d, Py_ssize_t ds, const float* s, Py_ssize_t ss, Py_ssize_t rows,
                                     Py_ssize_t OW, Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t stride) nogil
     void caffe_lower_strided_add_planes_f(float* d, Py_ssize_t dn, const float* s, Py_ssize_t sn, Py_ssize_t planes,
@@ -364,6 +350,17 @@ cdef inline void _col_range(Py_ssize_t w0, Py_ssize_t W, Py_ssize_t stride, Py_s
     hi[0] = b
 
 
+cdef inline void _image_rows(Py_ssize_t i, Py_ssize_t dil_h, Py_ssize_t pad_h, Py_ssize_t H, Py_ssize_t stride_h,
+                             Py_ssize_t oh0, Py_ssize_t oh1, Py_ssize_t* a, Py_ssize_t* b) noexcept nogil:
+    """The output rows [a, b) of the band [oh0, oh1) whose kernel row i reads an image row (h = oh * stride_h - pad_h
+    + i * dil_h inside [0, H)); oh0 <= a <= b <= oh1 (a band wholly in the padding: a == b)."""
+    _col_range(i * dil_h - pad_h, H, stride_h, oh1, a, b)
+    if a[0] < oh0:
+        a[0] = oh0
+    if b[0] < a[0]:
+        b[0] = a[0]
+
+
 cdef inline void _im2col_rows(const real* im, real_out* dst, Py_ssize_t n0, Py_ssize_t n1,
                               Py_ssize_t n_stride, Py_ssize_t plane_stride, Py_ssize_t H, Py_ssize_t W,
                               Py_ssize_t i, Py_ssize_t j, Py_ssize_t pad_h, Py_ssize_t pad_w,
@@ -372,24 +369,15 @@ cdef inline void _im2col_rows(const real* im, real_out* dst, Py_ssize_t n0, Py_s
                               Py_ssize_t oh0, Py_ssize_t oh1, Py_ssize_t OW) noexcept nogil:
     """Column-buffer row of kernel offset (i, j) for images n0..n1-1, output rows oh0..oh1-1
     (im: the channel plane of image 0)."""
-    cdef Py_ssize_t n, oh, ow, h, w0, lo, hi, base, a, b, k, k0, k1, r
+    cdef Py_ssize_t n, ow, w0, lo, hi, a, b, k, k0, k1, r
     cdef const real* src
     cdef real_out* d
     w0 = j * dil_w - pad_w
     _col_range(w0, W, stride_w, OW, &lo, &hi)
+    _image_rows(i, dil_h, pad_h, H, stride_h, oh0, oh1, &a, &b)
     if stride_h == 1 and stride_w == 1 and OW == W:
         # "Same" padding at stride 1: the rows a..b-1 that read the image are one shifted copy of
         # consecutive image rows; the few entries that wrap across a row edge are zeroed after.
-        a = pad_h - i * dil_h
-        b = H + a
-        if a < oh0:
-            a = oh0
-        if a > oh1:  # (a band that ends in the top padding: all of it zero, and nothing past it)
-            a = oh1
-        if b > oh1:
-            b = oh1
-        if b < a:
-            b = a
         for n in range(n0, n1):
             d = dst + n * n_stride - oh0 * OW
             _zero(d + oh0 * OW, (a - oh0) * OW)
@@ -406,12 +394,7 @@ cdef inline void _im2col_rows(const real* im, real_out* dst, Py_ssize_t n0, Py_s
                     _zero(d + r * OW, lo)
                     _zero(d + r * OW + hi, OW - hi)
         return
-    # the output rows a..b-1 read image rows (h = oh * stride_h - pad_h + i * dil_h inside [0, H)); the others are 0
-    _col_range(i * dil_h - pad_h, H, stride_h, oh1, &a, &b)
-    if a < oh0:
-        a = oh0
-    if b < a:
-        b = a
+    # (the output rows outside [a, b) read the padding only: zero)
     if stride_w == 1 and lo == 0 and hi == OW and a == oh0 and b == oh1:
         # every output reads the image (valid layers: LeNet's): the block's rows of all its images in one C loop
         _copy_planes(dst + n0 * n_stride, n_stride, im + n0 * plane_stride + (a * stride_h - pad_h + i * dil_h) * W
@@ -454,7 +437,7 @@ cdef inline void _col2im_planes(const real* col, real* im, Py_ssize_t n0, Py_ssi
     Row by row, image by image: each column row is read sequentially while the
     written planes (one channel of a block of images) stay in cache.
     """
-    cdef Py_ssize_t i, j, n, r, ow, w0, lo, hi, a, b, k
+    cdef Py_ssize_t i, j, n, r, k, w0, lo, hi, a, b
     cdef const real* s
     cdef real* dst
     if not accumulate:
@@ -463,34 +446,23 @@ cdef inline void _col2im_planes(const real* col, real* im, Py_ssize_t n0, Py_ssi
             for k in range(H * W):
                 dst[k] = 0
     for i in range(kh):
-        # the output rows a..b-1 that read image rows (im2col's)
-        _col_range(i * dil_h - pad_h, H, stride_h, oh1, &a, &b)
-        if a < oh0:
-            a = oh0
-        if b < a:
-            b = a
+        _image_rows(i, dil_h, pad_h, H, stride_h, oh0, oh1, &a, &b)  # (im2col's rows)
         for j in range(kw):
             w0 = j * dil_w - pad_w
             _col_range(w0, W, stride_w, OW, &lo, &hi)
+            # the block's first image's first row's first column that reads the image, and its column entry
+            dst = im + n0 * plane_stride + (a * stride_h - pad_h + i * dil_h) * W + w0 + lo * stride_w
+            s = col + (i * kw + j) * row_stride + n0 * n_stride + (a - oh0) * OW + lo
             if stride_w == 1:  # the rows of all the block's images in one C loop
-                _add_planes(im + n0 * plane_stride + (a * stride_h - pad_h + i * dil_h) * W + w0 + lo, plane_stride,
-                            col + (i * kw + j) * row_stride + n0 * n_stride + (a - oh0) * OW + lo, n_stride, n1 - n0,
-                            stride_h * W, OW, b - a, hi - lo)
-                continue
-            if real is float and CAFFE_LOWER_V512:
-                caffe_lower_strided_add_planes_f(
-                    im + n0 * plane_stride + (a * stride_h - pad_h + i * dil_h) * W + w0 + lo * stride_w, plane_stride,
-                    col + (i * kw + j) * row_stride + n0 * n_stride + (a - oh0) * OW + lo, n_stride, n1 - n0,
-                    stride_h * W, OW, b - a, hi - lo, stride_w)
-                continue
-            for n in range(n0, n1):
-                s = col + (i * kw + j) * row_stride + n * n_stride + (a - oh0) * OW
-                dst = im + n * plane_stride + (a * stride_h - pad_h + i * dil_h) * W + w0
-                for r in range(b - a):
-                    for ow in range(lo, hi):
-                        dst[ow * stride_w] += s[ow]
-                    s = s + OW
-                    dst = dst + stride_h * W
+                _add_planes(dst, plane_stride, s, n_stride, n1 - n0, stride_h * W, OW, b - a, hi - lo)
+            elif real is float and CAFFE_LOWER_V512:
+                caffe_lower_strided_add_planes_f(dst, plane_stride, s, n_stride, n1 - n0, stride_h * W, OW, b - a,
+                                                 hi - lo, stride_w)
+            else:
+                for n in range(n1 - n0):
+                    for r in range(b - a):
+                        for k in range(hi - lo):
+                            dst[n * plane_stride + r * stride_h * W + k * stride_w] += s[n * n_stride + r * OW + k]
 
 
 cdef inline Py_ssize_t _blocks(Py_ssize_t units, Py_ssize_t nb) noexcept nogil:

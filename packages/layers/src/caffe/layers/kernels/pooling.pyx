@@ -1076,18 +1076,17 @@ cdef inline void _ave_plane(const real* x, real* y, Py_ssize_t H, Py_ssize_t W,
 
 cdef inline void _max_back_plane_2x2(const real* dy, const int* mask, real* dx, Py_ssize_t W, Py_ssize_t PH,
                                      Py_ssize_t PW) noexcept nogil:
-    """_max_back_plane for 2x2 / stride 2 windows that tile the plane (max_pool_forward's whole_2x2): float32 rows of
-    at least 8 outputs by caffe_pool_back_2x2_row8, the same bits; the rest, and a plane whose mask has an argmax
-    outside its window, by the scatter."""
+    """_max_back_plane for 2x2 / stride 2 windows that tile the plane, float32 rows of at least 8 outputs
+    (max_pool_backward's whole_2x2 says when): by caffe_pool_back_2x2_row8, the same bits; a plane whose mask has an
+    argmax outside its window by the scatter."""
     cdef Py_ssize_t ph
-    if real is float:
-        if CAFFE_POOL_AVX2 and PW >= 8:
-            for ph in range(PH):
-                if not caffe_pool_back_2x2_row8(dy + ph * PW, mask + ph * PW, dx + 2 * ph * W, dx + (2 * ph + 1) * W,
-                                                PW, <int>(2 * ph * W), <int>W):
-                    break
-            else:
-                return
+    if real is float:  # (always: the double specialization is never called)
+        for ph in range(PH):
+            if not caffe_pool_back_2x2_row8(dy + ph * PW, mask + ph * PW, dx + 2 * ph * W, dx + (2 * ph + 1) * W,
+                                            PW, <int>(2 * ph * W), <int>W):
+                break
+        else:
+            return
     _max_back_plane(dy, mask, dx, 4 * PH * PW, PH * PW)
 
 
