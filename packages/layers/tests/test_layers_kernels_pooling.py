@@ -380,6 +380,95 @@ def test_max_pooling_2x2_backward_rows_are_the_scatters_bits(build, dtype):
             np.testing.assert_array_equal(_bits(dx), _bits(want), err_msg=f"PW {PW}, mask edit {edit}")
 
 
+# -- MAX 3x3 / stride 2 backward from the layer's own argmaxes: image rows written from registers, no scatter --------
+
+def _k3s2_backward_case(mod, rng, planes, H, W, pad, ceil, specials):
+    """(dy, mask, PH, PW): a forward's argmaxes of MAX 3x3 / stride 2 (ties, and with specials planes and windows that
+    take nothing: -inf everywhere, so -1) and a top diff with -0, NaN and inf."""
+    PH, PW = pooling.pooled_size(H, 3, 2, pad[0], ceil), pooling.pooled_size(W, 3, 2, pad[1], ceil)
+    x = rng.integers(-3, 4, planes * H * W).astype(np.float32)  # ties: the first maximum
+    if specials:
+        x[rng.integers(0, x.size, max(1, x.size // 40))] = rng.choice([np.nan, -np.inf, -FLT_MAX], max(1, x.size // 40))
+        x[:H * W] = -np.inf  # a plane whose every window takes nothing (-1)
+    y, mask = np.empty(planes * PH * PW, np.float32), np.empty(planes * PH * PW, np.int32)
+    mod.max_pool_forward(x, y, mask, planes, H, W, PH, PW, 3, 3, 2, 2, pad[0], pad[1])
+    dy = rng.standard_normal(y.size).astype(np.float32)
+    dy[rng.integers(0, dy.size, 6)] = rng.choice([-0.0, np.nan, np.inf, -np.inf], 6)
+    dy[rng.random(dy.size) < 0.2] = -0.0  # -0 alone on a pixel: +0 (Caffe's 0 + -0)
+    return dy, mask, PH, PW
+
+
+def _check_k3s2_backward(mod, dy, mask, planes, H, W, PH, PW, pad, what):
+    """The rows kernel's bottom diff against Caffe's scatter, bit for bit, and nothing written past it."""
+    guard = 16
+    buf = np.full(planes * H * W + guard, 5, np.float32)  # 5: a value neither writes
+    assert mod.max_pool_backward_k3s2(dy, mask, buf[:planes * H * W], planes, H, W, PH, PW, pad[0], pad[1]), what
+    with np.errstate(invalid="ignore", over="ignore"):  # inf + -inf: NaN, as the kernels'
+        want = _scatter_reference(dy, mask, planes, H * W, PH * PW)
+    np.testing.assert_array_equal(_bits(buf[:planes * H * W]), _bits(want), err_msg=what)
+    np.testing.assert_array_equal(buf[planes * H * W:], 5, err_msg=f"{what}: written past the bottom diff")
+
+
+def test_max_pooling_3x3_stride2_backward_rows_every_width_and_pad():
+    # Every row width 31-72 (strips of 16 windows: one, two, the last overlapping; odd widths end in a masked store)
+    # and a few wide ones, pads 0 / 1 each way, ceil and floor, planes of 1-6 rows (the carried row, the rows no
+    # window covers under FLOOR, a last window row past the image): the scatter's bits. Deterministic.
+    mod = build_module("pooling", "avx512")
+    rng = np.random.default_rng(11)
+    for W in list(range(31, 73)) + [111, 112, 113, 127, 130]:
+        for pad in ((0, 0), (1, 1), (0, 1), (1, 0)):
+            for ceil in (True, False):
+                H = 1 + (W + 2 * pad[0] + ceil) % 6
+                if pooling.pooled_size(H, 3, 2, pad[0], ceil) < 1 or H + 2 * pad[0] < 3:
+                    H = 3
+                planes = 1 + W % 3
+                dy, mask, PH, PW = _k3s2_backward_case(mod, rng, planes, H, W, pad, ceil, specials=W % 2 == 0)
+                _check_k3s2_backward(mod, dy, mask, planes, H, W, PH, PW, pad, f"{H}x{W} pad {pad} ceil {ceil}")
+
+
+@given(hw=st.tuples(st.integers(1, 60), st.integers(31, 140)), pad=st.tuples(st.integers(0, 1), st.integers(0, 1)),
+       ceil=st.booleans(), planes=st.integers(1, 3), seed=SEEDS, specials=st.booleans())
+def test_max_pooling_3x3_stride2_backward_rows_are_the_scatters_bits(hw, pad, ceil, planes, seed, specials):
+    mod = build_module("pooling", "avx512")
+    H, W = max(hw[0], 3 - 2 * pad[0]), hw[1]
+    dy, mask, PH, PW = _k3s2_backward_case(mod, np.random.default_rng(seed), planes, H, W, pad, ceil, specials)
+    _check_k3s2_backward(mod, dy, mask, planes, H, W, PH, PW, pad, f"{H}x{W} pad {pad} ceil {ceil}")
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_max_pooling_3x3_stride2_backward_rows_only_where_built(build):
+    # Where the rows kernel does not run (baseline and AVX2 builds, float64, rows under 31 columns, pad 2) it says so
+    # and writes nothing: the caller then scatters.
+    mod = build_module("pooling", build)
+    cases = [(np.float32, 56, 0), (np.float64, 56, 0), (np.float32, 30, 0), (np.float32, 56, 2)]
+    for dtype, W, pad in cases:
+        H, PH, PW = 8, pooling.pooled_size(8, 3, 2, pad), pooling.pooled_size(W, 3, 2, pad)
+        dy, mask = np.ones(PH * PW, dtype), np.zeros(PH * PW, np.int32)
+        dx = np.full(H * W, 5, dtype)
+        ran = mod.max_pool_backward_k3s2(dy, mask, dx, 1, H, W, PH, PW, pad, pad)
+        assert ran == (build == "avx512" and dtype == np.float32 and W >= 31 and pad < 2), (build, dtype, W, pad)
+        if not ran:
+            np.testing.assert_array_equal(dx, 5)
+
+
+@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("pad", [0, 1])
+def test_max_pooling_layer_3x3_stride2_backward_is_the_scatters(build, pad):
+    # The layer (one top: its own argmaxes) at a width the rows kernel takes: the bottom diff is the scatter's (a mask
+    # top, which the user may edit, keeps the scatter: the property above with two tops).
+    rng = np.random.default_rng(3)
+    x = rng.integers(-3, 4, (2, 3, 9, 40)).astype(np.float32)
+    x[0, 0] = -np.inf  # windows that take nothing
+    text = f"pooling_param {{ pool: MAX kernel_size: 3 stride: 2 pad: {pad} }}"
+    dy = rng.standard_normal((2, 3) + (pooling.pooled_size(9, 3, 2, pad), pooling.pooled_size(40, 3, 2, pad)))
+    with _build(build):
+        (y,), dx = _run(text, x, dy.astype(np.float32), np.float32, True)
+        y2, mask = np.empty(y.size, np.float32), np.empty(y.size, np.int32)
+        pooling._k.max_pool_forward(x.reshape(-1), y2, mask, 6, 9, 40, *y.shape[2:], 3, 3, 2, 2, pad, pad)
+    want = _scatter_reference(dy.astype(np.float32).reshape(-1), mask, 6, 9 * 40, y.shape[2] * y.shape[3])
+    np.testing.assert_array_equal(_bits(dx.reshape(-1)), _bits(want))
+
+
 def test_max_pooling_backward_drops_an_argmax_outside_the_plane():
     # A mask top edited between forward and backward (Caffe's backward reads the argmax back from it): an index past
     # the plane is dropped (it was written into the next plane's dx), a negative one skipped, as before.
