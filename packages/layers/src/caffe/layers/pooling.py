@@ -168,16 +168,10 @@ def max_forward_values(xp, spec, x, y) -> bool:
     return True
 
 
-def max_backward(xp, spec, dy, mask, dx, own_mask=False):
-    """dx from dy at the argmaxes. own_mask: the mask is the layer's own forward's (every argmax inside its
-    window, or -1), not a mask top a user may have edited; 3x3 / stride 2 then goes row by row, no scatter."""
+def max_backward(xp, spec, dy, mask, dx):
     N, C, H, W = dx.shape
     PH, PW = dy.shape[2:]
     if _fast(xp, dx, dy, mask):
-        if (own_mask and spec.kh == spec.kw == 3 and spec.sh == spec.sw == 2
-                and _k.max_pool_backward_k3s2(dy.reshape(-1), mask.reshape(-1), dx.reshape(-1), N * C, H, W, PH, PW,
-                                              spec.ph, spec.pw)):
-            return
         # (2x2 / stride 2 windows tiling the plane: row by row, no scatter)
         whole_2x2 = spec.window_args() == (2, 2, 2, 2, 0, 0) and (H, W) == (2 * PH, 2 * PW)
         _k.max_pool_backward(dy.reshape(-1), mask.reshape(-1), dx.reshape(-1), N * C, H * W, PH * PW,
@@ -376,7 +370,7 @@ class PoolingLayer(Layer):
                     max_forward(xp, self.spec, bottom[0].data_xp(xp), xp.empty(self.top_shape, dy.dtype),
                                 self.max_idx_.mutable_data_xp(xp))
                 mask = self.max_idx_.data_xp(xp)
-            max_backward(xp, self.spec, dy, mask, dx, own_mask=len(top) == 1)
+            max_backward(xp, self.spec, dy, mask, dx)
         elif self.method == AVE:
             ave_backward(xp, self.spec, dy, dx)
         else:

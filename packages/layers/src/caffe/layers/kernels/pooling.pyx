@@ -446,147 +446,6 @@ cdef extern from *:
             pw += 16;
         }
     }
-    /* the lanes l < 16 with 0 <= c + l < n */
-    static inline __mmask16 caffe_pool_lanes16(Py_ssize_t c, Py_ssize_t n) {
-        Py_ssize_t lo = c < 0 ? -c : 0, hi = n - c;
-        if (hi > 16)
-            hi = 16;
-        if (hi <= lo)
-            return 0;
-        return (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
-    }
-    /* MAX 3x3 / stride 2 backward of one float32 plane, pads 0 or 1, from its own forward's argmaxes (every one
-       inside its window and the image, or -1: the layer's state, never a mask top someone may have edited): each
-       bottom-diff pixel is +0 plus the top diffs of the windows whose argmax it is, added in window order (Caffe's
-       dx = 0, then dx[argmax] += dy window by window: the same bits, -0 made +0 as there). A row is cut in strips of
-       16 windows j0 .. j0 + 15 (16 <= J = ceil(W / 2); the last strip ends at J, overlapping the one before: the
-       same values written twice); lane l makes columns 2j and 2j + 1 (j = j0 + l) of an image row, from window j and
-       its neighbour (pad 0: j - 1, whose third column is 2j; pad 1: j + 1, whose first column is 2j + 1); lanes past
-       the windows make the columns no window covers, +0. Each window row gives its first image row (added to the
-       third row of the window row above, carried per strip), its second, and its third, carried down. No zeroing
-       pass and no scatter: each image row is written once, and the rows in order (written strip by strip, the
-       second row after the first: two rows' strips interleaved made 112-wide planes 1.2-1.3x slower at full size,
-       the column strips walking down the plane too). */
-    /* window row mr / dyr, strip j0: rel = argmax - first pixel of window j, rels of its neighbour; inner: a row with
-       rows before and after it in the buffer, whose strips load plainly (masked loads that miss the cache are slow
-       on Zen 5) and drop the lanes past the windows after */
-    static inline void caffe_pool_back_k3s2_sel16(const float* dyr, const int* mr, Py_ssize_t j0, Py_ssize_t PW,
-                                                  int side, int top, int inner, __m512i* rel, __m512* d,
-                                                  __m512i* rels, __m512* ds) {
-        const __m512i lane2 = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-        /* a lane past the windows gets -1: an argmax of -1 (a window that took nothing) is no pixel of the image, and a
-           pixel is written only where it is in the image, so -1 - (window's first pixel) never matches one (the
-           scatter skips it too) */
-        const __m512i none = _mm512_set1_epi32(-1);
-        __m512i b = _mm512_add_epi32(_mm512_set1_epi32(top + 2 * (int)j0), lane2);  /* window j's first pixel */
-        __mmask16 km = caffe_pool_lanes16(j0, PW), ks = caffe_pool_lanes16(j0 + side, PW);
-        Py_ssize_t s0 = j0 + side;
-        if (km == 0xFFFF || inner) {
-            *rel = _mm512_sub_epi32(_mm512_loadu_si512((const void*)(mr + j0)), b);
-            *d = _mm512_loadu_ps(dyr + j0);
-            if (km != 0xFFFF) {
-                *rel = _mm512_mask_mov_epi32(none, km, *rel);
-                *d = _mm512_maskz_mov_ps(km, *d);
-            }
-        } else {
-            *rel = _mm512_mask_mov_epi32(none, km, _mm512_sub_epi32(_mm512_maskz_loadu_epi32(km, mr + j0), b));
-            *d = _mm512_maskz_loadu_ps(km, dyr + j0);
-        }
-        b = _mm512_add_epi32(b, _mm512_set1_epi32(2 * side));
-        if (ks == 0xFFFF || inner) {
-            *rels = _mm512_sub_epi32(_mm512_loadu_si512((const void*)(mr + s0)), b);
-            *ds = _mm512_loadu_ps(dyr + s0);
-            if (ks != 0xFFFF) {
-                *rels = _mm512_mask_mov_epi32(none, ks, *rels);
-                *ds = _mm512_maskz_mov_ps(ks, *ds);
-            }
-        } else {  /* (the masked-off lanes are not read: s0 may be -1) */
-            *rels = _mm512_mask_mov_epi32(none, ks, _mm512_sub_epi32(_mm512_maskz_loadu_epi32(ks, mr + s0), b));
-            *ds = _mm512_maskz_loadu_ps(ks, dyr + s0);
-        }
-    }
-    #define CAFFE_POOL_BACK_SEL(v, r, dd, code) \
-        _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask((r), _mm512_set1_epi32(code)), (dd))
-    /* one window row's share of image row dh (codes dh * W + 0, 1, 2) added to f (columns 2j) and s (2j + 1) */
-    static inline void caffe_pool_back_k3s2_add16(__m512i rel, __m512 d, __m512i rels, __m512 ds, int pad_w, int c,
-                                                  __m512* f, __m512* s) {
-        if (pad_w == 0) {  /* 2j: window j - 1's third column, then window j's first; 2j + 1: window j's second */
-            *f = _mm512_add_ps(*f, CAFFE_POOL_BACK_SEL(f, rels, ds, c + 2));
-            *f = _mm512_add_ps(*f, CAFFE_POOL_BACK_SEL(f, rel, d, c));
-            *s = _mm512_add_ps(*s, CAFFE_POOL_BACK_SEL(s, rel, d, c + 1));
-        } else {  /* 2j: window j's second column; 2j + 1: window j's third, then window j + 1's first */
-            *f = _mm512_add_ps(*f, CAFFE_POOL_BACK_SEL(f, rel, d, c + 1));
-            *s = _mm512_add_ps(*s, CAFFE_POOL_BACK_SEL(s, rel, d, c + 2));
-            *s = _mm512_add_ps(*s, CAFFE_POOL_BACK_SEL(s, rels, ds, c));
-        }
-    }
-    /* columns 2 j0 .. 2 j0 + 31 of image row r: f and s interleaved, cut at the row's end (W odd, the last strip) but
-       in rows before the last, whose one column past the end is the next row's first, written after this one */
-    static inline void caffe_pool_back_k3s2_store16(float* x, Py_ssize_t r, Py_ssize_t H, Py_ssize_t j0,
-                                                    Py_ssize_t W, __m512 f, __m512 s) {
-        float* xr = x + r * W;
-        const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-        const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-        Py_ssize_t c = 2 * j0;
-        _mm512_storeu_ps(xr + c, _mm512_permutex2var_ps(f, lo, s));
-        if (c + 32 <= W || r + 1 < H)
-            _mm512_storeu_ps(xr + c + 16, _mm512_permutex2var_ps(f, hi, s));
-        else  /* (W odd, the last row: the last strip's last column is past the plane) */
-            _mm512_mask_storeu_ps(xr + c + 16, caffe_pool_lanes16(0, W - c - 16), _mm512_permutex2var_ps(f, hi, s));
-    }
-    #define CAFFE_POOL_BACK_STRIPS 64  /* strips of a row at most (W <= 2048) */
-    static inline void caffe_pool_back_k3s2_f16(const float* dy, const int* mask, float* dx, Py_ssize_t H,
-                                                Py_ssize_t W, Py_ssize_t PH, Py_ssize_t PW, int pad_h, int pad_w) {
-        const Py_ssize_t J = (W + 1) / 2, strips = (J + 15) / 16;
-        const int side = pad_w == 0 ? -1 : 1, iW = (int)W;
-        Py_ssize_t t, j0, i, a, r;
-        __m512i rel, rels;
-        __m512 d, ds, f, s;
-        const __m512 zero = _mm512_setzero_ps();
-        __m512 carry[2 * CAFFE_POOL_BACK_STRIPS];  /* each strip's third-row sums, for the next window row */
-        __m512 mid[2 * CAFFE_POOL_BACK_STRIPS];  /* and its second row's */
-        for (t = 0; t < 2 * strips; t++)
-            carry[t] = zero;
-        /* row by row (the strips of a row in turn), so the bottom diff is written in order */
-        for (i = 0; i < PH; i++) {
-            a = 2 * i - pad_h;  /* the window row's first image row */
-            for (t = 0; t < strips; t++) {
-                j0 = t * 16 + 16 > J ? J - 16 : t * 16;  /* the last strip ends at J */
-                caffe_pool_back_k3s2_sel16(dy + i * PW, mask + i * PW, j0, PW, side, (int)a * iW - pad_w,
-                                           i > 0 && i + 1 < PH, &rel, &d, &rels, &ds);
-                f = carry[2 * t];  /* the row above's third row first: its windows come first */
-                s = carry[2 * t + 1];
-                caffe_pool_back_k3s2_add16(rel, d, rels, ds, pad_w, 0, &f, &s);
-                if (a >= 0)
-                    caffe_pool_back_k3s2_store16(dx, a, H, j0, W, f, s);
-                f = zero;
-                s = zero;
-                caffe_pool_back_k3s2_add16(rel, d, rels, ds, pad_w, iW, &f, &s);
-                mid[2 * t] = f;
-                mid[2 * t + 1] = s;
-                f = zero;
-                s = zero;
-                caffe_pool_back_k3s2_add16(rel, d, rels, ds, pad_w, 2 * iW, &f, &s);
-                carry[2 * t] = f;
-                carry[2 * t + 1] = s;
-            }
-            if (a + 1 < H) {  /* the second row after the first: the rows are written in order */
-                for (t = 0; t < strips; t++) {
-                    j0 = t * 16 + 16 > J ? J - 16 : t * 16;
-                    caffe_pool_back_k3s2_store16(dx, a + 1, H, j0, W, mid[2 * t], mid[2 * t + 1]);
-                }
-            }
-        }
-        a = 2 * PH - pad_h;  /* the last window row's third row, then the rows no window covers */
-        for (r = a; r < H; r++) {
-            for (t = 0; t < strips; t++) {
-                j0 = t * 16 + 16 > J ? J - 16 : t * 16;
-                caffe_pool_back_k3s2_store16(dx, r, H, j0, W, r == a ? carry[2 * t] : zero,
-                                             r == a ? carry[2 * t + 1] : zero);
-            }
-        }
-    }
-    #undef CAFFE_POOL_BACK_SEL
     #else
     #define CAFFE_POOL_AVX512 0
     static inline void caffe_poolv_vrows_f16(const float* h0, Py_ssize_t rows, Py_ssize_t PW, float* yr) {}
@@ -598,13 +457,9 @@ cdef extern from *:
     static inline void caffe_pool_2x2_f16(const float* r0, const float* r1, float* y, int* mask, int top0,
                                           int W) {}
     static inline void caffe_poolv_2x2_f16(const float* r0, const float* r1, float* y) {}
-    static inline void caffe_pool_back_k3s2_f16(const float* dy, const int* mask, float* dx, Py_ssize_t H,
-                                                Py_ssize_t W, Py_ssize_t PH, Py_ssize_t PW, int pad_h, int pad_w) {}
     #endif
     """
     bint CAFFE_POOL_AVX512
-    void caffe_pool_back_k3s2_f16(const float* dy, const int* mask, float* dx, Py_ssize_t H, Py_ssize_t W,
-                                  Py_ssize_t PH, Py_ssize_t PW, int pad_h, int pad_w) nogil
     void caffe_pool_h_k3s2_f16(const float* src, float* hm, int* hc) nogil
     void caffe_poolv_h_k3s2_f16(const float* src, float* hm) nogil
     void caffe_pool_v3_f16(const float* h0, const float* h1, const float* h2, const int* c0, const int* c1,
@@ -644,6 +499,15 @@ cdef extern from *:
     #if defined(__AVX512F__)
     #include <immintrin.h>
     #define CAFFE_POOL_K3S2 16
+    /* the lanes l < 16 with 0 <= c + l < n */
+    static inline __mmask16 caffe_pool_lanes16(Py_ssize_t c, Py_ssize_t n) {
+        Py_ssize_t lo = c < 0 ? -c : 0, hi = n - c;
+        if (hi > 16)
+            hi = 16;
+        if (hi <= lo)
+            return 0;
+        return (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+    }
     /* one image row under 16 windows: xr points at their first column (c0 = 2 pw0 - pad_w, which may be outside the
        row: the la / lb / lc lanes are the columns inside it, the others NaN); m = the row maximum (taps in order,
        strictly greater, from -FLT_MAX), c = its column (b0 + tap) + rw */
@@ -1654,38 +1518,6 @@ def max_pool_backward(const real[::1] dy, const int[::1] mask, real[::1] dx,
         else:
             for p in prange(planes, schedule="dynamic", chunksize=g, num_threads=nt):
                 _max_back_plane(dyp + p * PHW, mp + p * PHW, dxp + p * HW, HW, PHW)
-
-
-def max_pool_backward_k3s2(const real[::1] dy, const int[::1] mask, real[::1] dx, Py_ssize_t planes,
-                           Py_ssize_t H, Py_ssize_t W, Py_ssize_t PH, Py_ssize_t PW, Py_ssize_t pad_h,
-                           Py_ssize_t pad_w):
-    """max_pool_backward for 3x3 / stride 2 windows with pads 0 or 1, from the layer's own forward's argmaxes
-    (each inside its window and the image, or -1; never a mask top, which a user may edit): each bottom-diff row
-    written once, from registers (caffe_pool_back_k3s2_f16), the scatter's bits. Returns False, having written
-    nothing, where this build has no such kernel (float64, no AVX-512, rows under 31 columns); the caller then runs
-    max_pool_backward."""
-    cdef Py_ssize_t p
-    if not (real is float and CAFFE_POOL_AVX512 and 31 <= W <= 2048 and 0 <= pad_h <= 1 and 0 <= pad_w <= 1):
-        return False
-    if planes * H * W == 0:
-        return True
-    _check(dx.shape[0], planes * H * W, "bottom diff")
-    if PH * PW == 0:
-        dx[:planes * H * W] = 0
-        return True
-    _check(dy.shape[0], planes * PH * PW, "top diff")
-    _check(mask.shape[0], planes * PH * PW, "mask")
-    cdef const real* dyp = &dy[0]
-    cdef const int* mp = &mask[0]
-    cdef real* dxp = &dx[0]
-    cdef int nt = _threads(planes * (H * W + PH * PW))
-    cdef Py_ssize_t g = _grab(H * W + PH * PW)
-    if real is float:
-        with nogil:
-            for p in prange(planes, schedule="dynamic", chunksize=g, num_threads=nt):
-                caffe_pool_back_k3s2_f16(dyp + p * PH * PW, mp + p * PH * PW, dxp + p * H * W, H, W, PH, PW,
-                                         <int>pad_h, <int>pad_w)
-    return True
 
 
 def ave_pool_backward(const real[::1] dy, real[::1] dx, Py_ssize_t planes,
