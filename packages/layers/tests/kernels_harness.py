@@ -75,24 +75,75 @@ def tolerance(dtype, rtol=None):
     return (2e-5, 2e-5) if np.dtype(dtype) == np.float32 else (1e-11, 1e-11)
 
 
+def _magnitude(ref):
+    """The scale of atol: the reference's largest finite magnitude, at least 1 (an inf in the reference must not
+    make every other value's atol infinite)."""
+    finite = np.abs(ref[np.isfinite(ref)])
+    return max(1.0, float(finite.max())) if finite.size else 1.0
+
+
 def assert_close(got, ref, dtype, rtol=None, what=""):
     r, a = tolerance(dtype, rtol)
     assert len(got) == len(ref), what
     for i, (g, e) in enumerate(zip(got, ref)):
         assert g.shape == e.shape, f"{what}[{i}]: shape {g.shape} vs {e.shape}"
-        scale = max(1.0, float(np.abs(e).max())) if e.size else 1.0
+        scale = _magnitude(e)
         np.testing.assert_allclose(g, e, rtol=r, atol=a * scale, equal_nan=False, err_msg=f"{what}[{i}]")
 
 
+def _float64_run(type_name, text, bottoms, top_diffs, **kw):
+    """The reference path in float64 on the float32 run's values (inputs, top diffs and parameters rounded to
+    float32 first): the float32 runs' exact answer, up to float64 rounding."""
+    def f32(a):
+        return np.asarray(a, np.float32).astype(np.float64)
+    setup = kw.pop("setup", None)
+
+    def setup64(layer):
+        if setup is not None:
+            setup(layer)
+        for b in layer.blobs:
+            b.data[...] = f32(b.data)
+            b.diff[...] = f32(b.diff)
+    return run(type_name, text, [f32(b) for b in bottoms], None if top_diffs is None else [f32(d) for d in top_diffs],
+               np.float64, fwd="xp", bwd="xp", setup=setup64, **kw)
+
+
 def check_paths(type_name, text, bottoms, top_diffs, dtype, rtol=None, mixed=True, **kw):
-    """The CPU path, and forward/backward by mixed paths, agree with the NumPy reference."""
+    """The CPU path, and forward/backward by mixed paths, agree with the NumPy reference. In float32 a result that
+    misses the reference's tolerance still passes where it is no farther from the float64 answer than the float32
+    reference itself (plus the tolerance): a long sum that cancels (a scalar Scale's gradient over 120,000 products
+    summing to 0.29) carries each order's rounding, NumPy's pairwise one included."""
     ref = run(type_name, text, bottoms, top_diffs, dtype, fwd="xp", bwd="xp", **kw)
+    exact = {}
     combos = [("cpu", "cpu"), ("cpu", "xp"), ("xp", "cpu")] if mixed else [("cpu", "cpu")]
     for f, b in combos:
         got = run(type_name, text, bottoms, top_diffs, dtype, fwd=f, bwd=b, **kw)
         for key in ref:
-            assert_close(got[key], ref[key], dtype, rtol, what=f"{type_name} {f}/{b} {key}")
+            try:
+                assert_close(got[key], ref[key], dtype, rtol, what=f"{type_name} {f}/{b} {key}")
+            except AssertionError:
+                if np.dtype(dtype) != np.float32:
+                    raise
+                if not exact:
+                    exact.update(_float64_run(type_name, text, bottoms, top_diffs, **kw))
+                assert_as_close_as_reference(got[key], ref[key], exact[key], rtol,
+                                             what=f"{type_name} {f}/{b} {key}")
     return ref
+
+
+def assert_as_close_as_reference(got, ref, exact, rtol=None, what=""):
+    """got (float32) no farther from `exact` (the float64 answer) than the float32 reference `ref` is, plus the
+    float32 tolerance."""
+    r, a = tolerance(np.float32, rtol)
+    for i, (g, e, x) in enumerate(zip(got, ref, exact)):
+        scale = _magnitude(x)
+        x32 = x.astype(np.float32)
+        with np.errstate(invalid="ignore"):  # inf - inf
+            allowed = np.abs(e.astype(np.float64) - x) + a * scale + r * np.abs(x)
+            far = ~(np.abs(g.astype(np.float64) - x) <= allowed) & ~(g == e) & ~(np.isnan(g) & np.isnan(x32))
+        assert not far.any(), (f"{what}[{i}]: {int(far.sum())} of {g.size} values farther from the float64 answer "
+                               f"than the float32 reference: got {g[far][:5]}, reference {e[far][:5]}, "
+                               f"float64 {x[far][:5]}")
 
 
 # The builds of a kernel family (kernels.elementwise, kernels.softmax): the baseline, AVX2, AVX-512 (same sources).

@@ -59,6 +59,22 @@ def test_scale_by_a_second_bottom_matches_numpy(build, shape, dtype, seed, bias,
 
 
 @pytest.mark.parametrize("build", CW_BUILDS)
+def test_scale_by_a_scalar_second_bottom_long_cancelling_sum(build):
+    # The long hypothesis profile's example: the scalar scale's gradient sums 120,033 products (their magnitudes
+    # 120,719) to 0.286021; NumPy's float32 pairwise sum (the reference path) gives 0.285950, 2.5e-4 off, while
+    # the kernels give the float64 answer's float32. check_paths accepts a result no farther from the float64
+    # answer than the float32 reference; a wrong gradient stays far from both.
+    with layers_use("channelwise", build_module("channelwise", build)):
+        shape, seed = (3, 40011), 2307611
+        args = ("Scale", "scale_param { axis: 0 bias_term: false }",
+                [arrays(seed, shape), arrays(seed + 2, ())], [arrays(seed + 1, shape)], np.float32)
+        ref = check_paths(*args, propagate_down=(True, True), setup=_fill_params(seed))
+        x = arrays(seed, shape).astype(np.float32).astype(np.float64)
+        dy = arrays(seed + 1, shape).astype(np.float32).astype(np.float64)
+        assert abs(float(ref["bottom_diff"][1]) - float((x * dy).sum())) > 5e-5  # the reference's own error
+
+
+@pytest.mark.parametrize("build", CW_BUILDS)
 @given(shape=shapes(min_dims=1), dtype=DTYPES, seed=SEEDS, in_place=st.booleans(), two=st.booleans(),
        data=st.data())
 def test_bias_kernels_match_numpy(build, shape, dtype, seed, in_place, two, data):
