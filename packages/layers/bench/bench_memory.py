@@ -1,8 +1,10 @@
 """The memory-bound layers against the machine's memory bandwidth (run through bench_layers.py --memory).
 
 For each shape a np.copyto of an array of the layer's bottom size gives the bandwidth B
-(bytes read + bytes written per second; the copy runs on one core, as NumPy does; sampled before
-every case, B is the median of all the shape's samples, printed with their spread). Each
+(bytes read + bytes written per second; the copy runs on one core, as NumPy does). B is taken
+around each case: the median of five copies just before its runs and five just after (the VM's
+speed drifts by up to 2x within minutes: against one median for the whole run, a case's ratio
+moved with the moment it ran); the header prints all the shape's samples' median and spread. Each
 layer's "ideal" time is one read of its inputs and one write of its outputs at B:
 
   forward   read every bottom, write every top          (Split writes nothing: its tops share)
@@ -27,6 +29,11 @@ the bottom data is restored (untimed) before each forward and the top diff befor
 backward, so every run sees the same values. Medians of --repeats; ratio = median /
 ideal (1.0 = memory speed). --compare-xp interleaves the same layer's array-module-generic
 NumPy path (forward_xp/backward_xp: the GPU path's code, and the CPU path before the kernels).
+
+"mem" is the time over the same ideal, state counted as in x+st, at the memory bandwidth proper: np.copyto of
+256 MB, far past the caches (STREAM's rule: arrays at least 4x the last-level cache), the median of three copies
+before the case's runs and three after. x and x+st hold the layers to a stricter bar: B comes from a copy of the layer's own size (25.7 MB), which
+partly stays in the 32 MB L3 between repetitions, so B mostly reads above the memory bandwidth.
 """
 from __future__ import annotations
 
@@ -134,6 +141,10 @@ def fix_malloc_threshold():
         pass
 
 
+# The memory bandwidth proper: a copy far past the caches (the VM's L3 is 32 MB), STREAM's rule of at least 4x.
+BIG_COPY = 256 << 20
+
+
 def _median_ms(times):
     return statistics.median(times) * 1e3 if times else float("nan")
 
@@ -142,10 +153,16 @@ def _ratio(ms, ideal):
     return f"{ms / ideal:5.2f}" if ideal > 0 and ms == ms else f"{'-':>5s}"
 
 
+_COPY_BUFFERS = {}
+
+
 def copy_times(nbytes, repeats):
-    """Seconds of each of `repeats` np.copyto of an nbytes float32 array (after one untimed)."""
-    src = np.random.default_rng(0).standard_normal(nbytes // 4, dtype=np.float32)
-    dst = np.empty_like(src)
+    """Seconds of each of `repeats` np.copyto of an nbytes float32 array (after one untimed); the arrays are made
+    once per size."""
+    if nbytes not in _COPY_BUFFERS:
+        src = np.random.default_rng(0).standard_normal(nbytes // 4, dtype=np.float32)
+        _COPY_BUFFERS[nbytes] = (src, np.empty_like(src))
+    src, dst = _COPY_BUFFERS[nbytes]
     np.copyto(dst, src)
     times = []
     for _ in range(repeats):
@@ -153,11 +170,6 @@ def copy_times(nbytes, repeats):
         np.copyto(dst, src)
         times.append(time.perf_counter() - t0)
     return times
-
-
-def copy_bandwidth(nbytes, repeats):
-    """Bytes read + written per second by np.copyto of an nbytes float32 array (median)."""
-    return 2 * (nbytes // 4 * 4) / statistics.median(copy_times(nbytes, repeats))
 
 
 class Instance:
@@ -280,19 +292,17 @@ def run(shape_names, only, repeats, warmup, compare_xp, malloc_default=False, fl
     for sname in shape_names:
         base = SHAPES[sname]
         nbytes = int(np.prod(base)) * 4
-        # The copy is sampled before every case and the ideal takes the median of all samples: one burst of
-        # copies at the start measured anywhere from 22 to 50 GB/s on a shared VM (a 25.7 MB blob partly stays
-        # in a 32 MB L3 between repetitions), and every ratio of the shape moved with it.
-        copies = copy_times(nbytes, max(repeats, 10))
-        rows = []
-        head = (f"  {'case':26s} {'bottom':>17s} {'ideal f':>8s} {'fwd':>7s} {'x':>5s} {'x+st':>5s} {'ideal b':>8s} "
-                f"{'bwd':>7s} {'x':>5s} {'x+st':>5s}")
+        copies, big_copies, rows = [], [], []
+        head = (f"  {'case':26s} {'bottom':>17s} {'ideal f':>8s} {'fwd':>7s} {'x':>5s} {'x+st':>5s} {'mem':>5s} "
+                f"{'ideal b':>8s} {'bwd':>7s} {'x':>5s} {'x+st':>5s} {'mem':>5s}")
         if floor:
             head += f" | {'floor f':>7s} {'x fl':>5s} {'floor b':>7s} {'x fl':>5s}"
         if compare_xp:
             head += f" | {'xp fwd':>7s} {'x':>5s} {'xp bwd':>7s} {'x':>5s}"
         for case in cases:
-            copies += copy_times(nbytes, 5)
+            # the bandwidths around this case (copies just before its runs and just after): the VM's speed drifts
+            # by up to 2x within minutes, and ratios against the whole run's median moved with it
+            local, local_big = copy_times(nbytes, 5), copy_times(BIG_COPY, 3)
             shape = case.shape(base) if case.shape else base
             inst = Instance(case, shape, rng)
             ref = Instance(case, shape, rng) if compare_xp else None
@@ -304,25 +314,36 @@ def run(shape_names, only, repeats, warmup, compare_xp, malloc_default=False, fl
                     cpu.append(a)
                     if b:
                         xp.append(b)
+            local += copy_times(nbytes, 5)
+            local_big += copy_times(BIG_COPY, 3)
+            copies += local
+            big_copies += local_big
+            bws = (2 * (nbytes // 4 * 4) / statistics.median(local), 2 * BIG_COPY / statistics.median(local_big))
             rows.append((case, shape, inst.traffic(), inst.state_bytes(), cpu, xp,
-                         floor_times(case, shape, rng, repeats) if floor else None))
+                         floor_times(case, shape, rng, repeats) if floor else None, bws))
             del inst, ref
         moved = 2 * (nbytes // 4 * 4)
         ts = sorted(copies)
         bw, hi, lo = moved / statistics.median(ts), moved / ts[len(ts) // 10], moved / ts[-1 - len(ts) // 10]
-        bw_big = copy_bandwidth(256 << 20, 5)
+        bts = sorted(big_copies)
+        bw_big = 2 * BIG_COPY / statistics.median(bts)
         print(f"\n{sname} {'x'.join(map(str, base))} float32 ({nbytes / 1e6:.1f} MB): np.copyto bandwidth "
               f"{bw / 1e9:.1f} GB/s at this size (median of {len(copies)} copies through the run; 10th-90th "
-              f"percentile {hi / 1e9:.1f}-{lo / 1e9:.1f}), {bw_big / 1e9:.1f} GB/s at 256 MB (read + write bytes / s)")
+              f"percentile {hi / 1e9:.1f}-{lo / 1e9:.1f}); memory bandwidth {bw_big / 1e9:.1f} GB/s (copies of "
+              f"{BIG_COPY >> 20} MB, median of {len(bts)} through the run, {2 * BIG_COPY / bts[-1] / 1e9:.1f}-"
+              f"{2 * BIG_COPY / bts[0] / 1e9:.1f}) (read + write bytes / s); each case's ideals and ratios use the "
+              f"copies around it")
         print(head)
-        for case, shape, (fb, bb), st, cpu, xp, floors in rows:
+        for case, shape, (fb, bb), st, cpu, xp, floors, (bw, bw_big) in rows:
             ideal_f, ideal_b = fb / bw * 1e3, bb / bw * 1e3
             f, b = _median_ms([t[0] for t in cpu]), _median_ms([t[1] for t in cpu])
             with_state = _ratio(f, (fb + st) / bw * 1e3) if st else f"{'':>5s}"
             read_state = (_ratio(b, (bb + st) / bw * 1e3) if st and case.backward and not case.state_in_reads
                           else f"{'':>5s}")
+            bst = st if case.backward and not case.state_in_reads else 0
             line = (f"  {case.name:26s} {'x'.join(map(str, shape)):>17s} {ideal_f:8.2f} {f:7.2f} {_ratio(f, ideal_f)} "
-                    f"{with_state} {ideal_b:8.2f} {b:7.2f} {_ratio(b, ideal_b)} {read_state}")
+                    f"{with_state} {_ratio(f, (fb + st) / bw_big * 1e3)} {ideal_b:8.2f} {b:7.2f} "
+                    f"{_ratio(b, ideal_b)} {read_state} {_ratio(b, (bb + bst) / bw_big * 1e3)}")
             if floor:
                 ff, fbk = floors
                 line += f" | {ff:7.2f} {_ratio(f, max(ff, ideal_f))} {fbk:7.2f} {_ratio(b, max(fbk, ideal_b))}"
