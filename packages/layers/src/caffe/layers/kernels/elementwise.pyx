@@ -590,6 +590,62 @@ cdef void _neuron_bwd(int op, const real* x, const real* y, const real* aux, con
             dx[i] = dy[i] * a
 
 
+# A piece's last n % TAIL elements go through the same vector loop, padded: GCC's vector body calls libmvec and its
+# scalar remainder libm, which round differently (float32 tanh of -2.2757785e-4: x in the body, one ulp off in the
+# remainder; float64 exp too), so an element's bits depended on where it fell in the blob, on the batch size.
+cdef enum:
+    TAIL = 16  # a multiple of every vector width GCC uses here (16 float32 lanes in the AVX-512 build)
+
+
+cdef void _neuron_fwd_piece(int op, const real* x, real* y, real* aux, Py_ssize_t n, real a, real b,
+                            real c) noexcept nogil:
+    cdef Py_ssize_t body = n - n % TAIL, r = n % TAIL, i
+    cdef real tx[TAIL]
+    cdef real ty[TAIL]
+    cdef real ta[TAIL]
+    if body:
+        _neuron_fwd(op, x, y, aux, body, a, b, c)
+    if r:
+        for i in range(TAIL):  # (the pad repeats the last element: a value the op already takes)
+            tx[i] = x[body + (i if i < r else r - 1)]
+        _neuron_fwd(op, tx, ty, ta if aux != NULL else NULL, TAIL, a, b, c)
+        for i in range(r):
+            y[body + i] = ty[i]
+        if aux != NULL:
+            for i in range(r):
+                aux[body + i] = ta[i]
+
+
+cdef inline void _tail_copy(const real* src, real* dst, Py_ssize_t r) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(TAIL):
+        dst[i] = src[i if i < r else r - 1]
+
+
+cdef void _neuron_bwd_piece(int op, const real* x, const real* y, const real* aux, const real* dy, real* dx,
+                            Py_ssize_t n, real a, real b, real c, real d) noexcept nogil:
+    cdef Py_ssize_t body = n - n % TAIL, r = n % TAIL, i
+    cdef real tx[TAIL]
+    cdef real ty[TAIL]
+    cdef real ta[TAIL]
+    cdef real tdy[TAIL]
+    cdef real tdx[TAIL]
+    if body:
+        _neuron_bwd(op, x, y, aux, dy, dx, body, a, b, c, d)
+    if r:
+        if x != NULL:
+            _tail_copy(x + body, tx, r)
+        if y != NULL:
+            _tail_copy(y + body, ty, r)
+        if aux != NULL:
+            _tail_copy(aux + body, ta, r)
+        _tail_copy(dy + body, tdy, r)
+        _neuron_bwd(op, tx if x != NULL else NULL, ty if y != NULL else NULL, ta if aux != NULL else NULL, tdy, tdx,
+                    TAIL, a, b, c, d)
+        for i in range(r):
+            dx[body + i] = tdx[i]
+
+
 def neuron_forward(int op, const real[::1] x, real[::1] y, real[::1] aux, real[::1] save,
                    double a=0, double b=0, double c=0):
     """y = op(x). aux: a second output (Swish's sigmoid; empty: not kept, backward recomputes it from x);
@@ -612,9 +668,9 @@ def neuron_forward(int op, const real[::1] x, real[::1] y, real[::1] aux, real[:
             m = n - lo if n - lo < CHUNK else CHUNK
             if sp != NULL:
                 memcpy(sp + lo, xp + lo, m * sizeof(real))
-                _neuron_fwd(op, sp + lo, yp + lo, ap + lo if ap != NULL else NULL, m, a, b, c)
+                _neuron_fwd_piece(op, sp + lo, yp + lo, ap + lo if ap != NULL else NULL, m, a, b, c)
             else:
-                _neuron_fwd(op, xp + lo, yp + lo, ap + lo if ap != NULL else NULL, m, a, b, c)
+                _neuron_fwd_piece(op, xp + lo, yp + lo, ap + lo if ap != NULL else NULL, m, a, b, c)
 
 
 def neuron_backward(int op, const real[::1] x, const real[::1] y, const real[::1] aux,
@@ -644,8 +700,8 @@ def neuron_backward(int op, const real[::1] x, const real[::1] y, const real[::1
         for ch in prange(nch, schedule="dynamic", chunksize=4, num_threads=_threads(n)):
             lo = ch * CHUNK
             m = n - lo if n - lo < CHUNK else CHUNK
-            _neuron_bwd(op, xp + lo if xp != NULL else NULL, yp + lo if yp != NULL else NULL,
-                        ap + lo if ap != NULL else NULL, dyp + lo, dxp + lo, m, a, b, c, d)
+            _neuron_bwd_piece(op, xp + lo if xp != NULL else NULL, yp + lo if yp != NULL else NULL,
+                              ap + lo if ap != NULL else NULL, dyp + lo, dxp + lo, m, a, b, c, d)
 
 
 # -- Eltwise (and Split's backward sum) ------------------------------------------------------------

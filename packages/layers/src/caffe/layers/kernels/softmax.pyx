@@ -490,6 +490,27 @@ cdef inline real _sexp(real v) noexcept nogil:
     return _exp(v)
 
 
+cdef enum:
+    TAIL = 16  # a multiple of every vector width GCC uses for the loop below
+
+
+cdef void _sexp_block(real* v, Py_ssize_t n) noexcept nogil:
+    """v = _sexp(v) in place, the last n % TAIL through the same vector loop, padded: GCC's vector body calls
+    libmvec and its scalar remainder libm, which round differently, so a position's probability depended on where
+    it fell in its piece (float64 in every build, float32 in the baseline one)."""
+    cdef Py_ssize_t body = n - n % TAIL, r = n % TAIL, i
+    cdef real t[TAIL]
+    for i in range(body):
+        v[i] = _sexp(v[i])
+    if r:
+        for i in range(TAIL):  # (the pad repeats the last value)
+            t[i] = v[body + (i if i < r else r - 1)]
+        for i in range(TAIL):
+            t[i] = _sexp(t[i])
+        for i in range(r):
+            v[body + i] = t[i]
+
+
 def exp_nonpositive(const real[::1] x, real[::1] y):
     """y = the exp the softmax kernels use (for x <= 0), for the tests."""
     cdef Py_ssize_t i
@@ -704,9 +725,10 @@ cdef double _fwd_piece(const real* x, real* y, Py_ssize_t C, Py_ssize_t inner, P
             ec = e + c * es
             caffe_softmax_pf_n(q, P * sizeof(real) // 64 + 1)
             for j in range(P):
-                v = _sexp(xc[j] - m[j])
-                ec[j] = v
-                f[j] += v
+                ec[j] = xc[j] - m[j]
+            _sexp_block(ec, P)
+            for j in range(P):
+                f[j] += ec[j]
         for j in range(P):
             s[j] += f[j]
     for j in range(P):
