@@ -32,8 +32,9 @@ NumPy path (forward_xp/backward_xp: the GPU path's code, and the CPU path before
 
 "mem" is the time over the same ideal, state counted as in x+st, at the memory bandwidth proper: np.copyto of
 256 MB, far past the caches (STREAM's rule: arrays at least 4x the last-level cache), the median of three copies
-before the case's runs and three after. x and x+st hold the layers to a stricter bar: B comes from a copy of the layer's own size (25.7 MB), which
-partly stays in the 32 MB L3 between repetitions, so B mostly reads above the memory bandwidth.
+before the case's runs and three after. x and x+st hold the layers to a stricter bar: B comes from a copy of the
+layer's own size (25.7 MB), which partly stays in the 32 MB L3 between repetitions, so B mostly reads above the
+memory bandwidth.
 """
 from __future__ import annotations
 
@@ -292,6 +293,7 @@ def run(shape_names, only, repeats, warmup, compare_xp, malloc_default=False, fl
     for sname in shape_names:
         base = SHAPES[sname]
         nbytes = int(np.prod(base)) * 4
+        moved = 2 * (nbytes // 4 * 4)  # bytes a copy reads and writes
         copies, big_copies, rows = [], [], []
         head = (f"  {'case':26s} {'bottom':>17s} {'ideal f':>8s} {'fwd':>7s} {'x':>5s} {'x+st':>5s} {'mem':>5s} "
                 f"{'ideal b':>8s} {'bwd':>7s} {'x':>5s} {'x+st':>5s} {'mem':>5s}")
@@ -318,11 +320,10 @@ def run(shape_names, only, repeats, warmup, compare_xp, malloc_default=False, fl
             local_big += copy_times(BIG_COPY, 3)
             copies += local
             big_copies += local_big
-            bws = (2 * (nbytes // 4 * 4) / statistics.median(local), 2 * BIG_COPY / statistics.median(local_big))
+            bws = (moved / statistics.median(local), 2 * BIG_COPY / statistics.median(local_big))
             rows.append((case, shape, inst.traffic(), inst.state_bytes(), cpu, xp,
                          floor_times(case, shape, rng, repeats) if floor else None, bws))
             del inst, ref
-        moved = 2 * (nbytes // 4 * 4)
         ts = sorted(copies)
         bw, hi, lo = moved / statistics.median(ts), moved / ts[len(ts) // 10], moved / ts[-1 - len(ts) // 10]
         bts = sorted(big_copies)
@@ -334,7 +335,7 @@ def run(shape_names, only, repeats, warmup, compare_xp, malloc_default=False, fl
               f"{2 * BIG_COPY / bts[0] / 1e9:.1f}) (read + write bytes / s); each case's ideals and ratios use the "
               f"copies around it")
         print(head)
-        for case, shape, (fb, bb), st, cpu, xp, floors, (bw, bw_big) in rows:
+        for case, shape, (fb, bb), st, cpu, xp, floors, (bw, bw_mem) in rows:  # (this case's bandwidths)
             ideal_f, ideal_b = fb / bw * 1e3, bb / bw * 1e3
             f, b = _median_ms([t[0] for t in cpu]), _median_ms([t[1] for t in cpu])
             with_state = _ratio(f, (fb + st) / bw * 1e3) if st else f"{'':>5s}"
@@ -342,8 +343,8 @@ def run(shape_names, only, repeats, warmup, compare_xp, malloc_default=False, fl
                           else f"{'':>5s}")
             bst = st if case.backward and not case.state_in_reads else 0
             line = (f"  {case.name:26s} {'x'.join(map(str, shape)):>17s} {ideal_f:8.2f} {f:7.2f} {_ratio(f, ideal_f)} "
-                    f"{with_state} {_ratio(f, (fb + st) / bw_big * 1e3)} {ideal_b:8.2f} {b:7.2f} "
-                    f"{_ratio(b, ideal_b)} {read_state} {_ratio(b, (bb + bst) / bw_big * 1e3)}")
+                    f"{with_state} {_ratio(f, (fb + st) / bw_mem * 1e3)} {ideal_b:8.2f} {b:7.2f} "
+                    f"{_ratio(b, ideal_b)} {read_state} {_ratio(b, (bb + bst) / bw_mem * 1e3)}")
             if floor:
                 ff, fbk = floors
                 line += f" | {ff:7.2f} {_ratio(f, max(ff, ideal_f))} {fbk:7.2f} {_ratio(b, max(fbk, ideal_b))}"

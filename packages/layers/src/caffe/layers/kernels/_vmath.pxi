@@ -84,3 +84,19 @@ cdef inline real _pow(real v, real p) noexcept nogil:
 
 cdef inline real _sqrt(real v) noexcept nogil:
     return sqrtf(v) if real is float else sqrt(v)
+
+
+# A loop that GCC vectorizes through the declarations above calls libmvec in its vector body and libm in its scalar
+# remainder, and the two round differently (float32 tanh of -2.2757785e-4: x in the body, one ulp off in the
+# remainder; float64 exp too): a value's bits would depend on where it falls in the array, so on the batch size. The
+# kernels run such a loop over a multiple of TAIL elements and the last n % TAIL through the same loop on a padded
+# copy (_pad_tail), so every element goes by libmvec.
+cdef enum:
+    TAIL = 16  # a multiple of every vector width GCC uses (16 float32 lanes in the AVX-512 builds)
+
+
+cdef inline void _pad_tail(const real* src, real* dst, Py_ssize_t r) noexcept nogil:
+    """dst[0..TAIL) = src[0..r), then src[r - 1] repeated (a value the loop already takes); 0 < r < TAIL."""
+    cdef Py_ssize_t i
+    for i in range(TAIL):
+        dst[i] = src[i if i < r else r - 1]

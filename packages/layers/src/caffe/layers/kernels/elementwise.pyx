@@ -590,13 +590,7 @@ cdef void _neuron_bwd(int op, const real* x, const real* y, const real* aux, con
             dx[i] = dy[i] * a
 
 
-# A piece's last n % TAIL elements go through the same vector loop, padded: GCC's vector body calls libmvec and its
-# scalar remainder libm, which round differently (float32 tanh of -2.2757785e-4: x in the body, one ulp off in the
-# remainder; float64 exp too), so an element's bits depended on where it fell in the blob, on the batch size.
-cdef enum:
-    TAIL = 16  # a multiple of every vector width GCC uses here (16 float32 lanes in the AVX-512 build)
-
-
+# The neuron loops over a piece: its last n % TAIL elements through the same loop, padded (_vmath.pxi's TAIL).
 cdef void _neuron_fwd_piece(int op, const real* x, real* y, real* aux, Py_ssize_t n, real a, real b,
                             real c) noexcept nogil:
     cdef Py_ssize_t body = n - n % TAIL, r = n % TAIL, i
@@ -606,20 +600,13 @@ cdef void _neuron_fwd_piece(int op, const real* x, real* y, real* aux, Py_ssize_
     if body:
         _neuron_fwd(op, x, y, aux, body, a, b, c)
     if r:
-        for i in range(TAIL):  # (the pad repeats the last element: a value the op already takes)
-            tx[i] = x[body + (i if i < r else r - 1)]
+        _pad_tail(x + body, tx, r)
         _neuron_fwd(op, tx, ty, ta if aux != NULL else NULL, TAIL, a, b, c)
         for i in range(r):
             y[body + i] = ty[i]
         if aux != NULL:
             for i in range(r):
                 aux[body + i] = ta[i]
-
-
-cdef inline void _tail_copy(const real* src, real* dst, Py_ssize_t r) noexcept nogil:
-    cdef Py_ssize_t i
-    for i in range(TAIL):
-        dst[i] = src[i if i < r else r - 1]
 
 
 cdef void _neuron_bwd_piece(int op, const real* x, const real* y, const real* aux, const real* dy, real* dx,
@@ -634,12 +621,12 @@ cdef void _neuron_bwd_piece(int op, const real* x, const real* y, const real* au
         _neuron_bwd(op, x, y, aux, dy, dx, body, a, b, c, d)
     if r:
         if x != NULL:
-            _tail_copy(x + body, tx, r)
+            _pad_tail(x + body, tx, r)
         if y != NULL:
-            _tail_copy(y + body, ty, r)
+            _pad_tail(y + body, ty, r)
         if aux != NULL:
-            _tail_copy(aux + body, ta, r)
-        _tail_copy(dy + body, tdy, r)
+            _pad_tail(aux + body, ta, r)
+        _pad_tail(dy + body, tdy, r)
         _neuron_bwd(op, tx if x != NULL else NULL, ty if y != NULL else NULL, ta if aux != NULL else NULL, tdy, tdx,
                     TAIL, a, b, c, d)
         for i in range(r):

@@ -490,21 +490,16 @@ cdef inline real _sexp(real v) noexcept nogil:
     return _exp(v)
 
 
-cdef enum:
-    TAIL = 16  # a multiple of every vector width GCC uses for the loop below
-
-
 cdef void _sexp_block(real* v, Py_ssize_t n) noexcept nogil:
-    """v = _sexp(v) in place, the last n % TAIL through the same vector loop, padded: GCC's vector body calls
-    libmvec and its scalar remainder libm, which round differently, so a position's probability depended on where
-    it fell in its piece (float64 in every build, float32 in the baseline one)."""
+    """v = _sexp(v) in place, the last n % TAIL through the same vector loop, padded (_vmath.pxi's TAIL). A loop of
+    its own: fused into the max-subtraction and the sum (one pass), GCC left 137-190 positions' exps to libm in a
+    softmax of identical positions."""
     cdef Py_ssize_t body = n - n % TAIL, r = n % TAIL, i
     cdef real t[TAIL]
     for i in range(body):
         v[i] = _sexp(v[i])
     if r:
-        for i in range(TAIL):  # (the pad repeats the last value)
-            t[i] = v[body + (i if i < r else r - 1)]
+        _pad_tail(v + body, t, r)
         for i in range(TAIL):
             t[i] = _sexp(t[i])
         for i in range(r):
