@@ -119,6 +119,29 @@ def _pack(w, G, flip=False):
     return packed
 
 
+def ref_pack(w, G, flip):
+    """pack_weights' layout in NumPy: [G][nb][inc][kh][kw][4], 4 output channels a block, zeros past them;
+    flip: the adjoint's filters (output and input channels swapped, taps reversed)."""
+    Co, cg, kh, kw = w.shape
+    og = Co // G
+    w5 = w.reshape(G, og, cg, kh, kw)
+    if flip:
+        w5 = w5.transpose(0, 2, 1, 3, 4)[:, :, :, ::-1, ::-1]
+    outc, inc = w5.shape[1], w5.shape[2]
+    nb = -(-outc // 4)
+    p = np.zeros((G, nb * 4, inc, kh, kw), np.float32)
+    p[:, :outc] = w5
+    return p.reshape(G, nb, 4, inc, kh, kw).transpose(0, 1, 3, 4, 5, 2).ravel()
+
+
+@given(G=st.integers(1, 3), og=st.integers(1, 13), cg=st.integers(1, 13), kh=st.integers(1, 5),
+       kw=st.integers(1, 5), flip=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_pack_weights_layout(G, og, cg, kh, kw, flip, seed):
+    """Every packed value, padding channels included (the NaN fill shows any left unwritten)."""
+    w = np.random.default_rng(seed).normal(size=(G * og, cg, kh, kw)).astype(np.float32)
+    np.testing.assert_array_equal(_pack(w, G, flip), ref_pack(w, G, flip))
+
+
 @VARIANTS
 @given(g=geometries(), bias=st.booleans(), run_bytes=st.sampled_from([1, 24 << 10]))
 def test_forward_matches_the_reference(variant, g, bias, run_bytes):

@@ -106,22 +106,32 @@ cdef extern from *:
     }
 
     /* w (Co, cg, kh, kw) -> packed [G][nb][cg][kh][kw][4]; flip: the filters of the adjoint (a convolution
-       from the Co side to the C side: og and cg swap roles, taps reversed). Padding channels are zero. */
-    static void cd_pack(const float* w, float* p, ptrdiff_t G, ptrdiff_t og, ptrdiff_t cg, ptrdiff_t kh,
-                        ptrdiff_t kw, int flip) {
-        ptrdiff_t g, o, c, i, j, K = kh * kw;
-        ptrdiff_t outc = flip ? cg : og, inc = flip ? og : cg, nb = (outc + 3) / 4;
-        memset(p, 0, (size_t)(G * nb * 4 * inc * K) * sizeof(float));
-        for (g = 0; g < G; g++)
-            for (o = 0; o < og; o++)
-                for (c = 0; c < cg; c++)
-                    for (i = 0; i < kh; i++)
-                        for (j = 0; j < kw; j++) {
-                            float v = w[(((g * og + o) * cg + c) * kh + i) * kw + j];
-                            ptrdiff_t oo = flip ? c : o, cc = flip ? o : c;
-                            ptrdiff_t ii = flip ? kh - 1 - i : i, jj = flip ? kw - 1 - j : j;
-                            p[((((g * nb + oo / 4) * inc + cc) * kh + ii) * kw + jj) * 4 + oo % 4] = v;
-                        }
+       from the Co side to the C side: og and cg swap roles, taps reversed). Padding channels are zero.
+       One block (g, b) of 4 output channels, written in order (a scatter over the whole buffer in w's
+       order, after a memset, took 0.5-1.8 ms of CaffeNet's 1-3.5 MB layers on every call). */
+    static void cd_pack_block(const float* w, float* p, ptrdiff_t G, ptrdiff_t og, ptrdiff_t cg, ptrdiff_t kh,
+                              ptrdiff_t kw, int flip, ptrdiff_t g, ptrdiff_t b) {
+        ptrdiff_t outc = flip ? cg : og, inc = flip ? og : cg, nb = (outc + 3) / 4, K = kh * kw;
+        ptrdiff_t valid = outc - b * 4 < 4 ? outc - b * 4 : 4, cc, t, l;
+        float* q = p + (g * nb + b) * inc * K * 4;
+        const float* src;
+        (void)G;
+        for (cc = 0; cc < inc; cc++, q += K * 4) {
+            for (l = 0; l < valid; l++) {
+                if (flip) {  /* output channel b 4 + l of the adjoint is input channel c, its input channel o */
+                    src = w + ((g * og + cc) * cg + b * 4 + l) * K + K - 1;  /* taps reversed */
+                    for (t = 0; t < K; t++)
+                        q[t * 4 + l] = src[-t];
+                } else {
+                    src = w + ((g * og + b * 4 + l) * cg + cc) * K;
+                    for (t = 0; t < K; t++)
+                        q[t * 4 + l] = src[t];
+                }
+            }
+            for (; l < 4; l++)
+                for (t = 0; t < K; t++)
+                    q[t * 4 + l] = 0.0f;
+        }
     }
 
     #if CD_X86
@@ -681,8 +691,8 @@ cdef extern from *:
     void cd_init(cd_geom* d, Py_ssize_t N, Py_ssize_t C, Py_ssize_t H, Py_ssize_t W, Py_ssize_t Co,
                  Py_ssize_t G, Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t ph, Py_ssize_t pw) nogil
     void cd_pad(const cd_geom* d, const float* x, float* pad, Py_ssize_t nc) nogil
-    void cd_pack(const float* w, float* p, Py_ssize_t G, Py_ssize_t og, Py_ssize_t cg, Py_ssize_t kh,
-                 Py_ssize_t kw, int flip) nogil
+    void cd_pack_block(const float* w, float* p, Py_ssize_t G, Py_ssize_t og, Py_ssize_t cg, Py_ssize_t kh,
+                       Py_ssize_t kw, int flip, Py_ssize_t g, Py_ssize_t b) nogil
     void cd_fwd_task(const cd_geom* d, const float* x, const float* wp, const float* bias, float* y,
                      float* pad, Py_ssize_t n, Py_ssize_t g, Py_ssize_t b0, Py_ssize_t b1) nogil
     ctypedef struct cd_wotile:
@@ -777,8 +787,13 @@ def pack_weights(const float[::1] w, float[::1] packed, Py_ssize_t G, Py_ssize_t
         raise ValueError("conv_direct: weight buffer too small")
     if packed.shape[0] < packed_size(G, og, cg, kh, kw, flip):
         raise ValueError("conv_direct: packed buffer too small")
+    cdef Py_ssize_t nb = ((cg if flip else og) + 3) // 4, t
+    cdef const float* ws = &w[0]
+    cdef float* ps = &packed[0]
+    cdef int nt = _threads(packed_size(G, og, cg, kh, kw, flip))
     with nogil:
-        cd_pack(&w[0], &packed[0], G, og, cg, kh, kw, flip)
+        for t in prange(G * nb, schedule="static", num_threads=nt):
+            cd_pack_block(ws, ps, G, og, cg, kh, kw, flip, t // nb, t % nb)
 
 
 def forward(const float[::1] x, const float[::1] packed, const float[::1] bias, float[::1] y,
