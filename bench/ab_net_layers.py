@@ -9,7 +9,8 @@ the dense plan with every weight diff blocked (the rule before session 7's backw
 CIFAR10-quick conv3's; the x-vectorized kernel main had then is gone); "avx2" / "avx512": "auto" with that
 variant of the dense kernels (the other settings: the kernel module's default, AVX-512 where the CPU has it);
 "avx512narrow": "avx512" with the AVX2 rule's thresholds (conv_cpu.DENSE512_*: the wider AVX-512 rule off);
-"f32wgrad": "auto" with an exact layer's weight diff by the float32 GEMM (conv_cpu.EXACT_WGRAD off).
+"f32wgrad": "auto" with an exact layer's weight diff by the float32 GEMM (conv_cpu.EXACT_WGRAD off);
+"noblas512": "auto" with the rules for an OpenBLAS running AVX2 kernels (conv_cpu.BLAS512 off).
 Prints the ForwardBackward medians (and minima) and per-layer medians, largest first.
 """
 from __future__ import annotations
@@ -41,11 +42,13 @@ _AVX512 = conv_cpu._cd is not None and conv_cpu._cd.AVX512
 
 
 _WIDE = conv_cpu.DENSE512_MAX_OG, conv_cpu.DENSE512_MAX_KD
+_BLAS512 = conv_cpu.BLAS512
 
 
 def set_mode(mode):
     conv_cpu.DENSE = "off" if mode == "off" else "auto"
     conv_cpu.EXACT_WGRAD = mode != "f32wgrad"
+    conv_cpu.BLAS512 = _BLAS512 and mode != "noblas512"
     conv_cpu.dense_rule = _no_dense_wgt if mode == "blockedwgt" else _RULE
     if conv_cpu._cd is not None:
         conv_cpu._cd.AVX512 = mode in ("avx512", "avx512narrow") or (mode not in ("avx2",) and _AVX512)

@@ -144,15 +144,16 @@ def test_pooling_builds_agree_bit_for_bit(build, hw, k, s, pad, dtype, seed):
 @given(data=st.data(), dtype=DTYPES, seed=SEEDS, layout=st.sampled_from(["batch", "image"]))
 def test_lowering_builds_agree_bit_for_bit(data, dtype, seed, layout):
     """lowering_avx512 against the baseline lowering: im2col (into float32 / float64, and float32 widened), col2im
-    (overwriting, accumulating), over bands of output rows, with rows of 1 to ~45 (the vectors of 16 and 8 and the
-    masked end) and every stride, pad and dilation the kernels take: the same bits (copies and single adds)."""
+    (overwriting, accumulating), over bands of output rows, with rows of 1 to ~90 (the vectors of 16 and 8, the
+    masked end, the stride-2 and stride-4 permutes) and every stride, pad and dilation the kernels take: the same
+    bits (copies and single adds)."""
     base, avx = _pair("lowering", "avx512")
     draw = data.draw
     kh, kw = draw(st.integers(1, 5)), draw(st.integers(1, 5))
-    sh, sw, dh, dw = draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    sh, sw, dh, dw = draw(st.integers(1, 4)), draw(st.integers(1, 4)), draw(st.integers(1, 2)), draw(st.integers(1, 2))
     ph, pw = draw(st.integers(0, 2)), draw(st.integers(0, 2))
     H = draw(st.integers(max(1, dh * (kh - 1) + 1 - 2 * ph), 20))
-    W = draw(st.integers(max(1, dw * (kw - 1) + 1 - 2 * pw), 48))
+    W = draw(st.integers(max(1, dw * (kw - 1) + 1 - 2 * pw), 90))
     N, C = draw(st.integers(1, 3)), draw(st.integers(1, 3))
     OH, OW = (H + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (W + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     oh0 = draw(st.integers(0, OH - 1))
@@ -177,6 +178,50 @@ def test_lowering_builds_agree_bit_for_bit(data, dtype, seed, layout):
         res.append((col, wide, over, acc))
     for g, e in zip(res[1], res[0]):
         np.testing.assert_array_equal(g.view(np.uint8), e.view(np.uint8))
+
+
+def _before_a_guard_page(n):
+    """A float32 array of n whose last element ends where a PROT_NONE page begins (a read past it faults), and
+    the mapping that holds it (keep it alive)."""
+    import ctypes
+    import mmap
+    page = mmap.PAGESIZE
+    size = -(-n * 4 // page) * page
+    buf = mmap.mmap(-1, size + page)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    if libc.mprotect(ctypes.c_void_p(addr + size), page, 0) != 0:  # pragma: no cover
+        pytest.skip("mprotect failed: no guard page")
+    arr = np.frombuffer(buf, np.float32, count=n, offset=size - n * 4)
+    return arr, buf, (libc, addr, size, page)
+
+
+@pytest.mark.parametrize("pw", [0, 1, 2, 5])
+def test_lowering_stride4_rows_every_width(pw):
+    """im2col's stride-4 rows (AlexNet's conv1: 11 x 11, stride 4) of every output width from 1 to 40, against
+    the baseline build's scalar loop, with the image's last row ending at a page no one may read (the permutes'
+    fourth load is masked to the row: a read past it would crash the test)."""
+    import ctypes
+    base, avx = _pair("lowering", "avx512")
+    for kw in (1, 3, 11):
+        for OW in range(1, 41):
+            W = (OW - 1) * 4 + kw - 2 * pw
+            if W < 1:
+                continue
+            N, C, H, kh, ph = 2, 2, 3, 1, 0
+            geo = (N, C, H, W, kh, kw, ph, pw, 1, 4, 1, 1, H, OW, N * H * OW, H * OW, 0, H)
+            x, buf, (libc, addr, size, page) = _before_a_guard_page(N * C * H * W)
+            x[...] = np.random.default_rng(OW).standard_normal(x.size).astype(np.float32)
+            res = []
+            for mod in (base, avx):
+                col = np.full(C * kh * kw * N * H * OW, np.nan, np.float32)
+                mod.im2col_2d(x, col, *geo)
+                res.append(col)
+            libc.mprotect(ctypes.c_void_p(addr + size), page, 3)  # readable again before the mapping goes
+            del x
+            assert not np.isnan(res[0]).any()
+            np.testing.assert_array_equal(res[1].view(np.uint32), res[0].view(np.uint32), err_msg=f"OW {OW} kw {kw}")
 
 
 @given(shape=st.sampled_from([(3, 7, 5), (2, 1000, 1), (2, 33, 300), (2, 21, 4099), (1, 64, 3 * 1024 + 5)]), seed=SEEDS,

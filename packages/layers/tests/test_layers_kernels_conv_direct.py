@@ -350,16 +350,18 @@ def _layer_products(text, shape, dense, deconv=False, seed=3):
 @pytest.mark.parametrize("text,shape", [
     ("num_output: 6 kernel_size: 5 pad: 2", (3, 4, 9, 11)),                   # same padding: all three dense
     ("num_output: 6 kernel_h: 5 kernel_w: 3 pad_h: 1 pad_w: 2 group: 2", (2, 6, 7, 13)),  # data blocked
-    ("num_output: 10 kernel_size: 4", (2, 3, 6, 9)),                           # pad 0 (dense only when "on")
+    ("num_output: 10 kernel_size: 4", (2, 3, 6, 9)),  # pad 0 (dense when "on", or its weight diff where BLAS512)
 ])
 @pytest.mark.parametrize("deconv", [False, True])
 @pytest.mark.parametrize("mode", ["on", "auto"])
+@pytest.mark.parametrize("blas512", [False, True])
 @VARIANTS
-def test_dense_plan_matches_the_batched_path(text, shape, deconv, mode, variant):
-    with kernel_variant(variant):
+def test_dense_plan_matches_the_batched_path(text, shape, deconv, mode, blas512, variant):
+    with kernel_variant(variant), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(conv_cpu, "BLAS512", blas512)
         plan, got = _layer_products(text, shape, mode, deconv)
     _, ref = _layer_products(text, shape, "batched", deconv)
-    assert plan == ("blocked" if mode == "auto" and "pad" not in text else "dense")
+    assert plan == ("blocked" if mode == "auto" and "pad" not in text and not blas512 else "dense")
     for a, b in zip(got, ref):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
 
@@ -367,35 +369,61 @@ def test_dense_plan_matches_the_batched_path(text, shape, deconv, mode, variant)
 ALL = ("fwd", "wgt", "data")
 
 
+W = ("wgt",)
+
+
 @pytest.mark.skipif(not SUPPORTED, reason="the dense plan needs AVX2 and FMA")
-@pytest.mark.parametrize("text,shape,avx2,avx512", [
-    ("num_output: 32 kernel_size: 5 pad: 2", (2, 3, 32, 32), ALL, ALL),   # CIFAR10-quick conv1
-    ("num_output: 32 kernel_size: 5 pad: 2", (2, 32, 16, 16), ALL, ALL),  # conv2
-    ("num_output: 64 kernel_size: 5 pad: 2", (2, 32, 8, 8), ALL, ALL),    # conv3 (8x8: the AVX2 rule either way)
-    ("num_output: 50 kernel_size: 5", (2, 20, 12, 12), (), ()),           # LeNet conv2: sgemm
-    ("num_output: 384 kernel_size: 3 pad: 1", (1, 256, 13, 13), (), ALL),  # CaffeNet conv3
-    ("num_output: 64 kernel_size: 3 pad: 1", (1, 64, 56, 56), ALL, ALL),  # ResNet-50 res2
-    ("num_output: 128 kernel_size: 3 pad: 1", (1, 128, 28, 28), (), ALL),  # ResNet-50 res3
-    ("num_output: 512 kernel_size: 3 pad: 1", (1, 512, 7, 7), (), ()),    # ResNet-50 res5: 7x7 planes
-    ("num_output: 512 kernel_size: 3 pad: 1", (1, 256, 14, 14), (), ("data",)),  # past 384 outputs: data only
-    ("num_output: 20 kernel_size: 5", (2, 1, 28, 28), (), ()),            # LeNet conv1: exact path
-    ("num_output: 8 kernel_size: 3 stride: 2 pad: 1", (2, 16, 9, 9), (), ()),  # stride 2
-    ("num_output: 8 kernel_size: 3 dilation: 2", (2, 16, 9, 9), (), ()),  # dilated
+@pytest.mark.parametrize("text,shape,avx2,avx512,blas512_avx2,blas512_avx512", [
+    ("num_output: 32 kernel_size: 5 pad: 2", (2, 3, 32, 32), ALL, ALL, ALL, ALL),   # CIFAR10-quick conv1
+    ("num_output: 32 kernel_size: 5 pad: 2", (2, 32, 16, 16), ALL, ALL, ALL, ALL),  # conv2
+    ("num_output: 64 kernel_size: 5 pad: 2", (2, 32, 8, 8), ALL, ALL, ALL, ALL),    # conv3 (8x8: the AVX2 rule)
+    ("num_output: 50 kernel_size: 5", (2, 20, 12, 12), (), (), W, W),              # LeNet conv2: sgemm's forward
+    ("num_output: 384 kernel_size: 3 pad: 1", (1, 256, 13, 13), (), ALL, (), ("fwd",)),  # CaffeNet conv3
+    ("num_output: 256 kernel_size: 5 pad: 2 group: 2", (1, 96, 27, 27), (), ALL, (), ALL),  # CaffeNet conv2
+    ("num_output: 384 kernel_size: 3 pad: 1 group: 2", (1, 384, 13, 13), (), ALL, (), ("fwd", "data")),  # conv4
+    ("num_output: 64 kernel_size: 3 pad: 1", (1, 64, 56, 56), ALL, ALL, ALL, ALL),  # ResNet-50 res2
+    ("num_output: 128 kernel_size: 3 pad: 1", (1, 128, 28, 28), (), ALL, (), ALL),  # ResNet-50 res3
+    ("num_output: 256 kernel_size: 3 pad: 1", (1, 256, 14, 14), (), ALL, (), ("fwd",)),  # ResNet-50 res4
+    ("num_output: 512 kernel_size: 3 pad: 1", (1, 512, 7, 7), (), (), (), ()),    # ResNet-50 res5: 7x7 planes
+    ("num_output: 512 kernel_size: 3 pad: 1", (1, 256, 14, 14), (), ("data",), (), ()),  # past 384 outputs
+    ("num_output: 20 kernel_size: 5", (2, 1, 28, 28), (), (), (), ()),            # LeNet conv1: exact path
+    ("num_output: 8 kernel_size: 3 stride: 2 pad: 1", (2, 16, 9, 9), (), (), (), ()),  # stride 2
+    ("num_output: 8 kernel_size: 3 dilation: 2", (2, 16, 9, 9), (), (), (), ()),  # dilated
 ])
 @pytest.mark.parametrize("variant", ["avx2", "avx512"])
-def test_dense_rule(text, shape, avx2, avx512, variant):
-    """The measured rule for each kernel variant (the rule only reads cd.AVX512: no kernel runs here, so the
-    AVX-512 rule is checked on any CPU)."""
-    products = avx512 if variant == "avx512" else avx2
+@pytest.mark.parametrize("blas512", [False, True])
+def test_dense_rule(text, shape, avx2, avx512, blas512_avx2, blas512_avx512, variant, blas512):
+    """The measured rule for each kernel variant, with NumPy's OpenBLAS on AVX2 kernels and on its AVX-512 ones
+    (BLAS512) (the rule only reads cd.AVX512 and conv_cpu.BLAS512: no kernel runs here, so every rule is checked
+    on any CPU)."""
+    products = {(False, "avx2"): avx2, (False, "avx512"): avx512, (True, "avx2"): blas512_avx2,
+                (True, "avx512"): blas512_avx512}[blas512, variant]
     layer = make_layer("Convolution", f"convolution_param {{ {text} }}")
     layer.SetUp(blobs_from_arrays([np.zeros(shape)], np.float32), empty_tops(1, np.float32))
-    with kernel_variant(variant):
+    with kernel_variant(variant), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(conv_cpu, "BLAS512", blas512)
         assert conv_cpu.dense_products(layer, np.float32) == products
         assert layer.plan(np, np.float32) == ("dense" if products else "blocked")
         assert conv_cpu.dense_products(layer, np.float64) == ()  # float64 keeps the other plans
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(conv_cpu, "DENSE", "off")
-            assert layer.plan(np, np.float32) == "blocked"
+        mp.setattr(conv_cpu, "DENSE", "off")
+        assert layer.plan(np, np.float32) == "blocked"
+
+
+def test_blas512_names_openblas_avx512_kernels():
+    """BLAS512 says whether NumPy's OpenBLAS runs its AVX-512 sgemm kernels (its core name), in a fresh process
+    under OPENBLAS_CORETYPE=Haswell (AVX2 kernels: False) and SkylakeX (where the CPU has AVX-512)."""
+    import os
+    import subprocess
+    import sys
+    from caffe.layers import _cpu
+    code = "from caffe.layers import conv_cpu; print(conv_cpu.BLAS512, conv_cpu.blas_corename())"
+    cores = ["Haswell"] + (["SkylakeX"] if _cpu.cpu_has_avx512() else [])
+    for core in cores:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                             env={**os.environ, "OPENBLAS_CORETYPE": core}).stdout.split()
+        if out[1] == "None":
+            pytest.skip("NumPy's BLAS is not an OpenBLAS that names its core")
+        assert out == [str(core == "SkylakeX"), core], out
 
 
 @VARIANTS

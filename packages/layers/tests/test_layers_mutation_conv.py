@@ -102,9 +102,33 @@ def test_dense_plan_runs_the_dense_kernels_for_its_products_and_the_blocked_plan
     ("num_output: 250 kernel_size: 3 pad: 1", (1, 8, 8, 8), ()),                  # 250 * 9 > 2 * DENSE_MAX_KD
     ("num_output: 8 kernel_h: 3 kernel_w: 5 pad: 1", (1, 8, 8, 8), ("fwd",)),   # "same" on one axis only
 ])
-def test_dense_rule_boundaries(text, shape, products):
+def test_dense_rule_boundaries(text, shape, products, monkeypatch):
+    """The AVX2 rule's edges, NumPy's OpenBLAS on AVX2 kernels (BLAS512 off)."""
     from caffe.layers import conv_cpu
     from caffe.layers.testing import blobs_from_arrays, empty_tops
+    monkeypatch.setattr(conv_cpu, "BLAS512", False)
+    layer = make_layer("Convolution", f"convolution_param {{ {text} }}")
+    layer.SetUp(blobs_from_arrays([np.zeros(shape)], np.float32), empty_tops(1, np.float32))
+    assert conv_cpu.dense_products(layer, np.float32) == products
+
+
+@_DENSE
+@pytest.mark.parametrize("text, shape, products", [
+    ("num_output: 128 kernel_size: 3 pad: 1", (1, 8, 10, 10), ("fwd", "wgt", "data")),  # 128 = WGT_MAX_OG
+    ("num_output: 129 kernel_size: 3 pad: 1", (1, 8, 10, 10), ("fwd", "data")),         # past it: weight diff blocked
+    ("num_output: 8 kernel_size: 3 pad: 1", (1, 192, 10, 10), ("fwd", "wgt", "data")),   # 192 = DATA_MAX_CG
+    ("num_output: 8 kernel_size: 3 pad: 1", (1, 193, 10, 10), ("fwd", "wgt")),           # past it: bottom diff blocked
+    ("num_output: 129 kernel_size: 3 pad: 1", (1, 8, 9, 11), ("data",)),  # 99 positions: the AVX2 rule (129 > 64)
+    ("num_output: 8 kernel_size: 3", (1, 8, 10, 10), ("wgt",)),                          # unpadded: the weight diff
+    ("num_output: 65 kernel_size: 3", (1, 8, 10, 10), ()),                               # ... to DENSE_MAX_OG
+])
+def test_dense_rule_boundaries_blas512(text, shape, products, monkeypatch):
+    """The rules where NumPy's OpenBLAS runs AVX-512 kernels (BLAS512), on the AVX-512 kernels' wide planes
+    (DENSE512_MIN_PLANE = 100 positions) and below them."""
+    from caffe.layers import conv_cpu
+    from caffe.layers.testing import blobs_from_arrays, empty_tops
+    monkeypatch.setattr(conv_cpu, "BLAS512", True)
+    monkeypatch.setattr(conv_cpu._cd, "AVX512", True)
     layer = make_layer("Convolution", f"convolution_param {{ {text} }}")
     layer.SetUp(blobs_from_arrays([np.zeros(shape)], np.float32), empty_tops(1, np.float32))
     assert conv_cpu.dense_products(layer, np.float32) == products

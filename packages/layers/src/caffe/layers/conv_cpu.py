@@ -161,6 +161,15 @@ def _gemm512_default() -> bool:
 # and activation in its store): _gemm512_default(); CAFFE_CONV_GEMM512=0 or CAFFE_KERNELS_AVX512=0 in the
 # environment turn it off (benchmarks and tests set it False / True; True needs gemm512_supported()).
 GEMM512 = _gemm512_default()
+
+
+def _blas512_default() -> bool:
+    """NumPy's BLAS is an OpenBLAS running its AVX-512 sgemm kernels (dense_rule's measured BLAS512 rules)."""
+    core = blas_corename()
+    return core is not None and core.lower() in BLAS_AVX512_CORES
+
+
+BLAS512 = _blas512_default()
 # The blocked plan's float32 GEMMs by kernels.gemm too (where GEMM512 is set), except a "valid" layer's
 # (no pad, kernel past 1 x 1: LeNet's) forward: it keeps sgemm's numerics, which the LeNet trace follows, as
 # dense_rule keeps them on this plan (kernels.gemm's sums in LeNet conv2's forward moved ip1's bias 22% from
@@ -587,6 +596,20 @@ DENSE_MAX_KD = 1024
 DENSE512_MAX_OG = 384
 DENSE512_MAX_KD = 2304
 DENSE512_MIN_PLANE = 100
+# Where NumPy's OpenBLAS runs its own AVX-512 kernels (BLAS512: SkylakeX on an Intel Xeon with AMX, 2 MB L2 a
+# core; sgemm there at 150-330 GFLOP/s on two threads), measured the same way (ab_conv_dense.py --modes off,avx512,
+# wall clock, medians of 11): the dense forward still wins or ties on every layer the rules above name (CaffeNet
+# conv2-5 0.65-1.00x, ResNet-50's 3x3s 0.75-0.98x at b8, GoogLeNet 3a / 4a 0.78 / 0.90x), but the weight diff
+# loses past 128 output channels a group (CaffeNet conv3 / conv4 1.26 / 1.06x, ResNet-50 256x14x14 1.19x, GoogLeNet
+# 4a 3x3 1.08x; 0.52-0.90x at 128 and below) and the bottom diff past 192 input channels (CaffeNet conv3 1.12x,
+# ResNet-50 256x14x14 1.19x); those go blocked there. And an unpadded layer's weight diff (LeNet conv2: 1.94 ->
+# 1.38 ms) goes dense there: sgemm's own sums on those kernels already differ from the reference's (the LeNet
+# 100-iteration trace: losses within 8.8e-3 of Caffe's, ip1's bias 2.08% at iteration 100, against 2.7e-6 and
+# 0.00% with its Haswell kernels), and with the dense weight diff the trace is the same (8.4e-3, 2.12%). Where
+# OpenBLAS runs AVX2 kernels (the Zen 5 VM's Haswell) the rules above stand, and the unpadded layer keeps sgemm's
+# weight diff, whose sums follow Caffe's there.
+DENSE512_BLAS512_WGT_MAX_OG = 128
+DENSE512_BLAS512_DATA_MAX_CG = 192
 
 
 def dense_rule(layer):
@@ -597,13 +620,18 @@ def dense_rule(layer):
     same = 2 * ph == kh - 1 and 2 * pw == kw - 1
     out = []
     if ph == 0 and pw == 0:
-        return ()
+        # valid layers keep sgemm's forward (above); their weight diff goes dense where BLAS512
+        return ("wgt",) if BLAS512 and og <= DENSE_MAX_OG and cg * kh * kw <= DENSE_MAX_KD else ()
     max_og, max_kd = DENSE_MAX_OG, DENSE_MAX_KD
-    if _cd.AVX512 and g.col_count >= DENSE512_MIN_PLANE:
+    wide = _cd.AVX512 and g.col_count >= DENSE512_MIN_PLANE
+    if wide:
         max_og, max_kd = DENSE512_MAX_OG, DENSE512_MAX_KD
     if og <= max_og and cg * kh * kw <= max_kd:
-        out += ["fwd", "wgt"] if same else ["fwd"]
-    if cg <= max_og and og * kh * kw <= 2 * max_kd and same:
+        out += ["fwd"]
+        if same and not (wide and BLAS512 and og > DENSE512_BLAS512_WGT_MAX_OG):
+            out += ["wgt"]
+    if cg <= max_og and og * kh * kw <= 2 * max_kd and same and not (wide and BLAS512 and
+                                                                     cg > DENSE512_BLAS512_DATA_MAX_CG):
         out.append("data")
     return tuple(out)
 

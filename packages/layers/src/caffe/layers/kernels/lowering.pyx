@@ -199,6 +199,26 @@ cdef extern from *:
             k += 16;
         }
     }
+    /* Stride 4 (AlexNet's / CaffeNet's conv1: 11 x 11, stride 4) with rows of 16 and more: each block of 16 from
+       four loads of 16 by two permutes and a lane shuffle, the last block ending at the row's end as above
+       (d[k] = s[4 k], k < n; the loads cover s[4k .. 4k + 63], the fourth masked to s[4k + 48 .. 4k + 60]: never
+       past s[4 n - 4]; a masked-off element is never read, so no fault past the image either). */
+    static inline void caffe_lower_stride4_f(float* __restrict d, const float* __restrict s, ptrdiff_t n) {
+        const __m512i quarter = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
+        ptrdiff_t k = 0;
+        __m512 lo, hi;
+        for (;;) {
+            if (k + 16 > n)
+                k = n - 16;
+            lo = _mm512_permutex2var_ps(_mm512_loadu_ps(s + 4 * k), quarter, _mm512_loadu_ps(s + 4 * k + 16));
+            hi = _mm512_permutex2var_ps(_mm512_loadu_ps(s + 4 * k + 32), quarter,
+                                        _mm512_maskz_loadu_ps((__mmask16)0x1fff, s + 4 * k + 48));
+            _mm512_storeu_ps(d + k, _mm512_shuffle_f32x4(lo, hi, 0x44));  /* lo's lanes 0-7, then hi's 0-7 */
+            if (k + 16 >= n)
+                return;
+            k += 16;
+        }
+    }
     #endif
     /* im2col: `rows` output rows of OW (ds apart) from image rows ss apart: columns [lo, hi) d[k] = s[k * stride],
        the others 0 */
@@ -215,6 +235,8 @@ cdef extern from *:
     #if CAFFE_LOWER_V512
             if (stride == 2 && hi - lo >= 16)
                 caffe_lower_stride2_f(d + lo, s + lo * stride, hi - lo);
+            else if (stride == 4 && hi - lo >= 16)
+                caffe_lower_stride4_f(d + lo, s + lo * stride, hi - lo);
             else
     #endif
                 for (k = lo; k < hi; k++)
