@@ -114,8 +114,8 @@ def test_dense_rule_boundaries(text, shape, products, monkeypatch):
 
 @_DENSE
 @pytest.mark.parametrize("text, shape, products", [
-    ("num_output: 128 kernel_size: 3 pad: 1", (1, 8, 10, 10), ("fwd", "wgt", "data")),  # 128 = WGT_MAX_OG
-    ("num_output: 129 kernel_size: 3 pad: 1", (1, 8, 10, 10), ("fwd", "data")),         # past it: weight diff blocked
+    ("num_output: 64 kernel_size: 3 pad: 1", (1, 8, 10, 10), ("fwd", "wgt", "data")),   # 64 = WGT_MAX_OG
+    ("num_output: 65 kernel_size: 3 pad: 1", (1, 8, 10, 10), ("fwd", "data")),          # past it: weight diff blocked
     ("num_output: 8 kernel_size: 3 pad: 1", (1, 192, 10, 10), ("fwd", "wgt", "data")),   # 192 = DATA_MAX_CG
     ("num_output: 8 kernel_size: 3 pad: 1", (1, 193, 10, 10), ("fwd", "wgt")),           # past it: bottom diff blocked
     ("num_output: 129 kernel_size: 3 pad: 1", (1, 8, 9, 11), ("data",)),  # 99 positions: the AVX2 rule (129 > 64)

@@ -13,8 +13,8 @@ products, named from the convolution's side (Deconvolution swaps the roles):
 buffer, so each image's GEMM reads and writes the blobs directly, no lowering (images of
 fewer than ONE_BY_ONE_VIEW_COLS positions are copied side by side into one wider GEMM). Its float32
 GEMMs (the forward, with the bias and activation in the GEMM's store, and the backward's weight diff,
-accumulated in place, and bottom diff) run kernels.gemm, an AVX-512 packed GEMM, where GEMM512 is set: an
-AVX-512 CPU whose NumPy OpenBLAS runs AVX2 kernels (_gemm512_default); the exact short-K forward stays.
+accumulated in place, and bottom diff) run kernels.gemm, an AVX-512 packed GEMM, where GEMM512 is set: a CPU
+with AVX-512F (_gemm512_default); the exact short-K forward stays.
 
 "direct" (group > 1 with at most DIRECT_MAX_PAIRS channel pairs per group: depthwise,
 MobileNet): the kernels of caffe.layers.kernels.depthwise, one (image, group) per OpenMP task.
@@ -141,20 +141,20 @@ def blas_corename():
 
 
 def _gemm512_default() -> bool:
-    """kernels.gemm for the 1x1 plan's float32 GEMMs: the CPU has AVX-512F and NumPy's OpenBLAS runs AVX2
-    kernels (the development VM's OPENBLAS_CORETYPE=Haswell; any core type not in BLAS_AVX512_CORES).
-    Measured on Zen 5 (bench/ab_gemm512.py, one thread, min of 11-21, interleaved, ResNet-50's nine 1x1
-    shapes at batch 1 and 8; table in bench/README.md): forward 1.6-2.1x OpenBLAS-Haswell's speed (its AVX2
-    kernels run at the AVX2 peak, ~100 GF/s; this one at 150-205), backward 1.5-2.0x; against OpenBLAS's
-    own AVX-512 kernels (SkylakeX) the forward is 0.94-1.24x (behind on the 7 x 7 and 14 x 14 planes) and
-    the backward about even, so where OpenBLAS runs those, or NumPy's BLAS is not an OpenBLAS this can name,
-    the 1x1 plan keeps np.matmul."""
+    """kernels.gemm for the 1x1 plan's float32 GEMMs (and the blocked plan's large ones): the CPU has AVX-512F,
+    whatever kernels NumPy's OpenBLAS runs. Measured (packages/layers/bench/ab_gemm512.py, ResNet-50's nine 1x1
+    shapes at batch 1 and 8, interleaved; tables in bench/README.md):
+    - Zen 5, OpenBLAS on its Haswell AVX2 kernels (that VM's OPENBLAS_CORETYPE=Haswell), one thread: forward
+      1.6-2.1x OpenBLAS's speed (its AVX2 kernels run at the AVX2 peak, ~100 GF/s; this one at 150-205),
+      backward 1.5-2.0x; against its SkylakeX AVX-512 kernels there the forward 0.94-1.24x (behind on the 7 x 7
+      and 14 x 14 planes), the backward about even;
+    - an Intel Xeon (AMX, 2 MB L2 a core) whose OpenBLAS picks its SkylakeX kernels itself, two threads:
+      forward 0.85-1.83x (geometric mean 1.26; behind only at 14 x 14, batch 8), backward 0.97-1.60x (1.18).
+    So OpenBLAS's AVX-512 kernels no longer keep np.matmul; CAFFE_CONV_GEMM512=0 (or CAFFE_KERNELS_AVX512=0)
+    does."""
     if _gm is None or not _gm.supported() or not _cpu.cpu_has_avx2("AVX512F"):  # (NumPy's view of the CPU too)
         return False
-    if os.environ.get("CAFFE_KERNELS_AVX512", "1") == "0" or os.environ.get("CAFFE_CONV_GEMM512", "1") == "0":
-        return False
-    core = blas_corename()
-    return core is not None and core.lower() not in BLAS_AVX512_CORES
+    return os.environ.get("CAFFE_KERNELS_AVX512", "1") != "0" and os.environ.get("CAFFE_CONV_GEMM512", "1") != "0"
 
 
 # The 1x1 plan's float32 GEMMs (not the exact short-K forward) by kernels.gemm (AVX-512 packed GEMM, bias
@@ -596,19 +596,20 @@ DENSE_MAX_KD = 1024
 DENSE512_MAX_OG = 384
 DENSE512_MAX_KD = 2304
 DENSE512_MIN_PLANE = 100
-# Where NumPy's OpenBLAS runs its own AVX-512 kernels (BLAS512: SkylakeX on an Intel Xeon with AMX, 2 MB L2 a
-# core; sgemm there at 150-330 GFLOP/s on two threads), measured the same way (ab_conv_dense.py --modes off,avx512,
-# wall clock, medians of 11): the dense forward still wins or ties on every layer the rules above name (CaffeNet
-# conv2-5 0.65-1.00x, ResNet-50's 3x3s 0.75-0.98x at b8, GoogLeNet 3a / 4a 0.78 / 0.90x), but the weight diff
-# loses past 128 output channels a group (CaffeNet conv3 / conv4 1.26 / 1.06x, ResNet-50 256x14x14 1.19x, GoogLeNet
-# 4a 3x3 1.08x; 0.52-0.90x at 128 and below) and the bottom diff past 192 input channels (CaffeNet conv3 1.12x,
-# ResNet-50 256x14x14 1.19x); those go blocked there. And an unpadded layer's weight diff (LeNet conv2: 1.94 ->
-# 1.38 ms) goes dense there: sgemm's own sums on those kernels already differ from the reference's (the LeNet
-# 100-iteration trace: losses within 8.8e-3 of Caffe's, ip1's bias 2.08% at iteration 100, against 2.7e-6 and
-# 0.00% with its Haswell kernels), and with the dense weight diff the trace is the same (8.4e-3, 2.12%). Where
-# OpenBLAS runs AVX2 kernels (the Zen 5 VM's Haswell) the rules above stand, and the unpadded layer keeps sgemm's
-# weight diff, whose sums follow Caffe's there.
-DENSE512_BLAS512_WGT_MAX_OG = 128
+# Where NumPy's OpenBLAS runs its own AVX-512 kernels (BLAS512: SkylakeX, on an Intel Xeon VM with AMX and 2 MB
+# of L2 a core, where the blocked plan's large GEMMs run kernels.gemm, GEMM512), measured the same way
+# (ab_conv_dense.py --modes off,avx512, wall clock, medians of 11): the dense forward still wins or ties on the
+# layers the rules above name (CaffeNet conv2-5 0.71-1.03x, ResNet-50's 3x3s 0.80-0.92x at b8, GoogLeNet 3a / 4a
+# 0.75 / 0.81x), but the weight diff loses past 64 output channels a group (at 128: CaffeNet conv2 / conv5 0.98 /
+# 1.14x, ResNet-50 128x28x28 1.01x (b8) and 1.22x (b1); past it CaffeNet conv3 / conv4 1.41 / 1.31x, ResNet-50
+# 256x14x14 1.16x; 0.47-0.90x at 64 and below) and the bottom diff past 192 input channels (CaffeNet conv3 1.13x,
+# ResNet-50 256x14x14 1.17x at b1); those go blocked there. And an unpadded layer's weight diff (LeNet conv2:
+# 2.34 -> 1.46 ms) goes dense there: sgemm's own sums on those kernels already differ from the reference's (the
+# LeNet 100-iteration trace: losses within 8.8e-3 of Caffe's, ip1's bias 2.08% at iteration 100, against 2.7e-6
+# and 0.00% with its Haswell kernels), and with the dense weight diff the trace is the same (8.4e-3, 2.12%).
+# Where OpenBLAS runs AVX2 kernels (the Zen 5 VM's Haswell) the rules above stand, and the unpadded layer keeps
+# sgemm's weight diff, whose sums follow Caffe's there.
+DENSE512_BLAS512_WGT_MAX_OG = 64
 DENSE512_BLAS512_DATA_MAX_CG = 192
 
 
