@@ -350,7 +350,7 @@ def _layer_products(text, shape, dense, deconv=False, seed=3):
 @pytest.mark.parametrize("text,shape", [
     ("num_output: 6 kernel_size: 5 pad: 2", (3, 4, 9, 11)),                   # same padding: all three dense
     ("num_output: 6 kernel_h: 5 kernel_w: 3 pad_h: 1 pad_w: 2 group: 2", (2, 6, 7, 13)),  # data blocked
-    ("num_output: 10 kernel_size: 4", (2, 3, 6, 9)),  # pad 0 (dense when "on", or its weight diff where BLAS512)
+    ("num_output: 10 kernel_size: 4", (2, 3, 6, 9)),                           # pad 0 (dense only when "on")
 ])
 @pytest.mark.parametrize("deconv", [False, True])
 @pytest.mark.parametrize("mode", ["on", "auto"])
@@ -361,7 +361,7 @@ def test_dense_plan_matches_the_batched_path(text, shape, deconv, mode, blas512,
         mp.setattr(conv_cpu, "BLAS512", blas512)
         plan, got = _layer_products(text, shape, mode, deconv)
     _, ref = _layer_products(text, shape, "batched", deconv)
-    assert plan == ("blocked" if mode == "auto" and "pad" not in text and not blas512 else "dense")
+    assert plan == ("blocked" if mode == "auto" and "pad" not in text else "dense")
     for a, b in zip(got, ref):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
 
@@ -369,15 +369,12 @@ def test_dense_plan_matches_the_batched_path(text, shape, deconv, mode, blas512,
 ALL = ("fwd", "wgt", "data")
 
 
-W = ("wgt",)
-
-
 @pytest.mark.skipif(not SUPPORTED, reason="the dense plan needs AVX2 and FMA")
 @pytest.mark.parametrize("text,shape,avx2,avx512,blas512_avx2,blas512_avx512", [
     ("num_output: 32 kernel_size: 5 pad: 2", (2, 3, 32, 32), ALL, ALL, ALL, ALL),   # CIFAR10-quick conv1
     ("num_output: 32 kernel_size: 5 pad: 2", (2, 32, 16, 16), ALL, ALL, ALL, ALL),  # conv2
     ("num_output: 64 kernel_size: 5 pad: 2", (2, 32, 8, 8), ALL, ALL, ALL, ALL),    # conv3 (8x8: the AVX2 rule)
-    ("num_output: 50 kernel_size: 5", (2, 20, 12, 12), (), (), W, W),              # LeNet conv2: sgemm's forward
+    ("num_output: 50 kernel_size: 5", (2, 20, 12, 12), (), (), (), ()),            # LeNet conv2: sgemm
     ("num_output: 384 kernel_size: 3 pad: 1", (1, 256, 13, 13), (), ALL, (), ("fwd",)),  # CaffeNet conv3
     ("num_output: 256 kernel_size: 5 pad: 2 group: 2", (1, 96, 27, 27), (), ALL, (), ("fwd", "data")),  # conv2
     ("num_output: 384 kernel_size: 3 pad: 1 group: 2", (1, 384, 13, 13), (), ALL, (), ("fwd", "data")),  # conv4

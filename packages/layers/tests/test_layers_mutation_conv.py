@@ -119,8 +119,7 @@ def test_dense_rule_boundaries(text, shape, products, monkeypatch):
     ("num_output: 8 kernel_size: 3 pad: 1", (1, 192, 10, 10), ("fwd", "wgt", "data")),   # 192 = DATA_MAX_CG
     ("num_output: 8 kernel_size: 3 pad: 1", (1, 193, 10, 10), ("fwd", "wgt")),           # past it: bottom diff blocked
     ("num_output: 129 kernel_size: 3 pad: 1", (1, 8, 9, 11), ("data",)),  # 99 positions: the AVX2 rule (129 > 64)
-    ("num_output: 8 kernel_size: 3", (1, 8, 10, 10), ("wgt",)),                          # unpadded: the weight diff
-    ("num_output: 65 kernel_size: 3", (1, 8, 10, 10), ()),                               # ... to DENSE_MAX_OG
+    ("num_output: 8 kernel_size: 3", (1, 8, 10, 10), ()),                                # unpadded: blocked
 ])
 def test_dense_rule_boundaries_blas512(text, shape, products, monkeypatch):
     """The rules where NumPy's OpenBLAS runs AVX-512 kernels (BLAS512), on the AVX-512 kernels' wide planes

@@ -603,12 +603,8 @@ DENSE512_MIN_PLANE = 100
 # 0.75 / 0.81x), but the weight diff loses past 64 output channels a group (at 128: CaffeNet conv2 / conv5 0.98 /
 # 1.14x, ResNet-50 128x28x28 1.01x (b8) and 1.22x (b1); past it CaffeNet conv3 / conv4 1.41 / 1.31x, ResNet-50
 # 256x14x14 1.16x; 0.47-0.90x at 64 and below) and the bottom diff past 192 input channels (CaffeNet conv3 1.13x,
-# ResNet-50 256x14x14 1.17x at b1); those go blocked there. And an unpadded layer's weight diff (LeNet conv2:
-# 2.34 -> 1.46 ms) goes dense there: sgemm's own sums on those kernels already differ from the reference's (the
-# LeNet 100-iteration trace: losses within 8.8e-3 of Caffe's, ip1's bias 2.08% at iteration 100, against 2.7e-6
-# and 0.00% with its Haswell kernels), and with the dense weight diff the trace is the same (8.4e-3, 2.12%).
-# Where OpenBLAS runs AVX2 kernels (the Zen 5 VM's Haswell) the rules above stand, and the unpadded layer keeps
-# sgemm's weight diff, whose sums follow Caffe's there.
+# ResNet-50 256x14x14 1.17x at b1); those go blocked there. (An unpadded layer's weight diff, dense there, gained
+# 1-2% of LeNet's b64 step, LeNet conv2 alone 2.34 -> 1.46 ms, but lost 10% of its b1 step: not kept.)
 DENSE512_BLAS512_WGT_MAX_OG = 64
 DENSE512_BLAS512_DATA_MAX_CG = 192
 
@@ -621,8 +617,7 @@ def dense_rule(layer):
     same = 2 * ph == kh - 1 and 2 * pw == kw - 1
     out = []
     if ph == 0 and pw == 0:
-        # valid layers keep sgemm's forward (above); their weight diff goes dense where BLAS512
-        return ("wgt",) if BLAS512 and og <= DENSE_MAX_OG and cg * kh * kw <= DENSE_MAX_KD else ()
+        return ()
     max_og, max_kd = DENSE_MAX_OG, DENSE_MAX_KD
     wide = _cd.AVX512 and g.col_count >= DENSE512_MIN_PLANE
     if wide:
