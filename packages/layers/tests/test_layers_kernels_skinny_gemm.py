@@ -256,6 +256,48 @@ def test_inner_product_layer_with_kernels(M, K, N, transpose, bias, seed):
             np.testing.assert_array_equal(o, r)
 
 
+@settings(max_examples=25)
+@given(M=st.integers(17, 70), K=st.integers(1, 90), N=st.integers(1, 60), transpose=st.booleans(),
+       bias=st.booleans(), seed=SEEDS)
+def test_inner_product_backward_by_kernels_gemm(M, K, N, transpose, bias, seed):
+    """Past the skinny range, the float32 backward's GEMMs by kernels.gemm (inner_product.GEMM512_BACKWARD, where
+    conv_cpu's GEMM512 and BLAS512 are set; forced here, every size): the bottom diff and the weight diff,
+    accumulated in place onto 0.5, equal NumPy's within the float32 bound; the forward is NumPy's (the same
+    bits)."""
+    from caffe.layers import conv_cpu
+    if not conv_cpu.gemm512_supported():
+        pytest.skip("kernels.gemm needs AVX-512F")
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((M, K), dtype=np.float32)
+    w = rng.standard_normal((K, N) if transpose else (N, K), dtype=np.float32)
+    b = rng.standard_normal(N, dtype=np.float32) if bias else None
+    dy = rng.standard_normal((M, N), dtype=np.float32)
+    calls = []
+    real = conv_cpu._gm
+
+    class Spy:
+        def gemm(self, *args):
+            calls.append(args[4] if len(args) > 4 else 0)
+            return real.gemm(*args)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(conv_cpu, "GEMM512", True)
+        mp.setattr(conv_cpu, "BLAS512", True)
+        mp.setattr(conv_cpu, "_gm", Spy())
+        mp.setattr(inner_product, "GEMM512_MIN_MACS", 0)
+        ours = _run_layer(False, x, dy, w, b, N, transpose)
+    assert sorted(calls) == [0, 1]  # the bottom diff (beta 0) and the weight diff (beta 1, in place)
+    ref = _run_layer(False, x, dy, w, b, N, transpose)
+    W = (w if transpose else w.T).astype(np.float64)
+    scale_dx = np.abs(dy).astype(np.float64) @ np.abs(W).T
+    scale_dw = np.abs(x.T).astype(np.float64) @ np.abs(dy) + 0.5
+    if not transpose:
+        scale_dw = scale_dw.T
+    np.testing.assert_array_equal(ours[0], ref[0])
+    for o, r, scale, terms in ((ours[1], ref[1], scale_dx, N), (ours[2], ref[2], scale_dw, M + 1)):
+        err = np.abs(o.astype(np.float64) - r)
+        assert (err <= 2 * terms * EPS / 2 * scale + 1e-30).all()
+
+
 def test_inner_product_layer_takes_the_kernels(monkeypatch):
     """At batch 8 (CaffeNet's fc layers at b8) float32 runs all three products in skinny_gemm; float64 and
     batch 64 do not."""
