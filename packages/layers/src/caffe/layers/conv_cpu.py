@@ -170,6 +170,7 @@ def _blas512_default() -> bool:
 
 
 BLAS512 = _blas512_default()
+
 # The blocked plan's float32 GEMMs by kernels.gemm too (where GEMM512 is set), except a "valid" layer's
 # (no pad, kernel past 1 x 1: LeNet's) forward: it keeps sgemm's numerics, which the LeNet trace follows, as
 # dense_rule keeps them on this plan (kernels.gemm's sums in LeNet conv2's forward moved ip1's bias 22% from
@@ -622,12 +623,11 @@ def dense_rule(layer):
     wide = _cd.AVX512 and g.col_count >= DENSE512_MIN_PLANE
     if wide:
         max_og, max_kd = DENSE512_MAX_OG, DENSE512_MAX_KD
+    blocked_wgt = wide and BLAS512 and og > DENSE512_BLAS512_WGT_MAX_OG
+    blocked_data = wide and BLAS512 and cg > DENSE512_BLAS512_DATA_MAX_CG
     if og <= max_og and cg * kh * kw <= max_kd:
-        out += ["fwd"]
-        if same and not (wide and BLAS512 and og > DENSE512_BLAS512_WGT_MAX_OG):
-            out += ["wgt"]
-    if cg <= max_og and og * kh * kw <= 2 * max_kd and same and not (wide and BLAS512 and
-                                                                     cg > DENSE512_BLAS512_DATA_MAX_CG):
+        out += ["fwd", "wgt"] if same and not blocked_wgt else ["fwd"]
+    if cg <= max_og and og * kh * kw <= 2 * max_kd and same and not blocked_data:
         out.append("data")
     return tuple(out)
 

@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from caffe.blob import Blob
-from caffe.layers import _cpu, filler
+from caffe.layers import _cpu, conv_cpu, filler
 from caffe.layers.conv_base import adopt_param_shape
 from caffe.layers.layer import Layer, dtype_of
 from caffe.layers.registry import register_layer
@@ -127,7 +127,6 @@ class InnerProductLayer(Layer):
 
     def _gemm512(self, xp, *arrays):
         """kernels.gemm for a backward GEMM past the skinny range (GEMM512_BACKWARD), else None."""
-        from caffe.layers import conv_cpu
         if (GEMM512_BACKWARD and xp is np and conv_cpu.GEMM512 and conv_cpu.BLAS512
                 and self.M * self.K * self.num_output >= GEMM512_MIN_MACS and all(a.dtype == np.float32 for a in arrays)):
             return conv_cpu._gm
