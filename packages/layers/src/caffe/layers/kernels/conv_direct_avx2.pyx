@@ -109,13 +109,12 @@ cdef extern from *:
        from the Co side to the C side: og and cg swap roles, taps reversed). Padding channels are zero.
        One block (g, b) of 4 output channels, written in order (a scatter over the whole buffer in w's
        order, after a memset, took 0.5-1.8 ms of CaffeNet's 1-3.5 MB layers on every call). */
-    static void cd_pack_block(const float* w, float* p, ptrdiff_t G, ptrdiff_t og, ptrdiff_t cg, ptrdiff_t kh,
-                              ptrdiff_t kw, int flip, ptrdiff_t g, ptrdiff_t b) {
+    static void cd_pack_block(const float* w, float* p, ptrdiff_t og, ptrdiff_t cg, ptrdiff_t kh, ptrdiff_t kw,
+                              int flip, ptrdiff_t g, ptrdiff_t b) {
         ptrdiff_t outc = flip ? cg : og, inc = flip ? og : cg, nb = (outc + 3) / 4, K = kh * kw;
         ptrdiff_t valid = outc - b * 4 < 4 ? outc - b * 4 : 4, cc, t, l;
         float* q = p + (g * nb + b) * inc * K * 4;
         const float* src;
-        (void)G;
         for (cc = 0; cc < inc; cc++, q += K * 4) {
             for (l = 0; l < valid; l++) {
                 if (flip) {  /* output channel b 4 + l of the adjoint is input channel c, its input channel o */
@@ -691,8 +690,8 @@ cdef extern from *:
     void cd_init(cd_geom* d, Py_ssize_t N, Py_ssize_t C, Py_ssize_t H, Py_ssize_t W, Py_ssize_t Co,
                  Py_ssize_t G, Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t ph, Py_ssize_t pw) nogil
     void cd_pad(const cd_geom* d, const float* x, float* pad, Py_ssize_t nc) nogil
-    void cd_pack_block(const float* w, float* p, Py_ssize_t G, Py_ssize_t og, Py_ssize_t cg, Py_ssize_t kh,
-                       Py_ssize_t kw, int flip, Py_ssize_t g, Py_ssize_t b) nogil
+    void cd_pack_block(const float* w, float* p, Py_ssize_t og, Py_ssize_t cg, Py_ssize_t kh, Py_ssize_t kw,
+                       int flip, Py_ssize_t g, Py_ssize_t b) nogil
     void cd_fwd_task(const cd_geom* d, const float* x, const float* wp, const float* bias, float* y,
                      float* pad, Py_ssize_t n, Py_ssize_t g, Py_ssize_t b0, Py_ssize_t b1) nogil
     ctypedef struct cd_wotile:
@@ -793,7 +792,7 @@ def pack_weights(const float[::1] w, float[::1] packed, Py_ssize_t G, Py_ssize_t
     cdef int nt = _threads(packed_size(G, og, cg, kh, kw, flip))
     with nogil:
         for t in prange(G * nb, schedule="static", num_threads=nt):
-            cd_pack_block(ws, ps, G, og, cg, kh, kw, flip, t // nb, t % nb)
+            cd_pack_block(ws, ps, og, cg, kh, kw, flip, t // nb, t % nb)
 
 
 def forward(const float[::1] x, const float[::1] packed, const float[::1] bias, float[::1] y,
