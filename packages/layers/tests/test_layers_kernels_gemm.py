@@ -412,3 +412,76 @@ def test_blocked_plan_keeps_sgemm_for_valid_layers_forward(monkeypatch):
         layer.Backward(top, [True], bottom)
         assert layer.plan(np, np.float32) == "blocked", text
         assert (forward_calls > 0) == forward and (counting.calls > forward_calls) == backward, (text, valid_backward)
+
+
+class _Buffers:
+    """The one method of a layer _wgrad512 uses: a named scratch array."""
+
+    def buffer(self, xp, name, shape, dtype):
+        return xp.full(shape, np.nan, dtype)  # (NaN: a value read before it is written shows)
+
+
+@NEEDS_AVX512
+@settings(max_examples=25)
+@given(og=st.integers(1, 100), kd=st.integers(1, 70), K=st.sampled_from([1, 5, 48, 385, 600, 1100]),
+       strided=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_weight_diff_transposed_gives_the_plain_bits(og, kd, K, strided, seed):
+    """conv_cpu._wgrad512 computes a narrow weight diff as col @ rows^T (WGRAD512_SWAP_MAX_OG / _MIN_K): the same
+    chain of FMAs per element as rows @ col^T, so the same bits, accumulated onto the old diff; rows may be a band
+    of dout's positions (a strided view), as blocked_backward passes it for one image."""
+    rng = np.random.default_rng(seed)
+    rows = rng.standard_normal((og, 2 * K if strided else K)).astype(np.float32)[:, :K]
+    col = rng.standard_normal((kd, K)).astype(np.float32)
+    wd = rng.standard_normal((og, kd)).astype(np.float32)
+    plain = wd.copy()
+    gm.gemm(rows, col.T, plain, None, 1)
+    for max_og, min_k in ((conv_cpu.WGRAD512_SWAP_MAX_OG, conv_cpu.WGRAD512_SWAP_MIN_K), (100, 1)):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(conv_cpu, "WGRAD512_SWAP_MAX_OG", max_og)
+            mp.setattr(conv_cpu, "WGRAD512_SWAP_MIN_K", min_k)
+            got = wd.copy()
+            conv_cpu._wgrad512(_Buffers(), rows, col, got)
+        assert np.array_equal(got.view(np.uint32), plain.view(np.uint32)), (max_og, min_k)
+
+
+class _Recording:
+    """conv_cpu._gm with the shape of each gemm call's A recorded."""
+
+    def __init__(self):
+        self.a_shapes = []
+
+    def gemm(self, a, *args):
+        self.a_shapes.append(a.shape)
+        return gm.gemm(a, *args)
+
+
+@NEEDS_AVX512
+def test_conv_weight_diff_same_bits_transposed_or_not(monkeypatch):
+    """A LeNet-conv2-like layer (og 50, K = N P = 2 x 576) with the transposed weight diff on and off: the same
+    weight diff, bit for bit, and the transposed path is the one taken where the rule says."""
+    monkeypatch.setattr(conv_cpu, "GEMM512", True)
+    monkeypatch.setattr(conv_cpu, "GEMM512_LOWERED", True)
+    monkeypatch.setattr(conv_cpu, "GEMM512_LOWERED_MIN_MACS", 0)
+    monkeypatch.setattr(conv_cpu, "dense_fits", lambda layer, dtype: False)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 20, 28, 28)).astype(np.float32)
+    dy = rng.standard_normal((2, 50, 24, 24)).astype(np.float32)
+    diffs = []
+    for max_og in (0, 96):
+        monkeypatch.setattr(conv_cpu, "WGRAD512_SWAP_MAX_OG", max_og)
+        layer = make_layer("Convolution", "convolution_param { num_output: 50 kernel_size: 5 "
+                           "weight_filler { type: 'gaussian' std: 0.1 } }")
+        bottom, top = blobs_from_arrays([x], np.float32), empty_tops(1, np.float32)
+        layer.SetUp(bottom, top)
+        layer.blobs[0].data[...] = np.random.default_rng(4).standard_normal(layer.blobs[0].shape)
+        layer.blobs[0].diff[...] = 0.5
+        layer.Forward(bottom, top)
+        top[0].diff[...] = dy
+        recording = _Recording()
+        monkeypatch.setattr(conv_cpu, "_gm", recording)
+        layer.Backward(top, [True], bottom)
+        assert layer.plan(np, np.float32) == "blocked"
+        assert any(shape in ((500, 576), (500, 1152)) for shape in recording.a_shapes) == (max_og == 96), \
+            recording.a_shapes  # (A: the column block, transposed; W^T (500, 50) is the bottom diff's)
+        diffs.append(layer.blobs[0].diff.copy())
+    assert np.array_equal(diffs[0].view(np.uint32), diffs[1].view(np.uint32))
