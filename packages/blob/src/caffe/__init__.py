@@ -18,17 +18,35 @@ from pkgutil import extend_path
 # that spin-wait long after their work starve the other pool (LeNet ran 30x slower on 2 cores with libgomp's
 # default of 300,000 spins); threads that sleep at once pay a wake-up at the next kernel (a futex, on a VM a
 # halted vCPU's wake: ~0.07 ms a parallel region on the development VM, a quarter to a third of a batch-1
-# ResNet-50 / GoogLeNet / MobileNet forward). So libgomp's threads spin briefly, GOMP_SPINCOUNT PAUSEs
-# (3000: ~0.08 ms on Zen 5, whose PAUSE takes ~26 ns; as long on Intel since Skylake), and then sleep
-# (bench/README.md, session 14: inference 0.59-0.80x the time at batch 1, 0.71-0.91x at 8; training the
-# same within noise; 100,000 spins made LeNet's training 1.5x slower). Both settings are read when the libraries
-# load, so they are made here, first, unless the user chose either (then libgomp's rules stand).
+# ResNet-50 / GoogLeNet / MobileNet forward). So libgomp's threads spin briefly, ~GOMP_SPIN_NS, and then sleep.
+# GOMP_SPINCOUNT counts PAUSEs, whose length differs between CPUs, so the count is the time over one PAUSE's,
+# measured here (caffe._spin): 3000 on Zen 5 (~26 ns a PAUSE; bench/README.md, session 14: inference 0.59-0.80x
+# the time of no spin at batch 1, 0.71-0.91x at 8; 100,000 spins made LeNet's training 1.5x slower), ~8000 on
+# the Xeon VM of session 19 (~10 ns a PAUSE; 3000 there spun 0.03 ms: LeNet training 0.93x, ResNet-50,
+# MobileNet v2, SqueezeNet at batch 1 0.90-0.94x the time with 8000). Both settings are read when the
+# libraries load, so they are made here, first, unless the user chose either (then libgomp's rules stand).
 # (thread_env_set: the names set here, not by the user: a benchmark drops them from the environment of a
 # process it starts for another framework, whose thread pools then run with their own defaults)
+GOMP_SPIN_NS = 80_000
+_GOMP_SPINCOUNT_RANGE = (1_000, 100_000)
+
+
+def gomp_spincount(pause_ns: float) -> int:
+    """GOMP_SPINCOUNT for a spin of ~GOMP_SPIN_NS, given one PAUSE's time (3000 when it is unknown: 0)."""
+    if not pause_ns > 0:
+        return 3000
+    lo, hi = _GOMP_SPINCOUNT_RANGE
+    return int(min(hi, max(lo, round(GOMP_SPIN_NS / pause_ns, -2))))
+
+
 _THREAD_ENV = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "OPENBLAS_THREAD_TIMEOUT")
 _users_thread_env = {n for n in _THREAD_ENV if n in _os.environ}
 if not _users_thread_env & {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"}:
-    _os.environ["GOMP_SPINCOUNT"] = "3000"
+    try:
+        from caffe._spin import pause_ns as _pause_ns  # (a C extension that loads no OpenMP runtime)
+        _os.environ["GOMP_SPINCOUNT"] = str(gomp_spincount(_pause_ns()))
+    except ImportError:  # a source tree whose extensions are not built
+        _os.environ["GOMP_SPINCOUNT"] = str(gomp_spincount(0.0))
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 _openblas_loaded_first = "numpy" in __import__("sys").modules and "OPENBLAS_THREAD_TIMEOUT" not in _os.environ
 _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
