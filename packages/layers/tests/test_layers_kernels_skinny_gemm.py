@@ -328,3 +328,34 @@ def test_inner_product_layer_takes_the_kernels(monkeypatch):
         top.diff[...] = 1
         layer.Backward([top], [True], [bottom])
         assert calls == expect, (M, dtype)
+
+
+@BUILDS
+@settings(max_examples=12)
+@given(dims=DIMS, seed=SEEDS)
+def test_prefetch_changes_no_bits(name, dims, seed):
+    """The software prefetch (PREFETCH_MIN_FLOATS: large weights only) reads ahead and changes no sum: with it
+    forced on (threshold 0) dots, combine and rank_update give the bits they give without it."""
+    build = _module(name)
+    M, N, K = dims
+    M = max(M, 2)  # (M = 1 never prefetches)
+    rng = np.random.default_rng(seed)
+    a_mk = rng.standard_normal(M * K, dtype=np.float32)
+    a_mn = rng.standard_normal(M * N, dtype=np.float32)
+    B = rng.standard_normal(N * K, dtype=np.float32)
+    C0 = rng.standard_normal(N * K, dtype=np.float32)
+    bias = rng.standard_normal(max(N, K), dtype=np.float32)
+    runs = []
+    for threshold in (1 << 62, 0):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(build, "PREFETCH_MIN_FLOATS", threshold)
+            d = np.full(M * N, np.nan, np.float32)
+            c = np.full(M * K, np.nan, np.float32)
+            r = C0.copy()
+            if K:
+                build.dots(a_mk, B, d, bias[:N], M, N, K)
+            build.combine(a_mn, B, c, bias[:K], M, N, K)
+            build.rank_update(a_mn, a_mk, r, M, N, K)
+        runs.append((d, c, r))
+    for before, after in zip(*runs):
+        np.testing.assert_array_equal(before.view(np.uint32), after.view(np.uint32))
