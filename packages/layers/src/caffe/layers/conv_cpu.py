@@ -426,7 +426,7 @@ def blocked_backward(layer, dout, weight, im=None, weight_diff=None, im_diff=Non
 # reads the column block in place (its A, row-major) against two packed panels of dout's rows, instead of packing
 # the whole transposed column block as its B for a few row panels. Each sum is the same chain of FMAs either way
 # (k in order per K block, the block's sum added to the old diff), so the bits are the same (a test checks).
-# Measured (two threads, `/work` A/B, session 19; transposed / plain): LeNet conv2 b64 (og 50, K 4096) 0.76x,
+# Measured (two threads, medians of 40; packages/layers/bench/README.md, "Session 19"; transposed / plain): LeNet conv2 b64 (og 50, K 4096) 0.76x,
 # b16 0.78x, CaffeNet conv1 b8 (96, 3025) 0.82x, 32 x 288 x 12544 0.70x; og 128 (CaffeNet conv2) 1.31x and
 # K = 64 (og 64) 3.9x slower (the two transposes of the diff then cost more than the GEMM).
 WGRAD512_SWAP_MAX_OG = 96
