@@ -485,3 +485,30 @@ def test_conv_weight_diff_same_bits_transposed_or_not(monkeypatch):
             recording.a_shapes  # (A: the column block, transposed; W^T (500, 50) is the bottom diff's)
         diffs.append(layer.blobs[0].diff.copy())
     assert np.array_equal(diffs[0].view(np.uint32), diffs[1].view(np.uint32))
+
+
+@NEEDS_AVX512
+@settings(max_examples=20)
+@given(M=st.integers(1, 40), N=st.integers(1, 96), K=st.sampled_from([1, 15, 16, 17, 100, 384, 385, 900]),
+       ta=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_gemm_prefetch_of_a_read_in_place_changes_no_bits(M, N, K, ta, seed):
+    """A read in place (N within two column panels: the direct kernels) is prefetched ahead in its rows
+    (set_direct_prefetch); with it off, or far ahead past the arrays' ends, the bits are the same."""
+    rng = np.random.default_rng(seed)
+    a, b = layout(rng, (M, K), "t" if ta else "c"), layout(rng, (K, N), "c")
+    bias = rng.standard_normal(M).astype(np.float32)
+    outs = []
+    old = gm.set_direct_prefetch(0)
+    try:
+        for floats in (0, old, 4096):
+            gm.set_direct_prefetch(floats)
+            c = np.full((M, N), np.nan, np.float32)
+            gm.gemm(a, b, c, bias, 0, 1)
+            outs.append(c)
+    finally:
+        gm.set_direct_prefetch(old)
+    assert old > 0
+    for c in outs[1:]:
+        np.testing.assert_array_equal(c.view(np.uint32), outs[0].view(np.uint32))
+    with pytest.raises(ValueError):
+        gm.set_direct_prefetch(-1)
