@@ -384,8 +384,10 @@ ALL = ("fwd", "wgt", "data")
     ("num_output: 384 kernel_size: 3 pad: 1", (1, 256, 13, 13), (), ALL, (), ("fwd",)),  # CaffeNet conv3
     ("num_output: 256 kernel_size: 5 pad: 2 group: 2", (1, 96, 27, 27), (), ALL, (), ("fwd", "data")),  # conv2
     ("num_output: 384 kernel_size: 3 pad: 1 group: 2", (1, 384, 13, 13), (), ALL, (), ("fwd", "data")),  # conv4
-    ("num_output: 64 kernel_size: 3 pad: 1", (1, 64, 56, 56), ALL, ALL, ALL, ALL),  # ResNet-50 res2
-    ("num_output: 128 kernel_size: 3 pad: 1", (1, 128, 28, 28), (), ALL, (), ("fwd", "data")),  # ResNet res3
+    ("num_output: 64 kernel_size: 3 pad: 1", (2, 64, 56, 56), ALL, ALL, ALL, ALL),  # ResNet-50 res2
+    ("num_output: 128 kernel_size: 3 pad: 1", (2, 128, 28, 28), (), ALL, (), ("fwd", "data")),  # ResNet res3
+    ("num_output: 64 kernel_size: 3 pad: 1", (1, 64, 56, 56), ALL, ALL, ALL, ()),  # res2 at batch 1: blocked
+    ("num_output: 128 kernel_size: 3 pad: 1", (1, 128, 28, 28), (), ALL, (), ()),  # res3 at batch 1 (BLAS512)
     ("num_output: 256 kernel_size: 3 pad: 1", (1, 256, 14, 14), (), ALL, (), ("fwd",)),  # ResNet-50 res4
     ("num_output: 512 kernel_size: 3 pad: 1", (1, 512, 7, 7), (), (), (), ()),    # ResNet-50 res5: 7x7 planes
     ("num_output: 512 kernel_size: 3 pad: 1", (1, 256, 14, 14), (), ("data",), (), ()),  # past 384 outputs

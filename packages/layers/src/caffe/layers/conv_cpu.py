@@ -632,6 +632,14 @@ DENSE512_MIN_PLANE = 100
 # 1-2% of LeNet's b64 step, LeNet conv2 alone 2.34 -> 1.46 ms, but lost 10% of its b1 step: not kept.)
 DENSE512_BLAS512_WGT_MAX_OG = 64
 DENSE512_BLAS512_DATA_MAX_CG = 192
+# There too, at batch 1 a layer with DENSE512_BLAS512_B1_MIN_OG output channels a group or more over a plane of
+# DENSE512_BLAS512_B1_MIN_PLANE positions or more goes blocked (kernels.gemm's M x K x P GEMM; ab_conv_dense.py,
+# medians of 11, session 19, dense / blocked): forward ResNet-50 3x3 64x56x56 1.42x, 128x28x28 1.07x, GoogLeNet 3a
+# 3x3 1.05x; weight diff 1.26 / 1.17 / 1.20x; bottom diff 64x56x56 1.41x. At batch 2 the forward ties or wins
+# (1.13, 0.91, 0.93x), from 4 it wins; below 64 channels (GoogLeNet 3a 5x5, 32: 0.64x) or on 14 x 14 planes
+# (ResNet-50 256x14x14 1.05x, GoogLeNet 4a 3x3 0.91x) dense stays.
+DENSE512_BLAS512_B1_MIN_OG = 64
+DENSE512_BLAS512_B1_MIN_PLANE = 784
 
 
 def dense_rule(layer):
@@ -649,6 +657,9 @@ def dense_rule(layer):
         max_og, max_kd = DENSE512_MAX_OG, DENSE512_MAX_KD
     blocked_wgt = wide and BLAS512 and og > DENSE512_BLAS512_WGT_MAX_OG
     blocked_data = wide and BLAS512 and cg > DENSE512_BLAS512_DATA_MAX_CG
+    if (wide and BLAS512 and getattr(layer, "num", 0) == 1 and og >= DENSE512_BLAS512_B1_MIN_OG
+            and g.col_count >= DENSE512_BLAS512_B1_MIN_PLANE):
+        return ()
     if og <= max_og and cg * kh * kw <= max_kd:
         out += ["fwd", "wgt"] if same and not blocked_wgt else ["fwd"]
     if cg <= max_og and og * kh * kw <= 2 * max_kd and same and not blocked_data:
