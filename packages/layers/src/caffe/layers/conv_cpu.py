@@ -655,11 +655,12 @@ def dense_rule(layer):
     wide = _cd.AVX512 and g.col_count >= DENSE512_MIN_PLANE
     if wide:
         max_og, max_kd = DENSE512_MAX_OG, DENSE512_MAX_KD
-    blocked_wgt = wide and BLAS512 and og > DENSE512_BLAS512_WGT_MAX_OG
-    blocked_data = wide and BLAS512 and cg > DENSE512_BLAS512_DATA_MAX_CG
-    if (wide and BLAS512 and getattr(layer, "num", 0) == 1 and og >= DENSE512_BLAS512_B1_MIN_OG
+    blas512 = wide and BLAS512  # (the BLAS512 rules: measured on the AVX-512 kernels' wide planes)
+    if (blas512 and getattr(layer, "num", 0) == 1 and og >= DENSE512_BLAS512_B1_MIN_OG
             and g.col_count >= DENSE512_BLAS512_B1_MIN_PLANE):
         return ()
+    blocked_wgt = blas512 and og > DENSE512_BLAS512_WGT_MAX_OG
+    blocked_data = blas512 and cg > DENSE512_BLAS512_DATA_MAX_CG
     if og <= max_og and cg * kh * kw <= max_kd:
         out += ["fwd", "wgt"] if same and not blocked_wgt else ["fwd"]
     if cg <= max_og and og * kh * kw <= 2 * max_kd and same and not blocked_data:

@@ -310,7 +310,7 @@ PREFETCH_FLOATS = 256
 PREFETCH_MIN_FLOATS = 4 << 20
 
 
-cdef inline Py_ssize_t _prefetch(Py_ssize_t M, Py_ssize_t big) noexcept:
+cdef inline Py_ssize_t _prefetch(Py_ssize_t M, Py_ssize_t big) except -1:  # (reads the module settings)
     return PREFETCH_FLOATS if M >= 2 and big >= PREFETCH_MIN_FLOATS else 0
 
 
