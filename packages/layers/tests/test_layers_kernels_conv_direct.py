@@ -5,8 +5,9 @@ generic batched path (conv_base.CPU_PATHS = False). Tolerances are float32's: ea
 a small multiple of the float32 epsilon times the same sum taken over absolute values.
 
 The kernel tests run each variant: AVX2 (8 lanes) and, where the CPU has AVX-512F, AVX-512 (16 lanes; cd.AVX512
-chooses). The two run each output's FMAs and each weight diff's sums in the same order, so they must also
-agree bit for bit (test_avx512_gives_the_avx2_bits).
+chooses) with either forward tile: vectors over output channels ("avx512", cd.OC_FORWARD, the default) or over
+positions ("avx512_pos"). All run each output's FMAs and each weight diff's sums in the same order, so they must
+also agree bit for bit (test_avx512_gives_the_avx2_bits).
 """
 import contextlib
 
@@ -24,15 +25,21 @@ cd = pytest.importorskip("caffe.layers.kernels.conv_direct_avx2")
 SUPPORTED = cd.supported()
 AVX512 = cd.avx512_supported()
 NO_AVX512 = "this CPU has no AVX-512F (the AVX-512 variants cannot run; the AVX2 ones are tested)"
-VARIANTS = pytest.mark.parametrize("variant", ["avx2", pytest.param("avx512", marks=pytest.mark.skipif(
-    not AVX512, reason=NO_AVX512))])
+VARIANTS = pytest.mark.parametrize("variant", ["avx2"] + [
+    pytest.param(v, marks=pytest.mark.skipif(not AVX512, reason=NO_AVX512)) for v in ("avx512", "avx512_pos")])
 
 
 @contextlib.contextmanager
-def kernel_variant(variant):
-    """cd.AVX512 for the variant "avx2" or "avx512" (restored after)."""
+def kernel_variant(variant, oc_rule=False):
+    """cd.AVX512 and cd.OC_FORWARD for the variant "avx2", "avx512" (the oc forward: on every layer, or where
+    its rule takes it with oc_rule) or "avx512_pos" (the position-vector forward), restored after. Pack the
+    filters inside: the layout follows the variant."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cd, "AVX512", variant == "avx512")
+        mp.setattr(cd, "AVX512", variant.startswith("avx512"))
+        mp.setattr(cd, "OC_FORWARD", variant == "avx512")
+        if not oc_rule:
+            mp.setattr(cd, "OC_MIN_OUT", 1)
+            mp.setattr(cd, "OC_MIN_KD", 1)
         yield
 FILL = "weight_filler { type: 'gaussian' std: 0.7 } bias_filler { type: 'gaussian' std: 0.5 }"
 EPS = 1e-4  # error bound: EPS times the absolute sum (float32, sums of up to ~1,000 terms in tests)
@@ -134,20 +141,83 @@ def ref_pack(w, G, flip):
     return p.reshape(G, nb, 4, inc, kh, kw).transpose(0, 1, 3, 4, 5, 2).ravel()
 
 
-@given(G=st.integers(1, 3), og=st.integers(1, 13), cg=st.integers(1, 13), kh=st.integers(1, 5),
-       kw=st.integers(1, 5), flip=st.booleans(), seed=st.integers(0, 2**31 - 1))
-def test_pack_weights_layout(G, og, cg, kh, kw, flip, seed):
-    """Every packed value, padding channels included (the NaN fill shows any left unwritten)."""
+def oc_blocks(outc):
+    """The oc forward's blocks: ceil(outc / 48) of them share the ceil(outc / 16) vectors of 16 outputs evenly
+    (the first ones one more); (first output, vectors) each."""
+    nvec = -(-outc // 16)
+    nblk = -(-nvec // 3)
+    sizes = [nvec // nblk + (b < nvec % nblk) for b in range(nblk)]
+    starts = np.cumsum([0] + sizes[:-1])
+    return [(16 * int(s0), v) for s0, v in zip(starts, sizes)]
+
+
+def ref_pack_oc(w, G, flip):
+    """The oc forward's layout: [G][block][inc][kh][kw][16 V], zeros past the group's outputs."""
+    Co, cg, kh, kw = w.shape
+    og = Co // G
+    w5 = w.reshape(G, og, cg, kh, kw)
+    if flip:
+        w5 = w5.transpose(0, 2, 1, 3, 4)[:, :, :, ::-1, ::-1]
+    outc = w5.shape[1]
+    parts = []
+    for g in range(G):
+        for o0, v in oc_blocks(outc):
+            blk = w5[g, o0:o0 + 16 * v]  # (valid, inc, kh, kw)
+            p = np.zeros((16 * v,) + blk.shape[1:], np.float32)
+            p[:blk.shape[0]] = blk
+            parts.append(p.transpose(1, 2, 3, 0).ravel())
+    return np.concatenate(parts)
+
+
+def test_oc_blocks_share_the_vectors():
+    assert oc_blocks(16) == [(0, 1)] and oc_blocks(48) == [(0, 3)]
+    assert oc_blocks(64) == [(0, 2), (32, 2)]  # not 3 + 1
+    assert oc_blocks(128) == [(0, 3), (48, 3), (96, 2)]
+    assert oc_blocks(130) == [(0, 3), (48, 3), (96, 3)]  # 9 vectors, the last one 2 channels
+
+
+def test_oc_rule_chooses_the_layout():
+    """By default the oc forward (and its layout) takes forward calls with >= OC_MIN_OUT outputs a group and a
+    kernel_dim >= OC_MIN_KD; the rest keep the 4-channel blocks."""
+    if not AVX512:
+        pytest.skip(NO_AVX512)
+    four = lambda G, outc, inc, k: G * -(-outc // 4) * 4 * inc * k * k  # noqa: E731
+    oc = lambda G, outc, inc, k: G * 16 * -(-outc // 16) * inc * k * k  # noqa: E731
+    with kernel_variant("avx512", oc_rule=True):
+        for G, og, cg, k, flip in [(1, 33, 29, 3, False), (2, 33, 29, 3, False), (1, 64, 16, 4, False),
+                                   (1, 31, 64, 3, False), (1, 100, 28, 3, False), (1, 29, 33, 3, True)]:
+            outc, inc = (cg, og) if flip else (og, cg)
+            want = oc if outc >= cd.OC_MIN_OUT and inc * k * k >= cd.OC_MIN_KD else four
+            assert cd.packed_size(G, og, cg, k, k, flip) == want(G, outc, inc, k), (G, og, cg, k, flip)
+
+
+LAYOUTS = pytest.mark.parametrize("variant", ["avx2", pytest.param("avx512", marks=pytest.mark.skipif(
+    not AVX512, reason=NO_AVX512))])
+
+
+def _ref_layout(variant, w, G, flip):
+    return ref_pack_oc(w, G, flip) if variant == "avx512" else ref_pack(w, G, flip)
+
+
+@LAYOUTS
+@given(G=st.integers(1, 3), og=st.one_of(st.integers(1, 13), st.integers(14, 100)), cg=st.integers(1, 13),
+       kh=st.integers(1, 5), kw=st.integers(1, 5), flip=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_pack_weights_layout(variant, G, og, cg, kh, kw, flip, seed):
+    """Every packed value, padding channels included (the NaN fill shows any left unwritten): the 4-channel
+    blocks (AVX2 and the position-vector AVX-512 forward) and the oc forward's 48-channel blocks."""
     w = np.random.default_rng(seed).normal(size=(G * og, cg, kh, kw)).astype(np.float32)
-    np.testing.assert_array_equal(_pack(w, G, flip), ref_pack(w, G, flip))
+    with kernel_variant(variant):
+        np.testing.assert_array_equal(_pack(w, G, flip), _ref_layout(variant, w, G, flip))
 
 
+@LAYOUTS
 @pytest.mark.parametrize("flip", [False, True])
-def test_pack_weights_layout_of_a_layer_the_threads_share(flip):
+def test_pack_weights_layout_of_a_layer_the_threads_share(variant, flip):
     """CaffeNet conv2's filters (2 groups of 128 x 48 x 5 x 5, past the one-thread size): the blocks the OpenMP
     threads split give NumPy's layout too."""
     w = np.random.default_rng(5).normal(size=(256, 48, 5, 5)).astype(np.float32)
-    np.testing.assert_array_equal(_pack(w, 2, flip), ref_pack(w, 2, flip))
+    with kernel_variant(variant):
+        np.testing.assert_array_equal(_pack(w, 2, flip), _ref_layout(variant, w, 2, flip))
 
 
 @VARIANTS
@@ -242,20 +312,23 @@ def wide_geometries(draw):
 
 
 @pytest.mark.skipif(not AVX512, reason=NO_AVX512)
-@given(g=wide_geometries(), bias=st.booleans(), tile=st.integers(1, 6), run_bytes=st.sampled_from([1, 4 << 20]))
-def test_avx512_gives_the_avx2_bits(g, bias, tile, run_bytes):
-    """Forward, bottom diff and weight diff (with the bias diff) of the AVX-512 variant: within the float32
+@given(g=wide_geometries(), bias=st.booleans(), tile=st.integers(1, 6), run_bytes=st.sampled_from([1, 4 << 20]),
+       oc_tiling=st.sampled_from([(512, 24 << 10), (8, 1), (16, 2000), (64, 1 << 20)]))
+def test_avx512_gives_the_avx2_bits(g, bias, tile, run_bytes, oc_tiling):
+    """Forward, bottom diff and weight diff (with the bias diff) of the AVX-512 variants: within the float32
     bound of the reference, and bit for bit the AVX2 variant's (the same FMAs in the same order), with tiles of
-    1-6 vectors of 16 positions and channel runs of 4 or all channels (run_bytes 1: partial sums stored between
-    runs)."""
+    1-6 vectors of 16 positions, channel runs of 4 or all channels (run_bytes 1: partial sums stored between
+    runs), and the oc forward's chunks of 8-512 positions and of one input channel to all (its sums stored in
+    its scratch between chunks)."""
     x, w, b, dy, args = _arrays(g)
     N, C, H, W, Co, G, kh, kw, ph, pw, OH, OW = args
     got = {}
-    for variant in ("avx2", "avx512"):
+    for variant in ("avx2", "avx512", "avx512_pos"):
         y, dx = np.full(dy.shape, np.nan, np.float32), np.full(x.shape, np.nan, np.float32)
         dw, db = np.ones(w.shape, np.float32), np.ones(b.shape, np.float32)
         cd.set_avx512_tile(tile)
         prev, prev512 = cd.set_run_bytes(run_bytes), cd.set_avx512_run_bytes(run_bytes)
+        prev_oc = cd.set_oc_tiling(*oc_tiling)
         try:
             with kernel_variant(variant):
                 cd.forward(x.reshape(-1), _pack(w, G), b if bias else None, y.reshape(-1), *args)
@@ -267,6 +340,7 @@ def test_avx512_gives_the_avx2_bits(g, bias, tile, run_bytes):
             cd.set_avx512_tile(6)
             cd.set_run_bytes(prev)
             cd.set_avx512_run_bytes(prev512)
+            cd.set_oc_tiling(*prev_oc)
         got[variant] = (y, dx, dw, db)
     y, dx, dw, db = got["avx512"]
     ref = ref_conv(x, w, ph, pw, G) + (b.reshape(1, -1, 1, 1) if bias else 0)
@@ -276,8 +350,54 @@ def test_avx512_gives_the_avx2_bits(g, bias, tile, run_bytes):
     assert_close(dw, 1 + ref_weight(x, dy, kh, kw, ph, pw, G), 1 + ref_weight(np.abs(x), np.abs(dy), kh, kw, ph, pw, G))
     sums = dy.astype(np.float64).sum(axis=(0, 2, 3)) if bias else 0
     assert_close(db, 1 + sums, 1 + (np.abs(dy).astype(np.float64).sum(axis=(0, 2, 3)) if bias else 0))
-    for a, c in zip(got["avx2"], got["avx512"]):
-        assert np.array_equal(a, c)
+    for a, c, d in zip(got["avx2"], got["avx512"], got["avx512_pos"]):
+        assert np.array_equal(a, c) and np.array_equal(a, d)
+
+
+@pytest.mark.skipif(not AVX512, reason=NO_AVX512)
+@given(og=st.one_of(st.integers(1, 20), st.integers(30, 150)), cg=st.integers(1, 40), G=st.integers(1, 2),
+       k=st.integers(1, 5), side=st.integers(1, 30), N=st.integers(1, 2), flip=st.booleans(),
+       run_bytes=st.sampled_from([1, 4 << 20]), rule=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_oc_forward_gives_the_position_tiles_bits(og, cg, G, k, side, N, flip, run_bytes, rule, seed):
+    """The oc forward over blocks of 1-3 vectors of 16 outputs (zero filters past the last output), planes up to
+    30 x 30 (split into runs of positions between the threads at batch 1), channel runs of 4 or all, on every
+    layer or where its rule takes it: bit for bit the position-vector forward's, and within the float32 bound
+    of the reference (the flipped filters: a bottom diff with og and cg swapped)."""
+    pad = k // 2
+    g = dict(N=N, G=G, cg=cg, og=og, kh=k, kw=k, ph=pad, pw=pad, H=max(side, k - 2 * pad), W=max(side, k - 2 * pad),
+             seed=seed)
+    x, w, b, dy, args = _arrays(g)
+    N, C, H, W, Co, G, kh, kw, ph, pw, OH, OW = args
+    got = {}
+    prev = cd.set_avx512_run_bytes(run_bytes)
+    try:
+        for variant in ("avx512", "avx512_pos"):
+            with kernel_variant(variant, oc_rule=rule):
+                if flip:
+                    out = np.full(x.shape, np.nan, np.float32)
+                    cd.forward(dy.reshape(-1), _pack(w, G, flip=True), None, out.reshape(-1),
+                               N, Co, OH, OW, C, G, kh, kw, kh - 1 - ph, kw - 1 - pw, H, W)
+                else:
+                    out = np.full(dy.shape, np.nan, np.float32)
+                    cd.forward(x.reshape(-1), _pack(w, G), b, out.reshape(-1), *args)
+            got[variant] = out
+    finally:
+        cd.set_avx512_run_bytes(prev)
+    assert np.array_equal(got["avx512"], got["avx512_pos"])
+    if flip:
+        assert_close(got["avx512"], ref_data(dy, w, H, W, ph, pw, G), ref_data(np.abs(dy), np.abs(w), H, W, ph, pw, G))
+    else:
+        bound = ref_conv(np.abs(x), np.abs(w), ph, pw, G) + np.abs(b).reshape(1, -1, 1, 1)
+        assert_close(got["avx512"], ref_conv(x, w, ph, pw, G) + b.reshape(1, -1, 1, 1), bound)
+
+
+def test_oc_tiling_setting_is_checked():
+    with pytest.raises(ValueError, match="multiple of 8"):
+        cd.set_oc_tiling(12, 1024)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        cd.set_oc_tiling(0, 1024)
+    prev = cd.set_oc_tiling(64, 1)
+    assert cd.set_oc_tiling(*prev) == (64, 1)
 
 
 def test_avx512_setting_is_checked():
@@ -294,12 +414,13 @@ def test_avx512_setting_is_checked():
 
 def test_pack_layouts():
     w = np.arange(6 * 2 * 2 * 3, dtype=np.float32).reshape(6, 2, 2, 3)  # G = 2: og 3, cg 2
-    p = _pack(w, 2)
+    with kernel_variant("avx2"):
+        p, f = _pack(w, 2), _pack(w, 2, flip=True)
     assert p.shape == (2 * 1 * 4 * 2 * 2 * 3,)
     blocks = p.reshape(2, 1, 2, 2, 3, 4)  # [g][block][c][i][j][4 channels]
     assert np.array_equal(blocks[1, 0, :, :, :, :3], w[3:].transpose(1, 2, 3, 0))
     assert np.all(blocks[..., 3] == 0)  # the block's missing 4th channel: zero filters
-    f = _pack(w, 2, flip=True).reshape(2, 1, 3, 2, 3, 4)  # adjoint: 2 (= cg) outputs from 3 (= og) inputs
+    f = f.reshape(2, 1, 3, 2, 3, 4)  # adjoint: 2 (= cg) outputs from 3 (= og) inputs
     assert np.array_equal(f[0, 0, :, :, :, :2], w[:3, :, ::-1, ::-1].transpose(0, 2, 3, 1))
 
 

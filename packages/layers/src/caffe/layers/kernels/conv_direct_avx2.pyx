@@ -401,6 +401,209 @@ cdef extern from *:
     }
     #endif
 
+    /* -- the AVX-512 forward with vectors over output channels ("oc forward", cd5o_*) --
+       The same shifted planes as cd5 (xc[c][j][q + i OW]), but a vector holds 16 output channels of one
+       position: a tile is V vectors (16 V output channels, V <= 3) x PT positions (<= 8): per tap V aligned
+       filter loads and PT scalar broadcasts of consecutive inputs feed V PT FMAs (24 accumulators). The
+       cd5 tile's position vectors were unaligned loads (OW and the planes are any width) that split cache
+       lines: it ran at ~125 GFLOP/s a core where these tiles run at ~150-165 (FMA peak ~225). The sums go
+       through a scratch [position][16 V] (aligned) between chunks of input channels and are transposed into
+       y's planes at the end; each output is still the bias, then the FMAs over c, i, j in order: the cd5
+       and AVX2 tiles' bits. Filters packed [group][block][c][i][j][16 V] (blocks of 1-3 vectors: cd5o_block;
+       past the last output channel zero filters). */
+    #define CD5O_BLOCK 48
+    #define CD5O_PT 8
+    /* positions a chunk (the sums' scratch: 16 more rows of 48 floats, 99 KB) */
+    static ptrdiff_t cd5o_chunk = 512;
+    /* filter bytes of a chunk of input channels (reused by every tile of a position chunk: about L1) */
+    static ptrdiff_t cd5o_wbytes = 24 << 10;
+
+    static ptrdiff_t cd5o_group_floats(ptrdiff_t outc, ptrdiff_t inc, ptrdiff_t K) {
+        return 16 * ((outc + 15) / 16) * inc * K;
+    }
+
+    /* block b of outc outputs: ceil(outc / 48) blocks share the ceil(outc / 16) vectors evenly (64 outputs: two
+       blocks of 2 vectors, not 3 + 1: a 1-vector tile is bound by its broadcasts); its first output o0 and
+       vectors V */
+    static void cd5o_block(ptrdiff_t outc, ptrdiff_t b, ptrdiff_t* o0, int* V) {
+        ptrdiff_t nvec = (outc + 15) / 16, nblk = (nvec + 2) / 3, base = nvec / nblk, extra = nvec % nblk;
+        *V = (int)(base + (b < extra));
+        *o0 = 16 * (b * base + (b < extra ? b : extra));
+    }
+
+    /* block b of group g of the oc layout; flip as cd_pack_block */
+    static void cd5o_pack_block(const float* w, float* p, ptrdiff_t og, ptrdiff_t cg, ptrdiff_t kh, ptrdiff_t kw,
+                                int flip, ptrdiff_t g, ptrdiff_t b) {
+        ptrdiff_t outc = flip ? cg : og, inc = flip ? og : cg, K = kh * kw, o0, valid, width, cc, t, l;
+        int V;
+        cd5o_block(outc, b, &o0, &V);
+        width = 16 * V;
+        valid = outc - o0 < width ? outc - o0 : width;
+        float* q = p + g * cd5o_group_floats(outc, inc, K) + o0 * inc * K;
+        for (cc = 0; cc < inc; cc++)
+            for (t = 0; t < K; t++, q += width) {
+                for (l = 0; l < valid; l++)
+                    q[l] = flip ? w[((g * og + cc) * cg + o0 + l) * K + K - 1 - t]  /* taps reversed */
+                                : w[((g * og + o0 + l) * cg + cc) * K + t];
+                for (; l < width; l++) q[l] = 0.0f;
+            }
+    }
+
+    #if CD_X86
+    /* V x PT accumulators over input channels c0..c1-1 of the run (xs: channel c0's first plane at the
+       tile's first position; wr: channel c0's filters; s: the tile's scratch rows, `width` floats each) */
+    static inline __attribute__((always_inline)) CD5_TARGET void cd5o_tile(
+            const int V, const int PT, const float* xs, const float* wr, float* s, ptrdiff_t nc, ptrdiff_t kh,
+            ptrdiff_t kw, ptrdiff_t PL, ptrdiff_t OW, ptrdiff_t width, int first, const float* pb) {
+        __m512 acc[3][CD5O_PT], wv[3];
+        ptrdiff_t c, i, j;
+        int v, p;
+        if (first) {
+            _Pragma("GCC unroll 4") for (v = 0; v < V; v++) {
+                __m512 b0 = _mm512_loadu_ps(pb + 16 * v);
+                _Pragma("GCC unroll 8") for (p = 0; p < PT; p++) acc[v][p] = b0;
+            }
+        } else {
+            _Pragma("GCC unroll 8") for (p = 0; p < PT; p++)
+                _Pragma("GCC unroll 4") for (v = 0; v < V; v++) acc[v][p] = _mm512_load_ps(s + p * width + 16 * v);
+        }
+        for (c = 0; c < nc; c++)
+            for (i = 0; i < kh; i++)
+                for (j = 0; j < kw; j++) {
+                    const float* x = xs + (c * kw + j) * PL + i * OW;
+                    const float* w = wr + ((c * kh + i) * kw + j) * width;
+                    _Pragma("GCC unroll 4") for (v = 0; v < V; v++) wv[v] = _mm512_loadu_ps(w + 16 * v);
+                    _Pragma("GCC unroll 8") for (p = 0; p < PT; p++) {
+                        __m512 xb = _mm512_set1_ps(x[p]);
+                        _Pragma("GCC unroll 4") for (v = 0; v < V; v++) acc[v][p] = _mm512_fmadd_ps(wv[v], xb, acc[v][p]);
+                    }
+                }
+        _Pragma("GCC unroll 8") for (p = 0; p < PT; p++)
+            _Pragma("GCC unroll 4") for (v = 0; v < V; v++) _mm512_store_ps(s + p * width + 16 * v, acc[v][p]);
+    }
+
+    /* 16 x 16 transpose in registers: four butterfly stages (rows d = 8, 4, 2, 1 apart swap their lane blocks
+       of d); cd5o_tr_idx[2 s] / [2 s + 1]: the permutes giving the pair's first / second row at stage s */
+    static const int cd5o_tr_idx[8][16] __attribute__((aligned(64))) = {
+        {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+        {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31},
+        {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27},
+        {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31},
+        {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29},
+        {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31},
+        {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30},
+        {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31}};
+    static inline __attribute__((always_inline)) CD5_TARGET void cd5o_tr16(__m512* r) {
+        int s, i, d;
+        _Pragma("GCC unroll 4") for (s = 0, d = 8; s < 4; s++, d >>= 1) {
+            __m512i ia = _mm512_load_si512((const void*)cd5o_tr_idx[2 * s]);
+            __m512i ib = _mm512_load_si512((const void*)cd5o_tr_idx[2 * s + 1]);
+            _Pragma("GCC unroll 16") for (i = 0; i < 16; i++) {
+                if (i & d) continue;
+                __m512 a = r[i], b = r[i + d];
+                r[i] = _mm512_permutex2var_ps(a, ia, b);
+                r[i + d] = _mm512_permutex2var_ps(a, ib, b);
+            }
+        }
+    }
+
+    /* the sums [position][width] of qn positions -> yb's planes (P floats apart), the block's valid channels;
+       rows past qn are read (the scratch has 16 spare rows) but not stored */
+    static CD5_TARGET void cd5o_store(const float* sums, ptrdiff_t qn, ptrdiff_t width, ptrdiff_t valid, float* yb,
+                                      ptrdiff_t P) {
+        __m512 r[16];
+        ptrdiff_t o0, q0;
+        int k;
+        for (o0 = 0; o0 < valid; o0 += 16) {
+            int no = (int)(valid - o0 < 16 ? valid - o0 : 16);
+            for (q0 = 0; q0 < qn; q0 += 16) {
+                ptrdiff_t nq = qn - q0 < 16 ? qn - q0 : 16;
+                __mmask16 m = (__mmask16)((1u << nq) - 1);
+                _Pragma("GCC unroll 16") for (k = 0; k < 16; k++) r[k] = _mm512_load_ps(sums + (q0 + k) * width + o0);
+                cd5o_tr16(r);
+                for (k = 0; k < no; k++) _mm512_mask_storeu_ps(yb + (o0 + k) * P + q0, m, r[k]);
+            }
+        }
+    }
+
+    #define CD5O_CASE(V, PT) case (V) * 16 + (PT): \\
+        cd5o_tile(V, PT, xs, wr, s, nc, kh, kw, PL, OW, width, first, pb); break;
+
+    static CD5_TARGET void cd5o_dispatch(int V, int PT, const float* xs, const float* wr, float* s, ptrdiff_t nc,
+                                         ptrdiff_t kh, ptrdiff_t kw, ptrdiff_t PL, ptrdiff_t OW, ptrdiff_t width,
+                                         int first, const float* pb) {
+        switch (V * 16 + PT) {
+            CD5O_CASE(1, 1) CD5O_CASE(1, 2) CD5O_CASE(1, 3) CD5O_CASE(1, 4)
+            CD5O_CASE(1, 5) CD5O_CASE(1, 6) CD5O_CASE(1, 7) CD5O_CASE(1, 8)
+            CD5O_CASE(2, 1) CD5O_CASE(2, 2) CD5O_CASE(2, 3) CD5O_CASE(2, 4)
+            CD5O_CASE(2, 5) CD5O_CASE(2, 6) CD5O_CASE(2, 7) CD5O_CASE(2, 8)
+            CD5O_CASE(3, 1) CD5O_CASE(3, 2) CD5O_CASE(3, 3) CD5O_CASE(3, 4)
+            CD5O_CASE(3, 5) CD5O_CASE(3, 6) CD5O_CASE(3, 7) CD5O_CASE(3, 8)
+        }
+    }
+
+    /* floats of a task's scratch past the shifted planes: the sums (aligned, plus a line to align them) */
+    static ptrdiff_t cd5o_scratch(const cd_geom* d) { return cd5_scratch(d) + 16 + (cd5o_chunk + 16) * CD5O_BLOCK; }
+
+    /* the oc forward of image n, group g, 48-output blocks b0..b1-1, positions q0..q1-1 (xc: cd5o_scratch
+       floats). Per run of input channels (cd5_fwd_crun) their shifted planes are built; per chunk of
+       positions and block, the sums start from the bias (the first run) or y (a later one), take the run's
+       channels a filter chunk at a time over every tile of the chunk, and go back into y. */
+    static void cd5o_fwd_task(const cd_geom* d, const float* x, const float* wp, const float* bias, float* y,
+                              float* xc, ptrdiff_t n, ptrdiff_t g, ptrdiff_t b0, ptrdiff_t b1, ptrdiff_t q0,
+                              ptrdiff_t q1) {
+        ptrdiff_t P = d->OH * d->OW, PL = cd5_plane(d), K = d->kh * d->kw, cb = cd5_fwd_crun(d);
+        ptrdiff_t b, c0, cc, qc, t, o, q;
+        float* sums = xc + cd5_scratch(d);
+        float pb[CD5O_BLOCK];
+        const float* wg = wp + g * cd5o_group_floats(d->og, d->cg, K);
+        sums += (16 - ((size_t)sums / sizeof(float)) % 16) % 16;  /* 64-byte aligned */
+        for (c0 = 0; c0 < d->cg; c0 += cb) {
+            ptrdiff_t c1 = c0 + cb < d->cg ? c0 + cb : d->cg;
+            cd5_shift_planes(d, x + (n * d->C + g * d->cg) * d->H * d->W, xc, c0, c1);
+            for (qc = q0; qc < q1; qc += cd5o_chunk) {
+                ptrdiff_t qn = q1 - qc < cd5o_chunk ? q1 - qc : cd5o_chunk;
+                for (b = b0; b < b1; b++) {
+                    ptrdiff_t ob, valid, width, ccn;
+                    int V;
+                    cd5o_block(d->og, b, &ob, &V);
+                    width = 16 * V;
+                    valid = d->og - ob < width ? d->og - ob : width;
+                    ccn = cd5o_wbytes / (K * width * 4);
+                    const float* wb = wg + ob * d->cg * K;
+                    float* yb = y + (n * d->Co + g * d->og + ob) * P;
+                    if (ccn < 1) ccn = 1;
+                    if (c0 == 0) {
+                        for (o = 0; o < width; o++) pb[o] = bias && o < valid ? bias[g * d->og + ob + o] : 0.0f;
+                    } else {  /* a later run: the sums so far from y */
+                        for (q = 0; q < qn; q++)
+                            for (o = 0; o < width; o++) sums[q * width + o] = o < valid ? yb[o * P + qc + q] : 0.0f;
+                    }
+                    for (cc = c0; cc < c1; cc += ccn) {
+                        ptrdiff_t nc = c1 - cc < ccn ? c1 - cc : ccn;
+                        const float* xs = xc + (cc - c0) * d->kw * PL + qc;
+                        const float* wr = wb + cc * K * width;
+                        for (t = 0; t < qn; t += CD5O_PT) {
+                            int PT = (int)(qn - t < CD5O_PT ? qn - t : CD5O_PT);
+                            cd5o_dispatch(V, PT, xs + t, wr, sums + t * width, nc, d->kh, d->kw, PL, d->OW, width,
+                                          cc == 0, pb);
+                        }
+                    }
+                    cd5o_store(sums, qn, width, valid, yb + qc, P);
+                }
+            }
+        }
+    }
+    #else
+    static ptrdiff_t cd5o_scratch(const cd_geom* d) { return cd5_scratch(d); }
+    static void cd5o_fwd_task(const cd_geom* d, const float* x, const float* wp, const float* bias, float* y,
+                              float* xc, ptrdiff_t n, ptrdiff_t g, ptrdiff_t b0, ptrdiff_t b1, ptrdiff_t q0,
+                              ptrdiff_t q1) {
+        (void)d; (void)x; (void)wp; (void)bias; (void)y; (void)xc; (void)n; (void)g; (void)b0; (void)b1;
+        (void)q0; (void)q1;  /* no AVX-512 build: never called (cd_avx512_supported() is 0) */
+    }
+    #endif
+
 
     /* -- weight gradient vectorized over output channels ("oc": any row width fills the lanes) -- */
     /* dy of each (image, group) transposed to [position][ogL] (L: the lanes, 8 with AVX2 or 16 with AVX-512;
@@ -687,6 +890,15 @@ cdef extern from *:
     Py_ssize_t cd5_scratch(const cd_geom* d) nogil
     void cd5_fwd_task(const cd_geom* d, const float* x, const float* wp, const float* bias, float* y,
                       float* xc, Py_ssize_t n, Py_ssize_t g, Py_ssize_t b0, Py_ssize_t b1) nogil
+    Py_ssize_t cd5o_chunk
+    Py_ssize_t cd5o_wbytes
+    Py_ssize_t cd5o_group_floats(Py_ssize_t outc, Py_ssize_t inc, Py_ssize_t K) nogil
+    Py_ssize_t cd5o_scratch(const cd_geom* d) nogil
+    void cd5o_pack_block(const float* w, float* p, Py_ssize_t og, Py_ssize_t cg, Py_ssize_t kh, Py_ssize_t kw,
+                         int flip, Py_ssize_t g, Py_ssize_t b) nogil
+    void cd5o_fwd_task(const cd_geom* d, const float* x, const float* wp, const float* bias, float* y,
+                       float* xc, Py_ssize_t n, Py_ssize_t g, Py_ssize_t b0, Py_ssize_t b1, Py_ssize_t q0,
+                       Py_ssize_t q1) nogil
     void cd_init(cd_geom* d, Py_ssize_t N, Py_ssize_t C, Py_ssize_t H, Py_ssize_t W, Py_ssize_t Co,
                  Py_ssize_t G, Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t ph, Py_ssize_t pw) nogil
     void cd_pad(const cd_geom* d, const float* x, float* pad, Py_ssize_t nc) nogil
@@ -759,6 +971,35 @@ cdef bint _avx512() except -1:
     return bool(AVX512)
 
 
+# The AVX-512 forward's tiles: True, vectors over output channels (cd5o_*: aligned filter loads and scalar
+# broadcasts of the inputs, 1.2x the position-vector tiles' speed on the Intel Xeon VM's CaffeNet and ResNet-50
+# layers; bench/README.md, session 20); False (or CAFFE_CONV_DENSE_OC=0), the position-vector tiles (cd5_*). The
+# same bits either way. pack_weights / packed_size follow these settings: set them before packing (conv_cpu
+# packs on every call).
+OC_FORWARD = os.environ.get("CAFFE_CONV_DENSE_OC", "1") != "0"
+# ...on layers (of the forward call: a bottom diff's are the flipped ones) with OC_MIN_OUT output channels a group
+# or more and a kernel_dim (inc kh kw) of OC_MIN_KD or more. Below, the position-vector tiles won (8 x 28 x 28
+# planes, oc / position time): 16 outputs (one vector, its tile bound by the broadcasts) 1.1-1.6x; kernel_dim
+# 27-200 1.07-1.54x (the sums' transposes and scratch traffic against few FMAs an output); from 288 0.80-0.96x.
+OC_MIN_OUT = 32
+OC_MIN_KD = 256
+
+
+cdef bint _oc(Py_ssize_t outc, Py_ssize_t inc, Py_ssize_t K) except -1:
+    return _avx512() and bool(OC_FORWARD) and outc >= OC_MIN_OUT and inc * K >= OC_MIN_KD
+
+
+def set_oc_tiling(Py_ssize_t chunk, Py_ssize_t wbytes):
+    """The oc forward's positions a chunk (a multiple of 8, >= 8) and filter bytes a chunk of input channels
+    (for benchmarks and tests); returns the previous pair."""
+    global cd5o_chunk, cd5o_wbytes
+    if chunk < 8 or chunk % 8 or wbytes < 1:
+        raise ValueError("conv_direct: chunk a multiple of 8, filter bytes positive")
+    prev = (cd5o_chunk, cd5o_wbytes)
+    cd5o_chunk, cd5o_wbytes = chunk, wbytes
+    return prev
+
+
 cdef cd_geom _geometry(Py_ssize_t N, Py_ssize_t C, Py_ssize_t H, Py_ssize_t W, Py_ssize_t Co, Py_ssize_t G,
                        Py_ssize_t kh, Py_ssize_t kw, Py_ssize_t ph, Py_ssize_t pw, Py_ssize_t OH,
                        Py_ssize_t OW) except *:
@@ -776,6 +1017,8 @@ cdef cd_geom _geometry(Py_ssize_t N, Py_ssize_t C, Py_ssize_t H, Py_ssize_t W, P
 def packed_size(Py_ssize_t G, Py_ssize_t og, Py_ssize_t cg, Py_ssize_t kh, Py_ssize_t kw, bint flip=False):
     """Length of pack_weights' output for Co = G og output and C = G cg input channels."""
     cdef Py_ssize_t outc = cg if flip else og, inc = og if flip else cg
+    if _oc(outc, inc, kh * kw):
+        return G * cd5o_group_floats(outc, inc, kh * kw)
     return G * ((outc + 3) // 4) * 4 * inc * kh * kw
 
 
@@ -786,13 +1029,18 @@ def pack_weights(const float[::1] w, float[::1] packed, Py_ssize_t G, Py_ssize_t
         raise ValueError("conv_direct: weight buffer too small")
     if packed.shape[0] < packed_size(G, og, cg, kh, kw, flip):
         raise ValueError("conv_direct: packed buffer too small")
-    cdef Py_ssize_t nb = ((cg if flip else og) + 3) // 4, t
+    cdef Py_ssize_t outc = cg if flip else og
+    cdef bint oc = _oc(outc, og if flip else cg, kh * kw)
+    cdef Py_ssize_t nb = (outc + 47) // 48 if oc else (outc + 3) // 4, t
     cdef const float* ws = &w[0]
     cdef float* ps = &packed[0]
     cdef int nt = _threads(packed_size(G, og, cg, kh, kw, flip))
     with nogil:
         for t in prange(G * nb, schedule="static", num_threads=nt):
-            cd_pack_block(ws, ps, og, cg, kh, kw, flip, t // nb, t % nb)
+            if oc:
+                cd5o_pack_block(ws, ps, og, cg, kh, kw, flip, t // nb, t % nb)
+            else:
+                cd_pack_block(ws, ps, og, cg, kh, kw, flip, t // nb, t % nb)
 
 
 def forward(const float[::1] x, const float[::1] packed, const float[::1] bias, float[::1] y,
@@ -802,7 +1050,7 @@ def forward(const float[::1] x, const float[::1] packed, const float[::1] bias, 
     cdef cd_geom d = _geometry(N, C, H, W, Co, G, kh, kw, ph, pw, OH, OW)
     if x.shape[0] < N * C * H * W or y.shape[0] < N * Co * OH * OW:
         raise ValueError("conv_direct: image or output buffer too small")
-    if packed.shape[0] < G * d.nb * 4 * d.cg * kh * kw:
+    if packed.shape[0] < packed_size(G, Co // G, C // G, kh, kw, False):
         raise ValueError("conv_direct: packed filter buffer too small")
     if bias is not None and bias.shape[0] < Co:
         raise ValueError("conv_direct: bias buffer too small")
@@ -811,13 +1059,21 @@ def forward(const float[::1] x, const float[::1] packed, const float[::1] bias, 
     cdef const float* bs = &bias[0] if bias is not None else NULL
     cdef float* ys = &y[0]
     cdef int nt = _threads(N * Co * OH * OW * d.cg * kh * kw)
-    cdef bint v512 = _avx512()
-    # tasks: (image, group, run of channel blocks); split the blocks when there are few images
-    cdef Py_ssize_t runs = 1, t, n, g, r, per, padn = cd5_scratch(&d) if v512 else d.cg * d.Hp * d.Wp
-    while N * G * runs < 4 * nt and runs < d.nb:
+    cdef bint v512 = _avx512(), oc = _oc(d.og, d.cg, kh * kw)
+    # tasks: (image, group, run of channel blocks[, run of positions]); split the blocks when there are few
+    # images, and (the oc forward) then the positions, in whole tiles of 8
+    cdef Py_ssize_t nb = (d.og + 47) // 48 if oc else d.nb, P = OH * OW
+    cdef Py_ssize_t runs = 1, qruns = 1, qper = P, t, n, g, r, rq, per
+    cdef Py_ssize_t padn = cd5o_scratch(&d) if oc else (cd5_scratch(&d) if v512 else d.cg * d.Hp * d.Wp)
+    while N * G * runs < 4 * nt and runs < nb:
         runs += 1
-    per = (d.nb + runs - 1) // runs
-    runs = (d.nb + per - 1) // per
+    per = (nb + runs - 1) // runs
+    runs = (nb + per - 1) // per
+    if oc:
+        while N * G * runs * qruns < 4 * nt and qruns * 64 < P:
+            qruns += 1
+        qper = 8 * ((P + 8 * qruns - 1) // (8 * qruns))
+        qruns = (P + qper - 1) // qper
     cdef float* pad
     with nogil, parallel(num_threads=nt):
         pad = <float*>malloc(padn * sizeof(float))
@@ -825,11 +1081,15 @@ def forward(const float[::1] x, const float[::1] packed, const float[::1] bias, 
             with gil:
                 raise MemoryError()
         else:
-            for t in prange(N * G * runs, schedule="dynamic"):
-                n = t // (G * runs)
-                g = (t // runs) % G
-                r = t % runs
-                if v512:
+            for t in prange(N * G * runs * qruns, schedule="dynamic"):
+                rq = t % qruns
+                n = t // (G * runs * qruns)
+                g = (t // (runs * qruns)) % G
+                r = (t // qruns) % runs
+                if oc:
+                    cd5o_fwd_task(&d, xs, ws, bs, ys, pad, n, g, r * per, min(r * per + per, nb), rq * qper,
+                                  min(rq * qper + qper, P))
+                elif v512:
                     cd5_fwd_task(&d, xs, ws, bs, ys, pad, n, g, r * per, min(r * per + per, d.nb))
                 else:
                     cd_fwd_task(&d, xs, ws, bs, ys, pad, n, g, r * per, min(r * per + per, d.nb))
