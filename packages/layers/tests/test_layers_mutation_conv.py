@@ -120,11 +120,10 @@ def test_dense_rule_boundaries(text, shape, products, monkeypatch):
     ("num_output: 8 kernel_size: 3 pad: 1", (1, 193, 10, 10), ("fwd", "wgt")),           # past it: bottom diff blocked
     ("num_output: 129 kernel_size: 3 pad: 1", (1, 8, 9, 11), ("data",)),  # 99 positions: the AVX2 rule (129 > 64)
     ("num_output: 8 kernel_size: 3", (1, 8, 10, 10), ()),                                # unpadded: blocked
-    # batch 1: blocked from 64 outputs a group (B1_MIN_OG) on planes of 196 positions (B1_MIN_PLANE)
+    # batch 1: blocked from 64 outputs a group (B1_MIN_OG) on planes of 784 positions (B1_MIN_PLANE)
     ("num_output: 64 kernel_size: 3 pad: 1", (1, 8, 28, 28), ()),
-    ("num_output: 64 kernel_size: 3 pad: 1", (1, 8, 14, 14), ()),
     ("num_output: 63 kernel_size: 3 pad: 1", (1, 8, 28, 28), ("fwd", "wgt", "data")),
-    ("num_output: 64 kernel_size: 3 pad: 1", (1, 8, 13, 15), ("fwd", "wgt", "data")),   # 195 positions
+    ("num_output: 64 kernel_size: 3 pad: 1", (1, 8, 27, 29), ("fwd", "wgt", "data")),   # 783 positions
     ("num_output: 64 kernel_size: 3 pad: 1", (2, 8, 28, 28), ("fwd", "wgt", "data")),   # batch 2
     ("num_output: 128 kernel_size: 3 pad: 1 group: 2", (1, 8, 28, 28), ()),            # 64 a group
     ("num_output: 126 kernel_size: 3 pad: 1 group: 2", (1, 8, 28, 28), ("fwd", "wgt", "data")),  # 63 a group

@@ -637,12 +637,9 @@ DENSE512_BLAS512_DATA_MAX_CG = 192
 # medians of 11, session 19, dense / blocked): forward ResNet-50 3x3 64x56x56 1.42x, 128x28x28 1.07x, GoogLeNet 3a
 # 3x3 1.05x; weight diff 1.26 / 1.17 / 1.20x; bottom diff 64x56x56 1.41x. At batch 2 the forward ties or wins
 # (1.13, 0.91, 0.93x), from 4 it wins; below 64 channels (GoogLeNet 3a 5x5, 32: 0.64x) or on 14 x 14 planes
-# (ResNet-50 256x14x14 1.05x, GoogLeNet 4a 3x3 0.91x) dense stays. Session 20, with the oc forward (1.2x faster
-# on the wide layers, but it repacks the filters on every call, a larger share at batch 1): 14 x 14 planes go
-# blocked too (ResNet-50 256x14x14 b1 dense / blocked 1.11x; in one process, interleaved, the whole ResNet-50 b1
-# forward 0.967x, GoogLeNet b1 0.997x with them blocked).
+# (ResNet-50 256x14x14 1.05x, GoogLeNet 4a 3x3 0.91x) dense stays.
 DENSE512_BLAS512_B1_MIN_OG = 64
-DENSE512_BLAS512_B1_MIN_PLANE = 196
+DENSE512_BLAS512_B1_MIN_PLANE = 784
 
 
 def dense_rule(layer):
