@@ -391,6 +391,42 @@ def test_oc_forward_gives_the_position_tiles_bits(og, cg, G, k, side, N, flip, r
         assert_close(got["avx512"], ref_conv(x, w, ph, pw, G) + b.reshape(1, -1, 1, 1), bound)
 
 
+@pytest.mark.skipif(not AVX512, reason=NO_AVX512)
+def test_oc_forward_from_two_python_threads():
+    """The oc forward keeps its scratch per Python thread: two threads running layers of different sizes at
+    once (each growing its own scratch) get the results one thread gets."""
+    import threading
+    geoms = [dict(N=1, G=1, cg=40, og=70, kh=3, kw=3, ph=1, pw=1, H=15, W=17, seed=3),
+             dict(N=2, G=2, cg=20, og=33, kh=5, kw=5, ph=2, pw=2, H=9, W=30, seed=4)]
+    cases = []
+    for g in geoms:
+        x, w, b, dy, args = _arrays(g)
+        with kernel_variant("avx512"):
+            packed = _pack(w, g["G"])
+            ref = np.empty(dy.size, np.float32)
+            cd.forward(x.reshape(-1), packed, b, ref, *args)
+        cases.append((x, packed, b, args, ref))
+    errors = []
+
+    def run(case):
+        x, packed, b, args, ref = case
+        try:
+            for _ in range(20):
+                y = np.full(ref.size, np.nan, np.float32)
+                cd.forward(x.reshape(-1), packed, b, y, *args)
+                assert np.array_equal(y, ref)
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    with kernel_variant("avx512"):
+        threads = [threading.Thread(target=run, args=(c,)) for c in cases]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors, errors
+
+
 def test_oc_tiling_setting_is_checked():
     with pytest.raises(ValueError, match="multiple of 8"):
         cd.set_oc_tiling(12, 1024)
