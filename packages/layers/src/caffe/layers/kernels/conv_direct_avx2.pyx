@@ -31,6 +31,13 @@ a 16-lane vector holds 16 consecutive positions across row ends (rows of 8 or 13
 backward_weight_oc takes vectors of 16 output channels. Each output's FMAs and each weight diff's sums run
 in the AVX2 kernels' order, so the two variants give the same bits.
 
+The AVX-512 forward has a second tile, the default where a layer has >= 32 output channels a group and a
+kernel_dim >= 256 (OC_FORWARD, OC_MIN_OUT, OC_MIN_KD): vectors over 16 output channels of one position
+(cd5o_*), 1-3 of them times 1-8 positions, the inputs broadcast from the same shifted planes and the filters
+loaded whole from their own layout ([group][block of 1-3 vectors][c][i][j][16 V], 64-byte aligned by conv_cpu);
+the sums go through a scratch and are transposed into the output planes. The same FMAs in the same order per
+output: the same bits again. pack_weights / packed_size give the layout the settings choose for that shape.
+
 On a CPU without AVX2 and FMA (supported() is False) or a compiler other than x86-64 GCC/Clang
 the kernels are plain C loops with the same results up to rounding; conv_cpu chooses this plan
 only where supported() is True. (The module keeps its AVX2 name: both variants are one family, one API.)
