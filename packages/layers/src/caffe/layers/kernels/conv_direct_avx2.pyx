@@ -579,10 +579,11 @@ cdef extern from *:
     /* floats of a task's scratch past the shifted planes: the sums (aligned, plus a line to align them) */
     static ptrdiff_t cd5o_scratch(const cd_geom* d) { return cd5_scratch(d) + 16 + (cd5o_chunk + 16) * CD5O_BLOCK; }
 
-    /* the oc forward of image n, group g, 48-output blocks b0..b1-1, positions q0..q1-1 (xc: cd5o_scratch
-       floats). Per run of input channels (cd5_fwd_crun) their shifted planes are built; per chunk of
-       positions and block, the sums start from the bias (the first run) or y (a later one), take the run's
-       channels a filter chunk at a time over every tile of the chunk, and go back into y. */
+    /* the oc forward of image n, group g, blocks b0..b1-1 (cd5o_block), positions q0..q1-1 (xc: cd5o_scratch
+       floats; shared: the image's shifted planes of all channels, built once, or NULL). Per run of input
+       channels (cd5_fwd_crun) their shifted planes are built (unless shared); per chunk of positions and
+       block, the sums start from the bias (the first run) or y (a later one), take the run's channels a filter
+       chunk at a time over every tile of the chunk, and go back into y. */
     static void cd5o_fwd_task(const cd_geom* d, const float* x, const float* wp, const float* bias, float* y,
                               float* xc, const float* shared, ptrdiff_t n, ptrdiff_t g, ptrdiff_t b0, ptrdiff_t b1,
                               ptrdiff_t q0, ptrdiff_t q1) {
