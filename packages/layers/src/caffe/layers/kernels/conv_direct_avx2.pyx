@@ -416,7 +416,7 @@ cdef extern from *:
        position: a tile is V vectors (16 V output channels, V <= 3) x PT positions (<= 8): per tap V aligned
        filter loads and PT scalar broadcasts of consecutive inputs feed V PT FMAs (24 accumulators). The
        cd5 tile's position vectors were unaligned loads (OW and the planes are any width) that split cache
-       lines: it ran at ~125 GFLOP/s a core where these tiles run at ~150-165 (FMA peak ~225). The sums go
+       lines: it ran at ~120-125 GFLOP/s a core where these tiles run at ~140-150 (FMA peak ~225). The sums go
        through a scratch [position][16 V] (aligned) between chunks of input channels and are transposed into
        y's planes at the end; each output is still the bias, then the FMAs over c, i, j in order: the cd5
        and AVX2 tiles' bits. Filters packed [group][block][c][i][j][16 V] (blocks of 1-3 vectors: cd5o_block;
@@ -435,8 +435,9 @@ cdef extern from *:
     /* block b of outc outputs: ceil(outc / 48) blocks share the ceil(outc / 16) vectors evenly (64 outputs: two
        blocks of 2 vectors, not 3 + 1: a 1-vector tile is bound by its broadcasts); its first output o0 and
        vectors V */
+    static ptrdiff_t cd5o_nblocks(ptrdiff_t outc) { return ((outc + 15) / 16 + 2) / 3; }
     static void cd5o_block(ptrdiff_t outc, ptrdiff_t b, ptrdiff_t* o0, int* V) {
-        ptrdiff_t nvec = (outc + 15) / 16, nblk = (nvec + 2) / 3, base = nvec / nblk, extra = nvec % nblk;
+        ptrdiff_t nvec = (outc + 15) / 16, nblk = cd5o_nblocks(outc), base = nvec / nblk, extra = nvec % nblk;
         *V = (int)(base + (b < extra));
         *o0 = 16 * (b * base + (b < extra ? b : extra));
     }
@@ -541,9 +542,9 @@ cdef extern from *:
         }
     }
 
-    /* cd5o_pack_block's columns j0..j1-1 (of inc K) for outputs o0..o0+width-1 (valid of them), not flipped:
-       16 x 16 tiles of w transposed in registers (CaffeNet conv3's 3.5 MB 0.24 -> 0.08 ms; element by element the
-       stores went 192 bytes apart) */
+    /* cd5o_pack_block not flipped: q (rowlen rows of width floats) = the transposed rows of w (valid rows of
+       rowlen = inc K floats; zeros past them), by 16 x 16 tiles transposed in registers (CaffeNet conv3's 3.5 MB
+       0.24 -> 0.14 ms; element by element the stores went 192 bytes apart) */
     static CD5_TARGET void cd5o_pack_tiles(const float* w, float* q, ptrdiff_t rowlen, ptrdiff_t valid,
                                            ptrdiff_t width) {
         __m512 r[16];
@@ -576,8 +577,11 @@ cdef extern from *:
         }
     }
 
-    /* floats of a task's scratch past the shifted planes: the sums (aligned, plus a line to align them) */
-    static ptrdiff_t cd5o_scratch(const cd_geom* d) { return cd5_scratch(d) + 16 + (cd5o_chunk + 16) * CD5O_BLOCK; }
+    /* floats of a task's scratch: its shifted planes (none where the tasks read shared ones), then the sums
+       (aligned: plus a line) */
+    static ptrdiff_t cd5o_scratch(const cd_geom* d, int shared) {
+        return (shared ? 0 : cd5_scratch(d)) + 16 + (cd5o_chunk + 16) * CD5O_BLOCK;
+    }
 
     /* the oc forward of image n, group g, blocks b0..b1-1 (cd5o_block), positions q0..q1-1 (xc: cd5o_scratch
        floats; shared: the image's shifted planes of all channels, built once, or NULL). Per run of input
@@ -589,7 +593,7 @@ cdef extern from *:
                               ptrdiff_t q0, ptrdiff_t q1) {
         ptrdiff_t P = d->OH * d->OW, PL = cd5_plane(d), K = d->kh * d->kw, cb = shared ? d->cg : cd5_fwd_crun(d);
         ptrdiff_t b, c0, cc, qc, t, o, q;
-        float* sums = xc + cd5_scratch(d);
+        float* sums = xc + (shared ? 0 : cd5_scratch(d));
         float pb[CD5O_BLOCK];
         const float* wg = wp + g * cd5o_group_floats(d->og, d->cg, K);
         const float* planes = shared ? shared : xc;
@@ -635,7 +639,7 @@ cdef extern from *:
         cd5_shift_planes(d, x + (n * d->C + g * d->cg) * d->H * d->W, planes, 0, d->cg);
     }
     #else
-    static ptrdiff_t cd5o_scratch(const cd_geom* d) { return cd5_scratch(d); }
+    static ptrdiff_t cd5o_scratch(const cd_geom* d, int shared) { (void)shared; return cd5_scratch(d); }
     static void cd5o_fwd_task(const cd_geom* d, const float* x, const float* wp, const float* bias, float* y,
                               float* xc, const float* shared, ptrdiff_t n, ptrdiff_t g, ptrdiff_t b0, ptrdiff_t b1,
                               ptrdiff_t q0, ptrdiff_t q1) {
@@ -941,7 +945,8 @@ cdef extern from *:
     Py_ssize_t cd5o_chunk
     Py_ssize_t cd5o_wbytes
     Py_ssize_t cd5o_group_floats(Py_ssize_t outc, Py_ssize_t inc, Py_ssize_t K) nogil
-    Py_ssize_t cd5o_scratch(const cd_geom* d) nogil
+    Py_ssize_t cd5o_nblocks(Py_ssize_t outc) nogil
+    Py_ssize_t cd5o_scratch(const cd_geom* d, int shared) nogil
     void cd5o_pack_block(const float* w, float* p, Py_ssize_t og, Py_ssize_t cg, Py_ssize_t kh, Py_ssize_t kw,
                          int flip, Py_ssize_t g, Py_ssize_t b) nogil
     void cd5o_fwd_task(const cd_geom* d, const float* x, const float* wp, const float* bias, float* y,
@@ -1095,7 +1100,7 @@ def pack_weights(const float[::1] w, float[::1] packed, Py_ssize_t G, Py_ssize_t
         raise ValueError("conv_direct: packed buffer too small")
     cdef Py_ssize_t outc = cg if flip else og
     cdef bint oc = _oc(outc, og if flip else cg, kh * kw)
-    cdef Py_ssize_t nb = (outc + 47) // 48 if oc else (outc + 3) // 4, t
+    cdef Py_ssize_t nb = cd5o_nblocks(outc) if oc else (outc + 3) // 4, t
     cdef const float* ws = &w[0]
     cdef float* ps = &packed[0]
     cdef int nt = _threads(packed_size(G, og, cg, kh, kw, flip))
@@ -1126,9 +1131,8 @@ def forward(const float[::1] x, const float[::1] packed, const float[::1] bias, 
     cdef bint v512 = _avx512(), oc = _oc(d.og, d.cg, kh * kw)
     # tasks: (image, group, run of channel blocks[, run of positions]); split the blocks when there are few
     # images, and (the oc forward) then the positions, in whole tiles of 8
-    cdef Py_ssize_t nb = (d.og + 47) // 48 if oc else d.nb, P = OH * OW
-    cdef Py_ssize_t runs = 1, qruns = 1, qper = P, t, n, g, r, rq, per
-    cdef Py_ssize_t padn = cd5o_scratch(&d) if oc else (cd5_scratch(&d) if v512 else d.cg * d.Hp * d.Wp)
+    cdef Py_ssize_t nb = cd5o_nblocks(d.og) if oc else d.nb, P = OH * OW
+    cdef Py_ssize_t runs = 1, qruns = 1, qper = P, t, n, g, r, rq, per, padn
     while N * G * runs < 4 * nt and runs < nb:
         runs += 1
     per = (nb + runs - 1) // runs
@@ -1140,9 +1144,10 @@ def forward(const float[::1] x, const float[::1] packed, const float[::1] bias, 
         qruns = (P + qper - 1) // qper
     cdef float* pad
     # tasks that share an image (few images, their blocks or positions split) read its shifted planes built once
-    # (each task built them again: 12 times ResNet-50 res4's 0.7 MB at batch 1, a third of the layer's time)
+    # (each task built them again: 12 times ResNet-50 res4's 0.7 MB at batch 1)
     cdef Py_ssize_t per_plane = cd5_scratch(&d)
     cdef bint share = oc and runs * qruns > 1 and cd5_fwd_crun(&d) == d.cg
+    padn = cd5o_scratch(&d, share) if oc else (per_plane if v512 else d.cg * d.Hp * d.Wp)
     cdef float* planes = NULL
     cdef float* pads = NULL
     if oc:  # the kept scratch: nt pads, then the shared planes
