@@ -170,10 +170,18 @@ def ref_pack_oc(w, G, flip):
 
 
 def test_oc_blocks_share_the_vectors():
+    """The reference's blocks, and the kernel's layout for 64 outputs written out by hand: two blocks of 32
+    outputs (not 48 + 16, whose 1-vector tile is bound by its broadcasts)."""
     assert oc_blocks(16) == [(0, 1)] and oc_blocks(48) == [(0, 3)]
-    assert oc_blocks(64) == [(0, 2), (32, 2)]  # not 3 + 1
+    assert oc_blocks(64) == [(0, 2), (32, 2)]
     assert oc_blocks(128) == [(0, 3), (48, 3), (96, 2)]
     assert oc_blocks(130) == [(0, 3), (48, 3), (96, 3)]  # 9 vectors, the last one 2 channels
+    if not AVX512:
+        pytest.skip(NO_AVX512)
+    w = np.arange(64 * 2, dtype=np.float32).reshape(64, 2, 1, 1)  # 64 outputs, 2 inputs, 1 x 1
+    by_hand = np.concatenate([w[0:32, 0, 0, 0], w[0:32, 1, 0, 0], w[32:64, 0, 0, 0], w[32:64, 1, 0, 0]])
+    with kernel_variant("avx512"):
+        np.testing.assert_array_equal(_pack(w, 1), by_hand)
 
 
 def test_oc_rule_chooses_the_layout():
